@@ -1,0 +1,102 @@
+#pragma once
+// Unary, binary (broadcasting) and fill kernels over the shared functors.
+#include "../../ops/binary.hpp"
+#include "../../ops/fill.hpp"
+#include "kernel_table.hpp"
+#include "parallel.hpp"
+#include "strided.hpp"
+
+namespace frugal::cpu {
+
+template <class F>
+void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
+  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = a.in[0].as<T>();
+    T* y = a.out[0].as<T>();
+    const F f = op.functor();
+    parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+    });
+  });
+}
+
+template <class F>
+void unary_grad_kernel(const ops::UnaryGrad<F>& op, const KernelArgs& a) {
+  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
+    using T = decltype(tag);
+    const T *x = a.in[0].as<T>(), *y = a.in[1].as<T>(), *dy = a.in[2].as<T>();
+    T* dx = a.out[0].as<T>();
+    const F f = op.functor();
+    parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) dx[i] = f.grad(x[i], y[i], dy[i]);
+    });
+  });
+}
+
+template <class F>
+void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
+  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
+    using T = decltype(tag);
+    const T *x = a.in[0].as<T>(), *z = a.in[1].as<T>();
+    T* y = a.out[0].as<T>();
+    const Shape& out = *a.out[0].shape;
+    const F f{};
+    if (*a.in[0].shape == out && *a.in[1].shape == out) {
+      parallel_for(out.numel(), 1, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i], z[i]);
+      });
+      return;
+    }
+    if (out.rank() == 0) {
+      y[0] = f(x[0], z[0]);
+      return;
+    }
+    auto sx = broadcast_strides(*a.in[0].shape, out), sz = broadcast_strides(*a.in[1].shape, out);
+    std::int64_t cols = out.dim(-1), rows = out.numel() / std::max<std::int64_t>(cols, 1);
+    std::int64_t cx = sx[out.rank() - 1], cz = sz[out.rank() - 1];
+    parallel_for(rows, cols, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t r = b; r < e; ++r) {
+        const T* xr = x + row_offset(r, out, sx);
+        const T* zr = z + row_offset(r, out, sz);
+        T* yr = y + r * cols;
+        // The common layouts get loops the compiler can vectorise.
+        if (cx == 1 && cz == 1)
+          for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j], zr[j]);
+        else if (cx == 1 && cz == 0)
+          for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j], zr[0]);
+        else if (cx == 0 && cz == 1)
+          for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[0], zr[j]);
+        else
+          for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j * cx], zr[j * cz]);
+      }
+    });
+  });
+}
+
+inline void fill_kernel(const ops::FillLike& op, const KernelArgs& a) {
+  dispatch_float(a.out[0].dtype, "fill_like", [&](auto tag) {
+    using T = decltype(tag);
+    T* y = a.out[0].as<T>();
+    const T v = T(op.value());
+    parallel_for(a.out[0].numel(), 1, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, v); });
+  });
+}
+
+template <class... F>
+bool register_unary(ops::FunctorList<F...>) {
+  (kernels().add<ops::Unary<F>>(unary_kernel<F>), ...);
+  (kernels().add<ops::UnaryGrad<F>>(unary_grad_kernel<F>), ...);
+  return true;
+}
+template <class... F>
+bool register_binary(ops::FunctorList<F...>) {
+  (kernels().add<ops::Binary<F>>(binary_kernel<F>), ...);
+  return true;
+}
+
+inline const bool elementwise_registered = register_unary(ops::UnaryFunctors{}) &&
+                                           register_binary(ops::BinaryFunctors{}) &&
+                                           kernels().add<ops::FillLike>(fill_kernel);
+
+}  // namespace frugal::cpu

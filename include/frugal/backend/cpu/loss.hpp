@@ -1,0 +1,82 @@
+#pragma once
+#include <cmath>
+
+#include "../../ops/loss.hpp"
+#include "kernel_table.hpp"
+#include "parallel.hpp"
+
+namespace frugal::cpu {
+
+template <class L>
+void check_labels(const L* labels, std::int64_t positions, std::int64_t classes) {
+  for (std::int64_t p = 0; p < positions; ++p)
+    if (labels[p] < 0 || labels[p] >= classes)
+      fail<DataError>("cross_entropy: label ", std::int64_t(labels[p]), " at position ", p, " is outside [0, ",
+                      classes, ") for logits with ", classes, " classes");
+}
+
+// Calls fn(L{}) for the label type.
+template <class Fn>
+void dispatch_label(DType t, Fn&& fn) {
+  if (t == DType::i32) fn(std::int32_t{});
+  else fn(std::int64_t{});
+}
+
+inline void cross_entropy_kernel(const ops::CrossEntropy&, const KernelArgs& a) {
+  dispatch_float(a.in[0].dtype, "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_label(a.in[1].dtype, [&](auto ltag) {
+      using L = decltype(ltag);
+      std::int64_t C = a.in[0].shape->dim(-1), P = a.in[1].numel();
+      const T* x = a.in[0].as<T>();
+      const L* lab = a.in[1].as<L>();
+      check_labels(lab, P, C);
+      double total = parallel_sum(P, C, [&](std::int64_t b, std::int64_t e) {
+        double s = 0;
+        for (std::int64_t p = b; p < e; ++p) {
+          const T* row = x + p * C;
+          T mx = row[0];
+          for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+          T z = 0;
+          for (std::int64_t c = 0; c < C; ++c) z += math::exp_(row[c] - mx);
+          s += double(mx + math::log_(z) - row[lab[p]]);
+        }
+        return s;
+      });
+      a.out[0].as<T>()[0] = T(P ? total / double(P) : 0.0);
+    });
+  });
+}
+
+inline void cross_entropy_grad_kernel(const ops::CrossEntropyGrad&, const KernelArgs& a) {
+  dispatch_float(a.in[0].dtype, "cross_entropy_grad", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_label(a.in[1].dtype, [&](auto ltag) {
+      using L = decltype(ltag);
+      std::int64_t C = a.in[0].shape->dim(-1), P = a.in[1].numel();
+      const T* x = a.in[0].as<T>();
+      const L* lab = a.in[1].as<L>();
+      check_labels(lab, P, C);
+      T scale = a.in[2].as<T>()[0] / T(std::max<std::int64_t>(P, 1));
+      T* dx = a.out[0].as<T>();
+      parallel_for(P, C, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t p = b; p < e; ++p) {
+          const T* row = x + p * C;
+          T* drow = dx + p * C;
+          T mx = row[0];
+          for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+          T z = 0;
+          for (std::int64_t c = 0; c < C; ++c) z += (drow[c] = math::exp_(row[c] - mx));
+          T inv = scale / z;
+          for (std::int64_t c = 0; c < C; ++c) drow[c] *= inv;
+          drow[lab[p]] -= scale;
+        }
+      });
+    });
+  });
+}
+
+inline const bool loss_registered = kernels().add<ops::CrossEntropy>(cross_entropy_kernel) &&
+                                    kernels().add<ops::CrossEntropyGrad>(cross_entropy_grad_kernel);
+
+}  // namespace frugal::cpu

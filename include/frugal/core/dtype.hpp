@@ -1,0 +1,50 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "half.hpp"
+
+namespace frugal {
+
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64 };
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+constexpr const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+constexpr bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }
+constexpr bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else if constexpr (std::is_same_v<T, bfloat16>) return DType::bf16;
+  else if constexpr (std::is_same_v<T, float16>) return DType::f16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::i64;
+  else static_assert(sizeof(T) == 0, "frugal has no dtype for this C++ type");
+}
+
+}  // namespace frugal

@@ -1,0 +1,36 @@
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace frugal {
+
+// Every error frugal raises is a frugal::Error; the message names what was
+// wrong (op, shapes, file) and, where there is one, what to do about it.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct ShapeError : Error {
+  using Error::Error;
+};
+struct BudgetError : Error {
+  using Error::Error;
+};
+struct DataError : Error {
+  using Error::Error;
+};
+
+template <class... Parts>
+std::string cat(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << std::forward<Parts>(parts));
+  return os.str();
+}
+
+template <class E = Error, class... Parts>
+[[noreturn]] void fail(Parts&&... parts) {
+  throw E(cat(std::forward<Parts>(parts)...));
+}
+
+}  // namespace frugal

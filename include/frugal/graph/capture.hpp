@@ -1,0 +1,36 @@
+#pragma once
+#include "var.hpp"
+
+namespace frugal {
+
+namespace detail {
+inline Graph*& current_graph_slot() {
+  thread_local Graph* g = nullptr;
+  return g;
+}
+}  // namespace detail
+
+// The graph a capture is recording into on this thread, or null outside one.
+// Modules use it to turn their parameters into Vars.
+inline Graph* current_graph() { return detail::current_graph_slot(); }
+
+// Makes `g` the current graph for the lifetime of the scope.
+class CaptureScope {
+ public:
+  explicit CaptureScope(Graph& g) : previous_(detail::current_graph_slot()) { detail::current_graph_slot() = &g; }
+  ~CaptureScope() { detail::current_graph_slot() = previous_; }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+
+ private:
+  Graph* previous_;
+};
+
+// The Var of a parameter (or other persistent tensor) in the current capture.
+inline Var persistent_var(const Tensor& t, ValueKind kind, const std::string& name) {
+  Graph* g = current_graph();
+  if (!g) fail("parameter '", name, "' was used outside a capture: call the model inside compile(...)");
+  return {g, g->add_persistent(t, kind, name)};
+}
+
+}  // namespace frugal

@@ -1,0 +1,115 @@
+#pragma once
+#include <map>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "op.hpp"
+#include "value.hpp"
+
+namespace frugal {
+
+struct Node {
+  std::shared_ptr<const Op> op;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  std::vector<NodeId> after;  // ordering edges beyond data flow (readers before an in-place writer)
+};
+
+// The captured training step: a static DAG of nodes over values. Nodes are
+// appended in a valid topological order, which is the default schedule.
+class Graph {
+ public:
+  ValueId add_input(TensorMeta meta, std::string name) {
+    return add_value({.meta = std::move(meta), .kind = ValueKind::input, .name = std::move(name)});
+  }
+
+  // A persistent value backed by `storage`. The same storage maps to the same
+  // value however often a model reads it.
+  ValueId add_persistent(const Tensor& storage, ValueKind kind, std::string name) {
+    if (!storage.defined()) fail("parameter '", name, "' has no storage (was it registered before it was created?)");
+    auto it = by_storage_.find(storage.raw());
+    if (it != by_storage_.end()) return it->second;
+    ValueId id = add_value({.meta = {storage.dtype(), storage.shape()},
+                            .kind = kind,
+                            .name = std::move(name),
+                            .external = storage});
+    by_storage_[storage.raw()] = id;
+    return id;
+  }
+
+  // Appends a node; shape inference runs here, so a bad shape fails at
+  // capture with the op's name and the shapes it was given.
+  std::vector<ValueId> apply(std::shared_ptr<const Op> op, std::vector<ValueId> inputs) {
+    std::vector<TensorMeta> in;
+    in.reserve(inputs.size());
+    for (ValueId v : inputs) in.push_back(value(v).meta);
+    std::vector<TensorMeta> out_meta = op->infer(in);
+    NodeId nid = NodeId(nodes_.size());
+    Node node{std::move(op), std::move(inputs), {}, {}};
+    for (auto& m : out_meta) {
+      node.outputs.push_back(add_value({.meta = m, .kind = ValueKind::activation, .producer = nid}));
+    }
+    for (int mi : node.op->mutated_inputs()) {
+      ValueId target = node.inputs[std::size_t(mi)];
+      for (NodeId reader : consumers(target))
+        if (reader != nid) node.after.push_back(reader);
+    }
+    nodes_.push_back(std::move(node));
+    return nodes_.back().outputs;
+  }
+
+  const Value& value(ValueId id) const { return values_.at(std::size_t(id)); }
+  Value& value(ValueId id) { return values_.at(std::size_t(id)); }
+  const Node& node(NodeId id) const { return nodes_.at(std::size_t(id)); }
+  const std::vector<Value>& values() const { return values_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::size_t num_values() const { return values_.size(); }
+  std::size_t num_nodes() const { return nodes_.size(); }
+
+  std::vector<NodeId> consumers(ValueId v) const {
+    std::vector<NodeId> out;
+    for (NodeId n = 0; n < NodeId(nodes_.size()); ++n)
+      for (ValueId in : nodes_[std::size_t(n)].inputs)
+        if (in == v) {
+          out.push_back(n);
+          break;
+        }
+    return out;
+  }
+
+  std::vector<ValueId> values_of_kind(ValueKind k) const {
+    std::vector<ValueId> out;
+    for (ValueId v = 0; v < ValueId(values_.size()); ++v)
+      if (values_[std::size_t(v)].kind == k) out.push_back(v);
+    return out;
+  }
+
+  // A node that was captured but turned out unused (a forward value whose
+  // gradient nothing needs, say) stays in the graph; the planner skips nodes
+  // that nothing live depends on.
+  std::vector<bool> live_nodes(std::span<const ValueId> roots) const {
+    std::vector<bool> live_value(values_.size(), false), live(nodes_.size(), false);
+    for (ValueId r : roots) live_value[std::size_t(r)] = true;
+    for (NodeId n = NodeId(nodes_.size()) - 1; n >= 0; --n) {
+      const Node& node = nodes_[std::size_t(n)];
+      bool keep = !node.op->mutated_inputs().empty();
+      for (ValueId o : node.outputs) keep = keep || live_value[std::size_t(o)];
+      if (!keep) continue;
+      live[std::size_t(n)] = true;
+      for (ValueId i : node.inputs) live_value[std::size_t(i)] = true;
+    }
+    return live;
+  }
+
+ private:
+  ValueId add_value(Value v) {
+    values_.push_back(std::move(v));
+    return ValueId(values_.size() - 1);
+  }
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::map<const void*, ValueId> by_storage_;
+};
+
+}  // namespace frugal

@@ -1,0 +1,51 @@
+#pragma once
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "value.hpp"
+
+namespace frugal {
+
+struct Var;
+
+// Work an op does, for the cost model and for throughput reports.
+struct Cost {
+  double flops = 0;
+  double bytes = 0;
+};
+
+// What autograd hands an op's backward: its inputs and outputs as Vars, and
+// the gradient of the loss with respect to each output (nullopt where no
+// gradient flows). The backward returns one entry per input.
+struct BackwardArgs {
+  std::span<const Var> inputs;
+  std::span<const Var> outputs;
+  std::span<const std::optional<Var>> grad_outputs;
+};
+
+// An operator: shape inference, its backward written as graph ops, and its
+// cost. Kernels live in the backends, keyed by the op's C++ type, so graph/
+// and ops/ never see a backend.
+class Op {
+ public:
+  virtual ~Op() = default;
+  virtual std::string name() const = 0;
+  // Checks the inputs and returns the outputs' dtypes and shapes. Throws a
+  // ShapeError naming the op and the offending shapes.
+  virtual std::vector<TensorMeta> infer(std::span<const TensorMeta> inputs) const = 0;
+  virtual std::vector<std::optional<Var>> backward(const BackwardArgs& args) const;
+  virtual Cost cost(std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs) const {
+    double bytes = 0;
+    for (auto& m : inputs) bytes += double(m.nbytes());
+    for (auto& m : outputs) bytes += double(m.nbytes());
+    return {0, bytes};
+  }
+  // Inputs the op writes in place (optimizer updates write parameters and
+  // state). Such an op is kept by dead-code elimination and ordered after
+  // every other reader of what it writes.
+  virtual std::vector<int> mutated_inputs() const { return {}; }
+};
+
+}  // namespace frugal

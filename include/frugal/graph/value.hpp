@@ -1,0 +1,46 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "../core/dtype.hpp"
+#include "../core/shape.hpp"
+#include "../core/tensor.hpp"
+
+namespace frugal {
+
+using ValueId = std::int32_t;
+using NodeId = std::int32_t;
+inline constexpr ValueId kNoValue = -1;
+
+// What a value is for. The planner places each kind differently: inputs and
+// activations live in the step's arena; parameters and optimizer state persist
+// across steps in storage the user (a Module, an Optimizer) owns.
+enum class ValueKind : std::uint8_t { input, parameter, state, activation };
+
+inline const char* value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::input: return "input";
+    case ValueKind::parameter: return "parameter";
+    case ValueKind::state: return "optimizer state";
+    case ValueKind::activation: return "activation";
+  }
+  return "?";
+}
+
+struct TensorMeta {
+  DType dtype = DType::f32;
+  Shape shape;
+  std::size_t nbytes() const { return std::size_t(shape.numel()) * dtype_size(dtype); }
+  std::string str() const { return cat(dtype_name(dtype), shape.str()); }
+};
+
+struct Value {
+  TensorMeta meta;
+  ValueKind kind = ValueKind::activation;
+  NodeId producer = -1;   // -1 for inputs, parameters and state
+  std::string name;       // parameters and inputs carry their names into errors and plans
+  Tensor external;        // the persistent storage of a parameter or state value
+  bool is_gradient = false;  // set by autograd, for the plan's categories
+};
+
+}  // namespace frugal

@@ -1,0 +1,108 @@
+#pragma once
+// Modules hold named parameters and submodules; forward() works on Vars.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../graph/capture.hpp"
+
+namespace frugal::nn {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  // Submodules point at their parent: a module stays where it was built.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Registers a submodule the caller keeps alive (usually a member).
+  template <class M>
+  M& register_module(std::string name, M& child) {
+    static_assert(std::is_base_of_v<Module, M>, "register_module takes an nn::Module");
+    for (auto& [n, _] : children_)
+      if (n == name) fail("module '", qualified_name(), "' already has a submodule named '", name, "'");
+    child.parent_ = this;
+    child.name_in_parent_ = name;
+    children_.push_back({std::move(name), &child});
+    return child;
+  }
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
+    register_module(std::move(name), *child);
+    owned_.push_back(child);
+    return child;
+  }
+
+  Tensor& register_parameter(std::string name, Tensor t) {
+    for (auto& [n, _] : params_)
+      if (n == name) fail("module '", qualified_name(), "' already has a parameter named '", name, "'");
+    params_.push_back({std::move(name), std::move(t)});
+    return params_.back().second;
+  }
+
+  // Parameters of this module and all below it, depth first, named like
+  // PyTorch's state_dict keys ("fc1.weight").
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    collect("", out);
+    return out;
+  }
+  std::vector<Tensor> parameters() const {
+    std::vector<Tensor> out;
+    for (auto& [_, t] : named_parameters()) out.push_back(t);
+    return out;
+  }
+  std::int64_t num_parameters() const {
+    std::int64_t n = 0;
+    for (auto& t : parameters()) n += t.numel();
+    return n;
+  }
+
+  void train(bool on = true) {
+    training_ = on;
+    for (auto& [_, c] : children_) c->train(on);
+  }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  std::string qualified_name() const {
+    if (!parent_) return "";
+    std::string up = parent_->qualified_name();
+    return up.empty() ? name_in_parent_ : up + "." + name_in_parent_;
+  }
+
+ protected:
+  // The Var of one of this module's parameters in the current capture.
+  Var var(const Tensor& t) const {
+    for (auto& [n, p] : params_)
+      if (p.raw() == t.raw()) {
+        std::string q = qualified_name();
+        return persistent_var(t, ValueKind::parameter, q.empty() ? n : q + "." + n);
+      }
+    fail("module '", qualified_name(), "': tensor is not one of its registered parameters");
+  }
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
+    for (auto& [n, t] : params_) out.push_back({prefix + n, t});
+    for (auto& [n, c] : children_) c->collect(prefix + n + ".", out);
+  }
+
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  std::vector<std::shared_ptr<Module>> owned_;
+  Module* parent_ = nullptr;
+  std::string name_in_parent_;
+  bool training_ = true;
+};
+
+// A module with one input and one output: what Sequential chains.
+class Layer : public Module {
+ public:
+  virtual Var forward(Var x) = 0;
+  Var operator()(Var x) { return forward(x); }
+};
+
+}  // namespace frugal::nn

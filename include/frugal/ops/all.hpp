@@ -1,0 +1,29 @@
+#pragma once
+// Every op family, and the gradient algebra autograd uses.
+#include "../graph/autograd.hpp"
+#include "binary.hpp"
+#include "fill.hpp"
+#include "loss.hpp"
+#include "matmul.hpp"
+#include "optimizer_updates.hpp"
+#include "reduce.hpp"
+#include "shape_ops.hpp"
+#include "softmax.hpp"
+#include "unary.hpp"
+
+namespace frugal {
+
+using ops::permute;
+using ops::reshape;
+using ops::transpose;
+
+inline GradientAlgebra default_gradient_algebra() {
+  return {[](Var a, Var b) { return a + b; }, [](Var x) { return fill_like(x, 1.0); }};
+}
+
+// d(loss)/d(w) for each w, appended to the capture's graph.
+inline std::vector<std::optional<Var>> grad(Var loss, std::span<const Var> wrt) {
+  return gradients(loss, wrt, default_gradient_algebra());
+}
+
+}  // namespace frugal

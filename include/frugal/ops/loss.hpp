@@ -1,0 +1,49 @@
+#pragma once
+// Cross-entropy with integer class labels, averaged over all positions.
+#include "checks.hpp"
+
+namespace frugal::ops {
+
+inline void check_cross_entropy(const std::string& op, const TensorMeta& logits, const TensorMeta& labels) {
+  expect_floating(op, logits);
+  if (!is_integer(labels.dtype))
+    fail<ShapeError>(op, ": labels must be i32 or i64 class indices, got ", labels.str());
+  const Shape& l = logits.shape;
+  if (l.rank() < 1 || labels.shape.rank() != l.rank() - 1 ||
+      !std::equal(labels.shape.dims().begin(), labels.shape.dims().end(), l.dims().begin()))
+    fail<ShapeError>(op, ": logits ", l.str(), " and labels ", labels.shape.str(),
+                     " do not match: labels must have the logits' shape without its last (class) axis");
+}
+
+// Inputs (logits, labels, dloss) -> dlogits = (softmax(logits) - onehot) * dloss / N.
+class CrossEntropyGrad final : public Op {
+ public:
+  std::string name() const override { return "cross_entropy_grad"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 3);
+    check_cross_entropy(name(), in[0], in[1]);
+    return {in[0]};
+  }
+};
+
+// Inputs (logits [..., C], labels [...]) -> mean over positions of
+// -log softmax(logits)[label]. A label outside [0, C) stops the step with an
+// error naming the position and the value.
+class CrossEntropy final : public Op {
+ public:
+  std::string name() const override { return "cross_entropy"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 2);
+    check_cross_entropy(name(), in[0], in[1]);
+    return {{in[0].dtype, Shape{}}};
+  }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
+    return {apply1<CrossEntropyGrad>({a.inputs[0], a.inputs[1], *a.grad_outputs[0]}), std::nullopt};
+  }
+};
+
+}  // namespace frugal::ops
+
+namespace frugal {
+inline Var cross_entropy(Var logits, Var labels) { return apply1<ops::CrossEntropy>({logits, labels}); }
+}  // namespace frugal

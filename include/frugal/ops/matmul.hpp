@@ -1,0 +1,121 @@
+#pragma once
+// Batched matrix products. The transposes ride along as flags, so a
+// backward never materialises a transposed copy.
+#include "binary.hpp"
+
+namespace frugal::ops {
+
+// C = op(A) · op(B), op(X) = X or Xᵀ over the last two axes. Leading (batch)
+// axes must be equal, or one side must be a plain matrix shared by all.
+class MatMul final : public Op {
+ public:
+  MatMul(bool trans_a, bool trans_b) : ta_(trans_a), tb_(trans_b) {}
+  bool trans_a() const { return ta_; }
+  bool trans_b() const { return tb_; }
+  std::string name() const override { return "matmul"; }
+
+  struct Dims {
+    std::int64_t batch, m, k, n;
+    bool a_batched, b_batched;
+  };
+  Dims dims(const Shape& a, const Shape& b) const {
+    auto bad = [&](const std::string& why) {
+      fail<ShapeError>("matmul", ta_ ? " (A transposed)" : "", tb_ ? " (B transposed)" : "", ": shapes ", a.str(),
+                       " and ", b.str(), " are incompatible: ", why);
+    };
+    if (a.rank() < 2 || b.rank() < 2) bad("both operands need at least 2 dimensions");
+    std::int64_t m = ta_ ? a.dim(-1) : a.dim(-2), ka = ta_ ? a.dim(-2) : a.dim(-1);
+    std::int64_t kb = tb_ ? b.dim(-1) : b.dim(-2), n = tb_ ? b.dim(-2) : b.dim(-1);
+    if (ka != kb) bad(cat("inner dimensions ", ka, " and ", kb, " differ"));
+    std::vector<std::int64_t> ba(a.dims().begin(), a.dims().end() - 2), bb(b.dims().begin(), b.dims().end() - 2);
+    if (!ba.empty() && !bb.empty() && ba != bb) bad("batch dimensions differ");
+    std::int64_t batch = Shape(ba.empty() ? bb : ba).numel();
+    return {batch, m, ka, n, !ba.empty(), !bb.empty()};
+  }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 2);
+    expect_floating(name(), in[0]);
+    expect_same_dtype(name(), in[0], in[1]);
+    const Shape &a = in[0].shape, &b = in[1].shape;
+    Dims d = dims(a, b);
+    const Shape& lead = d.a_batched ? a : b;
+    std::vector<std::int64_t> out(lead.dims().begin(), lead.dims().end() - 2);
+    out.push_back(d.m);
+    out.push_back(d.n);
+    return {{in[0].dtype, Shape(out)}};
+  }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Dims d = dims(in[0].shape, in[1].shape);
+    return {2.0 * double(d.batch * d.m * d.n * d.k), double(in[0].nbytes() + in[1].nbytes() + out[0].nbytes())};
+  }
+
+ private:
+  bool ta_, tb_;
+};
+
+// y = x · wᵀ + b with x [..., in], w [out, in], b [out] (PyTorch's layout).
+class Linear final : public Op {
+ public:
+  explicit Linear(bool has_bias) : has_bias_(has_bias) {}
+  bool has_bias() const { return has_bias_; }
+  std::string name() const override { return "linear"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, has_bias_ ? 3 : 2);
+    expect_floating(name(), in[0]);
+    const Shape &x = in[0].shape, &w = in[1].shape;
+    expect_same_dtype(name(), in[0], in[1]);
+    if (x.rank() < 1 || w.rank() != 2 || x.dim(-1) != w[1])
+      fail<ShapeError>("linear: input ", x.str(), " and weight ", w.str(),
+                       " are incompatible: the weight must be [out, in] with in = the input's last dimension");
+    if (has_bias_) {
+      expect_same_dtype(name(), in[0], in[2]);
+      if (in[2].shape != Shape{w[0]})
+        fail<ShapeError>("linear: bias ", in[2].shape.str(), " does not match weight ", w.str(), " (expected [",
+                         w[0], "])");
+    }
+    std::vector<std::int64_t> out = x.dims();
+    out.back() = w[0];
+    return {{in[0].dtype, Shape(out)}};
+  }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    double rows = double(in[0].shape.numel() / in[0].shape.dim(-1));
+    return {2.0 * rows * double(in[1].shape.numel()), double(in[0].nbytes() + in[1].nbytes() + out[0].nbytes())};
+  }
+
+ private:
+  bool has_bias_;
+};
+
+}  // namespace frugal::ops
+
+namespace frugal {
+
+inline Var matmul(Var a, Var b, bool trans_a = false, bool trans_b = false) {
+  return apply1<ops::MatMul>({a, b}, trans_a, trans_b);
+}
+
+inline Var linear(Var x, Var w, std::optional<Var> b = std::nullopt) {
+  if (b) return apply1<ops::Linear>({x, w, *b}, true);
+  return apply1<ops::Linear>({x, w}, false);
+}
+
+inline std::vector<std::optional<Var>> ops::MatMul::backward(const BackwardArgs& args) const {
+  Var a = args.inputs[0], b = args.inputs[1], g = *args.grad_outputs[0];
+  Var ga = ta_ ? matmul(b, g, tb_, true) : matmul(g, b, false, !tb_);
+  Var gb = tb_ ? matmul(g, a, true, ta_) : matmul(a, g, !ta_, false);
+  // A shared (unbatched) operand's gradient sums over the batch.
+  return {sum_to(ga, a.shape()), sum_to(gb, b.shape())};
+}
+
+inline std::vector<std::optional<Var>> ops::Linear::backward(const BackwardArgs& args) const {
+  Var x = args.inputs[0], w = args.inputs[1], g = *args.grad_outputs[0];
+  std::int64_t out = w.dim(0), in = w.dim(1);
+  Var g2 = reshape(g, {-1, out}), x2 = reshape(x, {-1, in});
+  std::vector<std::optional<Var>> grads{matmul(g, w), matmul(g2, x2, true, false)};
+  if (has_bias_) grads.push_back(sum(g2, {0}));
+  return grads;
+}
+
+}  // namespace frugal

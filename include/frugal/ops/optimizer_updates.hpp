@@ -1,0 +1,106 @@
+#pragma once
+// Optimizer updates as graph ops: each writes its parameter and state in
+// place. Hyperparameters are read when the op runs, so a learning-rate
+// schedule changes them between steps without recompiling.
+#include <cmath>
+#include <memory>
+
+#include "checks.hpp"
+#include "elementwise_math.hpp"
+
+namespace frugal::ops {
+
+struct SgdHyper {
+  double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  std::int64_t step = 0;  // steps taken, counting the one running (1 on the first)
+};
+
+struct AdamWHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+  std::int64_t step = 0;
+};
+
+// PyTorch's SGD: the first step seeds the momentum buffer with the gradient.
+template <class T>
+struct SgdMomentumMath {
+  T lr, momentum, dampening, weight_decay;
+  bool nesterov, first;
+  FRUGAL_HD void operator()(T& p, T g, T& buf) const {
+    T d = g + weight_decay * p;
+    buf = first ? d : momentum * buf + (T(1) - dampening) * d;
+    T dir = nesterov ? d + momentum * buf : buf;
+    p = p - lr * dir;
+  }
+};
+
+// AdamW with decoupled weight decay (Loshchilov & Hutter), in PyTorch's order.
+template <class T>
+struct AdamWMath {
+  T lr, beta1, beta2, eps, weight_decay, bias1, bias2_sqrt;
+  FRUGAL_HD void operator()(T& p, T g, T& m, T& v) const {
+    p = p * (T(1) - lr * weight_decay);
+    m = beta1 * m + (T(1) - beta1) * g;
+    v = beta2 * v + (T(1) - beta2) * g * g;
+    T denom = math::sqrt_(v) / bias2_sqrt + eps;
+    p = p - (lr / bias1) * m / denom;
+  }
+};
+
+inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> in) {
+  for (auto& m : in) {
+    expect_floating(op, m);
+    if (m.shape != in[0].shape || m.dtype != in[0].dtype)
+      fail<ShapeError>(op, ": parameter ", in[0].str(), " and its gradient/state ", m.str(), " differ");
+  }
+}
+
+// Inputs (param, grad, momentum buffer); writes param and buffer.
+class SgdUpdate final : public Op {
+ public:
+  explicit SgdUpdate(std::shared_ptr<const SgdHyper> h) : h_(std::move(h)) {}
+  const SgdHyper& hyper() const { return *h_; }
+  template <class T>
+  SgdMomentumMath<T> math() const {
+    return {T(h_->lr), T(h_->momentum), T(h_->dampening), T(h_->weight_decay), h_->nesterov, h_->step <= 1};
+  }
+  std::string name() const override { return "sgd_update"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 3);
+    expect_same_meta(name(), in);
+    return {};
+  }
+  std::vector<int> mutated_inputs() const override { return {0, 2}; }
+
+ private:
+  std::shared_ptr<const SgdHyper> h_;
+};
+
+// Inputs (param, grad, m, v); writes param, m and v.
+class AdamWUpdate final : public Op {
+ public:
+  explicit AdamWUpdate(std::shared_ptr<const AdamWHyper> h) : h_(std::move(h)) {}
+  template <class T>
+  AdamWMath<T> math() const {
+    double t = double(std::max<std::int64_t>(h_->step, 1));
+    return {T(h_->lr),
+            T(h_->beta1),
+            T(h_->beta2),
+            T(h_->eps),
+            T(h_->weight_decay),
+            T(1.0 - std::pow(h_->beta1, t)),
+            T(std::sqrt(1.0 - std::pow(h_->beta2, t)))};
+  }
+  std::string name() const override { return "adamw_update"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 4);
+    expect_same_meta(name(), in);
+    return {};
+  }
+  std::vector<int> mutated_inputs() const override { return {0, 2, 3}; }
+
+ private:
+  std::shared_ptr<const AdamWHyper> h_;
+};
+
+}  // namespace frugal::ops

@@ -1,0 +1,62 @@
+#pragma once
+// softmax and log_softmax along one axis, with fused backward kernels.
+#include "checks.hpp"
+
+namespace frugal::ops {
+
+// The shared shape logic: one axis, viewed as [outer, n, inner].
+class AlongAxis : public Op {
+ public:
+  explicit AlongAxis(int axis) : axis_(axis) {}
+  int axis_for(const Shape& s) const { return s.normalize_axis(axis_); }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    for (auto& m : in) {
+      expect_floating(name(), m);
+      if (m.shape != in[0].shape) fail<ShapeError>(name(), ": inputs ", in[0].str(), " and ", m.str(), " differ");
+    }
+    if (in[0].shape.rank() == 0) fail<ShapeError>(name(), ": needs at least one dimension, got a scalar");
+    axis_for(in[0].shape);
+    return {in[0]};
+  }
+
+ protected:
+  int axis_;
+};
+
+// Inputs (y, dy) where y = softmax(x): dx = y * (dy - sum(dy * y)).
+class SoftmaxGrad final : public AlongAxis {
+ public:
+  using AlongAxis::AlongAxis;
+  std::string name() const override { return "softmax_grad"; }
+};
+// Inputs (y, dy) where y = log_softmax(x): dx = dy - exp(y) * sum(dy).
+class LogSoftmaxGrad final : public AlongAxis {
+ public:
+  using AlongAxis::AlongAxis;
+  std::string name() const override { return "log_softmax_grad"; }
+};
+
+class Softmax final : public AlongAxis {
+ public:
+  using AlongAxis::AlongAxis;
+  std::string name() const override { return "softmax"; }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
+    return {apply1<SoftmaxGrad>({a.outputs[0], *a.grad_outputs[0]}, axis_)};
+  }
+};
+
+class LogSoftmax final : public AlongAxis {
+ public:
+  using AlongAxis::AlongAxis;
+  std::string name() const override { return "log_softmax"; }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
+    return {apply1<LogSoftmaxGrad>({a.outputs[0], *a.grad_outputs[0]}, axis_)};
+  }
+};
+
+}  // namespace frugal::ops
+
+namespace frugal {
+inline Var softmax(Var x, int axis = -1) { return apply1<ops::Softmax>({x}, axis); }
+inline Var log_softmax(Var x, int axis = -1) { return apply1<ops::LogSoftmax>({x}, axis); }
+}  // namespace frugal

@@ -1,0 +1,85 @@
+#pragma once
+// Elementwise unary ops. One op template over the functors in
+// elementwise_math.hpp; the backward is one fused kernel computing
+// dx = F::grad(x, y, dy).
+#include "checks.hpp"
+#include "elementwise_math.hpp"
+
+namespace frugal::ops {
+
+template <class F>
+class UnaryGrad;
+
+template <class F>
+class Unary final : public Op {
+ public:
+  explicit Unary(F f = {}) : f_(f) {}
+  const F& functor() const { return f_; }
+  std::string name() const override { return F::name; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 1);
+    expect_floating(name(), in[0]);
+    return {in[0]};
+  }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
+    return {apply1<UnaryGrad<F>>({a.inputs[0], a.outputs[0], *a.grad_outputs[0]}, f_)};
+  }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    return {double(in[0].shape.numel()), double(in[0].nbytes() + out[0].nbytes())};
+  }
+
+ private:
+  F f_;
+};
+
+// Inputs (x, y, dy) -> dx.
+template <class F>
+class UnaryGrad final : public Op {
+ public:
+  explicit UnaryGrad(F f = {}) : f_(f) {}
+  const F& functor() const { return f_; }
+  std::string name() const override { return std::string(F::name) + "_grad"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 3);
+    for (int i = 1; i < 3; ++i)
+      if (in[i].shape != in[0].shape || in[i].dtype != in[0].dtype)
+        fail<ShapeError>(name(), ": inputs ", in[0].str(), " and ", in[i].str(), " differ");
+    return {in[0]};
+  }
+
+ private:
+  F f_;
+};
+
+// The functors the backends must implement kernels for.
+template <class... F>
+struct FunctorList {};
+using UnaryFunctors = FunctorList<math::Relu, math::GeluTanh, math::GeluErf, math::Tanh, math::Sigmoid, math::Exp,
+                                  math::Log, math::Affine>;
+
+}  // namespace frugal::ops
+
+namespace frugal {
+
+inline Var relu(Var x) { return apply1<ops::Unary<math::Relu>>({x}); }
+// approximate=true is GPT-2's tanh form; false is the exact erf form.
+inline Var gelu(Var x, bool approximate = true) {
+  return approximate ? apply1<ops::Unary<math::GeluTanh>>({x}) : apply1<ops::Unary<math::GeluErf>>({x});
+}
+inline Var tanh(Var x) { return apply1<ops::Unary<math::Tanh>>({x}); }
+inline Var sigmoid(Var x) { return apply1<ops::Unary<math::Sigmoid>>({x}); }
+inline Var exp(Var x) { return apply1<ops::Unary<math::Exp>>({x}); }
+inline Var log(Var x) { return apply1<ops::Unary<math::Log>>({x}); }
+// a*x + b for constants a, b.
+inline Var affine(Var x, double a, double b = 0) { return apply1<ops::Unary<math::Affine>>({x}, math::Affine{a, b}); }
+
+inline Var operator*(Var x, double c) { return affine(x, c); }
+inline Var operator*(double c, Var x) { return affine(x, c); }
+inline Var operator/(Var x, double c) { return affine(x, 1.0 / c); }
+inline Var operator+(Var x, double c) { return affine(x, 1.0, c); }
+inline Var operator+(double c, Var x) { return affine(x, 1.0, c); }
+inline Var operator-(Var x, double c) { return affine(x, 1.0, -c); }
+inline Var operator-(double c, Var x) { return affine(x, -1.0, c); }
+inline Var operator-(Var x) { return affine(x, -1.0); }
+
+}  // namespace frugal

@@ -1,0 +1,47 @@
+#pragma once
+// SGD with momentum, weight decay, dampening and Nesterov, as torch.optim.SGD.
+#include "../ops/optimizer_updates.hpp"
+#include "../runtime/optimizer.hpp"
+
+namespace frugal::optim {
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+class SGD final : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions o) : params_(std::move(params)), h_(std::make_shared<ops::SgdHyper>()) {
+    if (o.lr < 0) fail("optim::SGD: learning rate ", o.lr, " is negative");
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      fail("optim::SGD: Nesterov momentum needs momentum > 0 and dampening = 0");
+    *h_ = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, 0};
+    momentum_.resize(params_.size());
+  }
+  const std::vector<Tensor>& params() const override { return params_; }
+  void append_update(Var p, Var g, std::size_t i) override {
+    // Without momentum the buffer is never read back; it still gives the
+    // kernel one shape of call.
+    if (!momentum_[i].defined()) momentum_[i] = Tensor(params_[i].shape(), params_[i].dtype());
+    Var buf = persistent_var(momentum_[i], ValueKind::state, p.graph->value(p.id).name + ".momentum");
+    frugal::apply(std::make_shared<ops::SgdUpdate>(h_), {p, g, buf});
+  }
+  void begin_step() override { ++h_->step; }
+
+  void set_lr(double lr) { h_->lr = lr; }
+  double lr() const { return h_->lr; }
+  std::int64_t steps() const { return h_->step; }
+  // Momentum buffers, by parameter index (undefined until compiled).
+  const Tensor& momentum_buffer(std::size_t i) const { return momentum_.at(i); }
+
+ private:
+  std::vector<Tensor> params_;
+  std::shared_ptr<ops::SgdHyper> h_;
+  std::vector<Tensor> momentum_;
+};
+
+}  // namespace frugal::optim

@@ -1,0 +1,196 @@
+#pragma once
+// capture -> autograd -> optimizer ops -> plan -> Step.
+#include <algorithm>
+#include <map>
+
+#include "../graph/capture.hpp"
+#include "../ops/all.hpp"
+#include "step.hpp"
+
+namespace frugal {
+
+struct InputSpec {
+  TensorMeta meta;
+  std::string name;
+};
+
+// Declares a step input of element type T, e.g. input<float>({256, 784}).
+template <class T>
+InputSpec input(Shape shape, std::string name = "") {
+  return {{dtype_of<T>(), std::move(shape)}, std::move(name)};
+}
+
+struct CompileOptions {
+  std::string backend = "cpu";
+  int threads = 0;          // 0: leave the process's setting alone
+  bool keep_grads = false;  // keep parameter gradients readable with step.grad(p)
+};
+
+namespace detail {
+
+template <class Fn, std::size_t... I>
+auto call_with(Fn& fn, const std::vector<Var>& v, std::index_sequence<I...>) {
+  return fn(v[I]...);
+}
+
+// Calls fn with as many Vars as it takes (0 to 6).
+template <class Fn>
+auto call_with_vars(Fn& fn, const std::vector<Var>& v) {
+  auto try_n = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+    if (v.size() != N) fail("compile: the step function takes ", N, " inputs but ", v.size(), " were declared");
+    return call_with(fn, v, std::make_index_sequence<N>{});
+  };
+  if constexpr (std::is_invocable_v<Fn&>) return try_n(std::integral_constant<std::size_t, 0>{});
+  else if constexpr (std::is_invocable_v<Fn&, Var>) return try_n(std::integral_constant<std::size_t, 1>{});
+  else if constexpr (std::is_invocable_v<Fn&, Var, Var>) return try_n(std::integral_constant<std::size_t, 2>{});
+  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var>) return try_n(std::integral_constant<std::size_t, 3>{});
+  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var, Var>)
+    return try_n(std::integral_constant<std::size_t, 4>{});
+  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var, Var, Var>)
+    return try_n(std::integral_constant<std::size_t, 5>{});
+  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var, Var, Var, Var>)
+    return try_n(std::integral_constant<std::size_t, 6>{});
+  else
+    static_assert(sizeof(Fn) == 0, "the step function must take 0 to 6 Vars");
+}
+
+struct Captured {
+  std::shared_ptr<Graph> graph;
+  std::vector<ValueId> inputs;
+  std::vector<Var> results;
+};
+
+template <class Fn>
+Captured capture(Fn& fn, const std::vector<InputSpec>& specs) {
+  Captured c{std::make_shared<Graph>(), {}, {}};
+  CaptureScope scope(*c.graph);
+  std::vector<Var> vars;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::string name = specs[i].name.empty() ? cat("input", i) : specs[i].name;
+    ValueId id = c.graph->add_input(specs[i].meta, name);
+    c.inputs.push_back(id);
+    vars.push_back({c.graph.get(), id});
+  }
+  auto r = call_with_vars(fn, vars);
+  if constexpr (std::is_same_v<decltype(r), Var>) c.results = {r};
+  else c.results = std::vector<Var>(r.begin(), r.end());
+  for (auto& v : c.results)
+    if (v.graph != c.graph.get()) fail("compile: the step function returned a Var from another capture");
+  return c;
+}
+
+inline void check_budget(const Graph& g, const Plan& plan, const Budget& b) {
+  if (b.device == 0 || plan.total_bytes() <= b.device) return;
+  // Name the largest consumers, so the user knows what to shrink.
+  std::vector<std::pair<std::size_t, std::string>> big;
+  for (const Value& v : g.values())
+    if (!plan::in_arena(v))
+      big.push_back({v.meta.nbytes(), cat(value_kind_name(v.kind), " '", v.name, "' ", v.meta.str())});
+  for (auto& iv : plan.intervals) {
+    const Value& v = g.value(iv.value);
+    std::string who = v.producer >= 0 ? cat("output of ", g.node(v.producer).op->name()) : cat("input '", v.name, "'");
+    big.push_back({iv.bytes, cat(who, " ", v.meta.str())});
+  }
+  std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first > y.first; });
+  std::string list;
+  for (std::size_t i = 0; i < std::min<std::size_t>(5, big.size()); ++i)
+    list += cat("\n  ", format_bytes(big[i].first), "  ", big[i].second);
+  fail<BudgetError>("device budget ", format_bytes(b.device), " (", b.device, " bytes) is infeasible: the step needs ",
+                    format_bytes(plan.total_bytes()), " (arena ", format_bytes(plan.arena_bytes),
+                    " + parameters and optimizer state ", format_bytes(plan.persistent_bytes),
+                    "). Smallest feasible budget: ", plan.total_bytes(),
+                    " bytes (this planner does not yet recompute or swap). Largest consumers:", list);
+}
+
+inline Step finish(Captured c, std::vector<ValueId> roots, Optimizer* opt, ValueId loss,
+                   std::vector<ValueId> outputs, std::map<const void*, ValueId> grad_of, const Budget& budget,
+                   const CompileOptions& o) {
+  Plan plan = make_plan(*c.graph, roots);
+  check_budget(*c.graph, plan, budget);
+  auto backend = make_backend(o.backend);
+  if (o.threads > 0) backend->set_threads(o.threads);
+  return Step(Step::Parts{std::move(c.graph), std::move(plan), std::move(backend), opt, std::move(c.inputs), loss,
+                          std::move(outputs), std::move(grad_of), o.threads});
+}
+
+inline Var single_loss(const Captured& c) {
+  if (c.results.size() != 1) fail("compile: the step function must return exactly one loss Var");
+  return c.results[0];
+}
+
+}  // namespace detail
+
+// A training step: fn(inputs...) returns the loss; its gradients update
+// opt's parameters with opt's rule, all inside the one captured graph.
+template <class Fn>
+Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {}, CompileOptions o = {}) {
+  auto c = detail::capture(fn, specs);
+  Var loss = detail::single_loss(c);
+  Graph& g = *c.graph;
+  CaptureScope scope(g);
+  // Parameters the optimizer owns and the loss reads; the rest stay frozen.
+  std::vector<Var> wrt;
+  std::vector<std::size_t> index;
+  for (std::size_t i = 0; i < opt.params().size(); ++i) {
+    const Tensor& p = opt.params()[i];
+    for (ValueId v : g.values_of_kind(ValueKind::parameter))
+      if (g.value(v).external.raw() == p.raw()) {
+        wrt.push_back({&g, v});
+        index.push_back(i);
+      }
+  }
+  auto grads = grad(loss, wrt);
+  std::vector<ValueId> roots{loss.id};
+  std::map<const void*, ValueId> grad_of;
+  for (std::size_t k = 0; k < wrt.size(); ++k) {
+    if (!grads[k]) continue;  // the loss does not depend on it
+    if (o.keep_grads) {
+      roots.push_back(grads[k]->id);
+      grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
+    }
+    opt.append_update(wrt[k], *grads[k], index[k]);
+  }
+  return detail::finish(std::move(c), roots, &opt, loss.id, {}, std::move(grad_of), budget, o);
+}
+
+// Loss and gradients for `wrt` (parameters the function reads), no update:
+// for checking gradients and for custom training loops.
+template <class Fn>
+Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor> wrt, Budget budget = {},
+                       CompileOptions o = {}) {
+  auto c = detail::capture(fn, specs);
+  Var loss = detail::single_loss(c);
+  Graph& g = *c.graph;
+  CaptureScope scope(g);
+  std::vector<Var> vars;
+  for (auto& t : wrt) {
+    ValueId found = kNoValue;
+    for (const ValueKind k : {ValueKind::parameter, ValueKind::state})
+      for (ValueId v : g.values_of_kind(k))
+        if (g.value(v).external.raw() == t.raw()) found = v;
+    if (found == kNoValue)
+      fail("compile_gradients: a tensor of shape ", t.shape().str(), " was asked for but the function never reads it");
+    vars.push_back({&g, found});
+  }
+  auto grads = grad(loss, vars);
+  std::vector<ValueId> roots{loss.id};
+  std::map<const void*, ValueId> grad_of;
+  for (std::size_t k = 0; k < vars.size(); ++k) {
+    if (!grads[k]) continue;
+    roots.push_back(grads[k]->id);
+    grad_of[wrt[k].raw()] = grads[k]->id;
+  }
+  return detail::finish(std::move(c), roots, nullptr, loss.id, {}, std::move(grad_of), budget, o);
+}
+
+// Forward only: fn returns one Var or a std::vector<Var>; after run() they
+// are in step.output(i).
+template <class Fn>
+Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
+  auto c = detail::capture(fn, specs);
+  std::vector<ValueId> outs;
+  for (auto& v : c.results) outs.push_back(v.id);
+  return detail::finish(std::move(c), outs, nullptr, kNoValue, outs, {}, budget, o);
+}
+
+}  // namespace frugal

@@ -1,0 +1,69 @@
+#pragma once
+// Runs a Plan on a Backend: one arena allocated up front, every kernel bound
+// and every operand address resolved before the first step, so a step itself
+// allocates nothing.
+#include <memory>
+#include <vector>
+
+#include "../plan/plan.hpp"
+#include "backend.hpp"
+
+namespace frugal {
+
+class Executor {
+ public:
+  Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend)
+      : graph_(std::move(graph)), backend_(backend) {
+    arena_bytes_ = plan.arena_bytes;
+    arena_ = static_cast<std::byte*>(backend_.allocate(std::max<std::size_t>(arena_bytes_, kAlignment)));
+    address_.assign(graph_->num_values(), nullptr);
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if (plan.offset_of[std::size_t(v)])
+        address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
+      else if (val.external.defined())
+        address_[std::size_t(v)] = val.external.raw();
+    }
+    for (NodeId n : plan.schedule) {
+      const Node& node = graph_->node(n);
+      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}};
+      for (ValueId i : node.inputs) b.in.push_back(ref(i));
+      for (ValueId o : node.outputs) b.out.push_back(ref(o));
+      bound_.push_back(std::move(b));
+    }
+  }
+  ~Executor() {
+    if (arena_) backend_.deallocate(arena_);
+  }
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  void run() {
+    for (const Bound& b : bound_) (*b.kernel)(*b.op, KernelArgs{b.in, b.out});
+    backend_.synchronize();
+  }
+
+  void* address(ValueId v) const { return address_.at(std::size_t(v)); }
+  std::size_t arena_bytes() const { return arena_bytes_; }
+
+ private:
+  struct Bound {
+    const Op* op;
+    const Kernel* kernel;
+    std::vector<TensorRef> in, out;
+  };
+  TensorRef ref(ValueId v) const {
+    const Value& val = graph_->value(v);
+    if (!address_[std::size_t(v)]) fail("internal: value ", v, " (", val.meta.str(), ") has no storage in the plan");
+    return {address_[std::size_t(v)], val.meta.dtype, &val.meta.shape};
+  }
+
+  std::shared_ptr<const Graph> graph_;
+  Backend& backend_;
+  std::byte* arena_ = nullptr;
+  std::size_t arena_bytes_ = 0;
+  std::vector<void*> address_;
+  std::vector<Bound> bound_;
+};
+
+}  // namespace frugal

@@ -1,0 +1,101 @@
+#pragma once
+// The compiled step the user holds: run(batch) executes one whole training
+// step (forward, backward, optimizer update) as planned.
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "executor.hpp"
+#include "optimizer.hpp"
+
+namespace frugal {
+
+class Step {
+ public:
+  struct Parts {
+    std::shared_ptr<Graph> graph;
+    Plan plan;
+    std::unique_ptr<Backend> backend;
+    Optimizer* optimizer = nullptr;
+    std::vector<ValueId> inputs;
+    ValueId loss = kNoValue;
+    std::vector<ValueId> outputs;
+    std::map<const void*, ValueId> grad_of;  // parameter storage -> kept gradient
+    int threads = 0;
+  };
+
+  explicit Step(Parts p) : p_(std::move(p)) {
+    executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend);
+    for (ValueId o : p_.outputs) outputs_.emplace_back(p_.graph->value(o).meta.shape, p_.graph->value(o).meta.dtype);
+  }
+
+  // Runs one step on these inputs (in the order compile() declared them) and
+  // returns the loss; an inference step returns NaN and fills outputs().
+  template <class... Ts>
+  float run(const Ts&... inputs) {
+    const Tensor* list[] = {&inputs...};
+    return run_inputs(std::span<const Tensor* const>(list, sizeof...(Ts)));
+  }
+
+  float run_inputs(std::span<const Tensor* const> inputs) {
+    if (inputs.size() != p_.inputs.size())
+      fail("step.run: expected ", p_.inputs.size(), " inputs, got ", inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const Value& v = p_.graph->value(p_.inputs[i]);
+      const Tensor& t = *inputs[i];
+      if (t.dtype() != v.meta.dtype || t.shape() != v.meta.shape)
+        fail<ShapeError>("step.run: input ", i, " ('", v.name, "') is ", dtype_name(t.dtype()), t.shape().str(),
+                         " but the step was compiled for ", v.meta.str());
+      p_.backend->copy_to_device(executor_->address(p_.inputs[i]), t.raw(), t.nbytes());
+    }
+    if (p_.threads > 0) p_.backend->set_threads(p_.threads);
+    if (p_.optimizer) p_.optimizer->begin_step();
+    executor_->run();
+    ++steps_;
+    for (std::size_t i = 0; i < outputs_.size(); ++i)
+      p_.backend->copy_to_host(outputs_[i].raw(), executor_->address(p_.outputs[i]), outputs_[i].nbytes());
+    return p_.loss == kNoValue ? std::nanf("") : float(last_loss_f64());
+  }
+
+  // The last loss in full precision (f64 steps would lose digits as float).
+  double last_loss_f64() const {
+    const Value& lv = p_.graph->value(p_.loss);
+    if (lv.meta.dtype == DType::f64) {
+      double d = 0;
+      p_.backend->copy_to_host(&d, executor_->address(p_.loss), sizeof d);
+      return d;
+    }
+    float f = 0;
+    p_.backend->copy_to_host(&f, executor_->address(p_.loss), sizeof f);
+    return f;
+  }
+
+  // The outputs of an inference step (or extra outputs), after run().
+  const Tensor& output(std::size_t i = 0) const { return outputs_.at(i); }
+
+  // The gradient of the loss for `param` from the last run; the step must
+  // have been compiled to keep it (compile_gradients, or keep_grads).
+  Tensor grad(const Tensor& param) const {
+    auto it = p_.grad_of.find(param.raw());
+    if (it == p_.grad_of.end())
+      fail("step.grad: no gradient kept for this tensor; compile with compile_gradients(...) or "
+           "CompileOptions::keep_grads, and make sure the loss depends on it");
+    const Value& v = p_.graph->value(it->second);
+    Tensor out(v.meta.shape, v.meta.dtype);
+    p_.backend->copy_to_host(out.raw(), executor_->address(it->second), out.nbytes());
+    return out;
+  }
+
+  const Plan& plan() const { return p_.plan; }
+  const Graph& graph() const { return *p_.graph; }
+  std::size_t arena_bytes() const { return p_.plan.arena_bytes; }
+  std::int64_t steps_run() const { return steps_; }
+
+ private:
+  Parts p_;
+  std::unique_ptr<Executor> executor_;
+  std::vector<Tensor> outputs_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace frugal
