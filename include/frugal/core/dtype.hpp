@@ -40,8 +40,8 @@ template <class T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::f32;
   else if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, bfloat16>) return DType::bf16;
-  else if constexpr (std::is_same_v<T, float16>) return DType::f16;
+  else if constexpr (std::is_same_v<T, BFloat16>) return DType::bf16;
+  else if constexpr (std::is_same_v<T, Half>) return DType::f16;
   else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
   else if constexpr (std::is_same_v<T, std::int64_t>) return DType::i64;
   else static_assert(sizeof(T) == 0, "frugal has no dtype for this C++ type");

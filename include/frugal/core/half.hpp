@@ -19,11 +19,11 @@ FRUGAL_HD float bits_float(std::uint32_t u) {
 }
 }  // namespace detail
 
-// bfloat16 storage: the top 16 bits of an IEEE float, rounded to nearest even.
-struct bfloat16 {
+// BFloat16 storage: the top 16 bits of an IEEE float, rounded to nearest even.
+struct BFloat16 {
   std::uint16_t bits = 0;
-  bfloat16() = default;
-  FRUGAL_HD explicit bfloat16(float f) {
+  BFloat16() = default;
+  FRUGAL_HD explicit BFloat16(float f) {
     std::uint32_t u = detail::float_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
       bits = std::uint16_t((u >> 16) | 0x40u);
@@ -36,10 +36,10 @@ struct bfloat16 {
 };
 
 // IEEE 754 binary16 storage, round to nearest even, with subnormals.
-struct float16 {
+struct Half {
   std::uint16_t bits = 0;
-  float16() = default;
-  FRUGAL_HD explicit float16(float f) {
+  Half() = default;
+  FRUGAL_HD explicit Half(float f) {
     std::uint32_t x = detail::float_bits(f);
     std::uint32_t sign = (x >> 16) & 0x8000u;
     std::uint32_t absx = x & 0x7fffffffu;

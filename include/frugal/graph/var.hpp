@@ -12,11 +12,13 @@ struct Var {
   Graph* graph = nullptr;
   ValueId id = kNoValue;
 
-  const TensorMeta& meta() const { return graph->value(id).meta; }
-  const Shape& shape() const { return meta().shape; }
-  DType dtype() const { return meta().dtype; }
-  int rank() const { return shape().rank(); }
-  std::int64_t dim(int axis) const { return shape().dim(axis); }
+  // By value: appending nodes may move the graph's storage, so a reference
+  // held across an op call would dangle.
+  TensorMeta meta() const { return graph->value(id).meta; }
+  Shape shape() const { return graph->value(id).meta.shape; }
+  DType dtype() const { return graph->value(id).meta.dtype; }
+  int rank() const { return graph->value(id).meta.shape.rank(); }
+  std::int64_t dim(int axis) const { return graph->value(id).meta.shape.dim(axis); }
 };
 
 // Applies `op` to `inputs` (all in one graph) and returns its outputs.

@@ -30,7 +30,7 @@ class AdamW final : public Optimizer {
       m_[i] = Tensor(params_[i].shape(), params_[i].dtype());
       v_[i] = Tensor(params_[i].shape(), params_[i].dtype());
     }
-    const std::string& name = p.graph->value(p.id).name;
+    const std::string name = p.graph->value(p.id).name;  // a copy: the graph grows below
     Var m = persistent_var(m_[i], ValueKind::state, name + ".exp_avg");
     Var v = persistent_var(v_[i], ValueKind::state, name + ".exp_avg_sq");
     frugal::apply(std::make_shared<ops::AdamWUpdate>(h_), {p, g, m, v});
