@@ -113,7 +113,8 @@ inline std::vector<std::optional<Var>> ops::Linear::backward(const BackwardArgs&
   Var x = args.inputs[0], w = args.inputs[1], g = *args.grad_outputs[0];
   std::int64_t out = w.dim(0), in = w.dim(1);
   Var g2 = reshape(g, {-1, out}), x2 = reshape(x, {-1, in});
-  std::vector<std::optional<Var>> grads{matmul(g, w), matmul(g2, x2, true, false)};
+  // Work on 2-D views, so a 1-D input (one sample) needs no special case.
+  std::vector<std::optional<Var>> grads{reshape(matmul(g2, w), x.shape().dims()), matmul(g2, x2, true, false)};
   if (has_bias_) grads.push_back(sum(g2, {0}));
   return grads;
 }

@@ -1,0 +1,16 @@
+# Installs frugal from BUILD_DIR into a fresh prefix, then configures, builds
+# and runs tests/install_consumer against that prefix alone.
+set(work ${WORK_DIR})
+file(REMOVE_RECURSE ${work})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${err}")
+  endif()
+endfunction()
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${work}/prefix)
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install_consumer -B ${work}/build -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_PREFIX_PATH=${work}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+run(${CMAKE_COMMAND} --build ${work}/build)
+run(${work}/build/consumer)
