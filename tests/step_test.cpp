@@ -96,7 +96,7 @@ TEST_CASE("activations share one arena, placed by liveness", "[step][plan]") {
     Deep() {
       for (int i = 0; i < 8; ++i) {
         layers.push_back(std::make_unique<nn::Linear>(64, 64));
-        register_module("l" + std::to_string(i), *layers.back());
+        register_module(std::string("l") + std::to_string(i), *layers.back());
       }
     }
     Var forward(Var x) {

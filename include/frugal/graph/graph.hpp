@@ -28,6 +28,9 @@ class Graph {
   // value however often a model reads it.
   ValueId add_persistent(const Tensor& storage, ValueKind kind, std::string name) {
     if (!storage.defined()) fail("parameter '", name, "' has no storage (was it registered before it was created?)");
+    if (kind != ValueKind::parameter && kind != ValueKind::state)
+      fail("'", name, "': only parameters and optimizer state are bound to tensors the user owns; a ",
+           value_kind_name(kind), " is declared with input<T>(shape) or produced by an op");
     auto it = by_storage_.find(storage.raw());
     if (it != by_storage_.end()) return it->second;
     ValueId id = add_value({.meta = {storage.dtype(), storage.shape()},

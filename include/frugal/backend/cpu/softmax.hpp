@@ -55,7 +55,7 @@ void softmax_forward(const T* x, T* y, const AxisView& v) {
 
 template <class OpT, bool Log>
 void softmax_kernel(const OpT& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, op.name().c_str(), [&](auto tag) {
+  dispatch_float(a.in[0].dtype, Log ? "log_softmax" : "softmax", [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = *a.in[0].shape;
     softmax_forward<T, Log>(a.in[0].as<T>(), a.out[0].as<T>(), axis_view(s, op.axis_for(s)));
@@ -64,7 +64,7 @@ void softmax_kernel(const OpT& op, const KernelArgs& a) {
 
 template <class OpT, bool Log>
 void softmax_grad_kernel(const OpT& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, op.name().c_str(), [&](auto tag) {
+  dispatch_float(a.in[0].dtype, Log ? "log_softmax_grad" : "softmax_grad", [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = *a.in[0].shape;
     const T *y = a.in[0].as<T>(), *dy = a.in[1].as<T>();

@@ -1,0 +1,540 @@
+// Every op, forward (f32 and f64 against the float64 reference) and backward
+// (analytic gradients against central finite differences), plus the errors
+// ops raise on bad shapes and bad labels. See op_harness.hpp for the method
+// and the tolerances.
+#include "op_harness.hpp"
+
+using namespace optest;
+using frugal::Var;
+using frugal::DType;
+using A = Arrays;
+using V = Vars;
+
+namespace {
+
+// A one-input case: build and reference each take the single input.
+Case unary(std::string name, In in, std::function<Var(Var)> build, std::function<ref::Array(const ref::Array&)> refn) {
+  return {std::move(name), {std::move(in)}, [build](const V& v) { return build(v[0]); },
+          [refn](const A& a) { return refn(a[0]); }};
+}
+
+// A two-input case.
+Case binary(std::string name, In a, In b, std::function<Var(Var, Var)> build,
+            std::function<ref::Array(const ref::Array&, const ref::Array&)> refn) {
+  return {std::move(name), {std::move(a), std::move(b)}, [build](const V& v) { return build(v[0], v[1]); },
+          [refn](const A& a) { return refn(a[0], a[1]); }};
+}
+
+}  // namespace
+
+// ---- elementwise unary -----------------------------------------------------
+
+TEST_CASE("relu forward and backward", "[ops]") {
+  check_op(unary("relu [3,5]", x({3, 5}), [](Var v) { return frugal::relu(v); }, ref::relu));
+  check_op(unary("relu [1,7]", x({1, 7}), [](Var v) { return frugal::relu(v); }, ref::relu));
+  check_op(unary("relu [2,3,4] wide", wide({2, 3, 4}), [](Var v) { return frugal::relu(v); }, ref::relu));
+}
+
+TEST_CASE("gelu, tanh form, forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::gelu(v, true); };
+  check_op(unary("gelu_tanh [4,6]", x({4, 6}), f, ref::gelu_tanh));
+  check_op(unary("gelu_tanh [1,1]", x({1, 1}), f, ref::gelu_tanh));
+  check_op(unary("gelu_tanh [3,7] wide", wide({3, 7}), f, ref::gelu_tanh));
+  // The default is the tanh form.
+  check_op(unary("gelu default [5]", x({5}), [](Var v) { return frugal::gelu(v); }, ref::gelu_tanh));
+}
+
+TEST_CASE("gelu, erf form, forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::gelu(v, false); };
+  check_op(unary("gelu_erf [4,6]", x({4, 6}), f, ref::gelu_erf));
+  check_op(unary("gelu_erf [1,5]", x({1, 5}), f, ref::gelu_erf));
+  check_op(unary("gelu_erf [3,7] wide", wide({3, 7}), f, ref::gelu_erf));
+}
+
+TEST_CASE("tanh forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::tanh(v); };
+  check_op(unary("tanh [3,7]", x({3, 7}), f, ref::tanh));
+  check_op(unary("tanh [1,4] wide", wide({1, 4}), f, ref::tanh));
+}
+
+TEST_CASE("sigmoid forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::sigmoid(v); };
+  check_op(unary("sigmoid [5,3]", x({5, 3}), f, ref::sigmoid));
+  // Both signs well away from 0, so both branches of the split form run.
+  check_op(unary("sigmoid [2,3,5] wide", wide({2, 3, 5}), f, ref::sigmoid));
+  check_op(unary("sigmoid [1,1]", x({1, 1}), f, ref::sigmoid));
+}
+
+TEST_CASE("exp forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::exp(v); };
+  check_op(unary("exp [2,3,4]", x({2, 3, 4}), f, ref::exp));
+  check_op(unary("exp [1,3]", x({1, 3}), f, ref::exp));
+}
+
+TEST_CASE("log forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::log(v); };
+  check_op(unary("log [3,5]", pos({3, 5}), f, ref::log));
+  check_op(unary("log [1,7]", pos({1, 7}), f, ref::log));
+}
+
+TEST_CASE("affine and scalar arithmetic forward and backward", "[ops]") {
+  check_op(unary("x*2.5", x({3, 4}), [](Var v) { return v * 2.5; },
+                 [](const ref::Array& a) { return ref::affine(a, 2.5, 0); }));
+  check_op(unary("2.5*x", x({1, 5}), [](Var v) { return 2.5 * v; },
+                 [](const ref::Array& a) { return ref::affine(a, 2.5, 0); }));
+  check_op(unary("x+1", x({3, 4}), [](Var v) { return v + 1.0; },
+                 [](const ref::Array& a) { return ref::affine(a, 1, 1); }));
+  check_op(unary("1+x", x({2, 3}), [](Var v) { return 1.0 + v; },
+                 [](const ref::Array& a) { return ref::affine(a, 1, 1); }));
+  check_op(unary("x-0.75", x({7}), [](Var v) { return v - 0.75; },
+                 [](const ref::Array& a) { return ref::affine(a, 1, -0.75); }));
+  check_op(unary("1-x", x({3, 4}), [](Var v) { return 1.0 - v; },
+                 [](const ref::Array& a) { return ref::affine(a, -1, 1); }));
+  check_op(unary("-x", x({2, 3, 2}), [](Var v) { return -v; },
+                 [](const ref::Array& a) { return ref::affine(a, -1, 0); }));
+  check_op(unary("x/3", x({3, 4}), [](Var v) { return v / 3.0; },
+                 [](const ref::Array& a) { return ref::map(a, [](double t) { return t / 3.0; }); }));
+  check_op(unary("affine(x,-1.5,0.25)", x({5, 3}), [](Var v) { return frugal::affine(v, -1.5, 0.25); },
+                 [](const ref::Array& a) { return ref::affine(a, -1.5, 0.25); }));
+}
+
+// ---- elementwise binary ------------------------------------------------------
+
+namespace {
+Var add_v(Var a, Var b) { return a + b; }
+Var sub_v(Var a, Var b) { return a - b; }
+Var mul_v(Var a, Var b) { return a * b; }
+Var div_v(Var a, Var b) { return a / b; }
+}  // namespace
+
+TEST_CASE("add, sub, mul, div with equal shapes", "[ops]") {
+  for (ref::Dims s : {ref::Dims{3, 4}, ref::Dims{1, 1}, ref::Dims{5, 7}, ref::Dims{2, 3, 2}}) {
+    const std::string sh = ref::str(s);
+    check_op(binary("add " + sh, x(s), x(s), add_v, ref::add));
+    check_op(binary("sub " + sh, x(s), x(s), sub_v, ref::sub));
+    check_op(binary("mul " + sh, x(s), x(s), mul_v, ref::mul));
+    check_op(binary("div " + sh, x(s), den(s), div_v, ref::div));
+  }
+  // The named free functions are the operators.
+  check_op(binary("frugal::add [2,3]", x({2, 3}), x({2, 3}), [](Var a, Var b) { return frugal::add(a, b); }, ref::add));
+  check_op(binary("frugal::div [2,3]", x({2, 3}), den({2, 3}), [](Var a, Var b) { return frugal::div(a, b); }, ref::div));
+}
+
+TEST_CASE("add, sub, mul, div with broadcasting", "[ops]") {
+  check_op(binary("[3,4] + [4]", x({3, 4}), x({4}), add_v, ref::add));
+  check_op(binary("[4] + [3,4]", x({4}), x({3, 4}), add_v, ref::add));
+  check_op(binary("[2,1,5] * [3,1]", x({2, 1, 5}), x({3, 1}), mul_v, ref::mul));
+  check_op(binary("[1] / [2,3]", x({1}), den({2, 3}), div_v, ref::div));
+  check_op(binary("[2,3] / [1]", x({2, 3}), den({1}), div_v, ref::div));
+  check_op(binary("[3,4] / [4]", x({3, 4}), den({4}), div_v, ref::div));
+  check_op(binary("[4,1] - [1,5]", x({4, 1}), x({1, 5}), sub_v, ref::sub));
+  check_op(binary("[2,3,4] * [2,1,4]", x({2, 3, 4}), x({2, 1, 4}), mul_v, ref::mul));
+  check_op(binary("[2,3,4] - [3,1]", x({2, 3, 4}), x({3, 1}), sub_v, ref::sub));
+  // Scalar-shaped (rank 0) operands.
+  check_op(binary("[3,4] * []", x({3, 4}), x({}), mul_v, ref::mul));
+  check_op(binary("[] - [2,3]", x({}), x({2, 3}), sub_v, ref::sub));
+  check_op(binary("[] + []", x({}), x({}), add_v, ref::add));
+  check_op(binary("[] / [3]", x({}), den({3}), div_v, ref::div));
+  check_op(binary("[3] / []", x({3}), den({}), div_v, ref::div));
+}
+
+TEST_CASE("a Var used more than once accumulates its gradient", "[ops]") {
+  check_op(unary("x*x", x({3, 4}), [](Var v) { return v * v; },
+                 [](const ref::Array& a) { return ref::mul(a, a); }));
+  check_op(unary("x*x + x", x({2, 5}), [](Var v) { return v * v + v; },
+                 [](const ref::Array& a) { return ref::add(ref::mul(a, a), a); }));
+  check_op(unary("x / (x*x + 1)", x({7}), [](Var v) { return v / (v * v + 1.0); },
+                 [](const ref::Array& a) { return ref::div(a, ref::affine(ref::mul(a, a), 1, 1)); }));
+  check_op(binary("(a+b)*a - b", x({3, 4}), x({4}), [](Var a, Var b) { return (a + b) * a - b; },
+                  [](const ref::Array& a, const ref::Array& b) { return ref::sub(ref::mul(ref::add(a, b), a), b); }));
+  // The same tensor bound twice is one value: two Vars, one gradient.
+  check_op({"same tensor bound twice: sigmoid(x) * x",
+            {x({3, 3})},
+            [](const V& v) {
+              Var again = frugal::persistent_var(frugal::current_graph()->value(v[0].id).external,
+                                                 frugal::ValueKind::parameter, "again");
+              return frugal::sigmoid(v[0]) * again;
+            },
+            [](const A& a) { return ref::mul(ref::sigmoid(a[0]), a[0]); }});
+}
+
+// ---- matrix products -----------------------------------------------------------
+
+namespace {
+Case mm(std::string name, ref::Dims a, ref::Dims b, bool ta = false, bool tb = false) {
+  return binary(std::move(name), x(std::move(a)), x(std::move(b)),
+                [ta, tb](Var p, Var q) { return frugal::matmul(p, q, ta, tb); },
+                [ta, tb](const ref::Array& p, const ref::Array& q) { return ref::matmul(p, q, ta, tb); });
+}
+}  // namespace
+
+TEST_CASE("matmul of plain matrices", "[ops]") {
+  check_op(mm("matmul [3,4]x[4,5]", {3, 4}, {4, 5}));
+  check_op(mm("matmul [1,1]x[1,1]", {1, 1}, {1, 1}));
+  check_op(mm("matmul [7,5]x[5,3]", {7, 5}, {5, 3}));
+  check_op(mm("matmul [1,6]x[6,1]", {1, 6}, {6, 1}));
+  check_op(mm("matmul [5,1]x[1,3]", {5, 1}, {1, 3}));
+}
+
+TEST_CASE("matmul with every transpose flag combination", "[ops]") {
+  // op(A) is [3,4] and op(B) is [4,5] in every case.
+  check_op(mm("matmul NN [3,4]x[4,5]", {3, 4}, {4, 5}, false, false));
+  check_op(mm("matmul TN [4,3]^T x[4,5]", {4, 3}, {4, 5}, true, false));
+  check_op(mm("matmul NT [3,4]x[5,4]^T", {3, 4}, {5, 4}, false, true));
+  check_op(mm("matmul TT [4,3]^T x[5,4]^T", {4, 3}, {5, 4}, true, true));
+  // Odd sizes: op(A) [7,5], op(B) [5,3].
+  check_op(mm("matmul TN [5,7]^T x[5,3]", {5, 7}, {5, 3}, true, false));
+  check_op(mm("matmul NT [7,5]x[3,5]^T", {7, 5}, {3, 5}, false, true));
+  check_op(mm("matmul TT [5,7]^T x[3,5]^T", {5, 7}, {3, 5}, true, true));
+}
+
+TEST_CASE("batched matmul", "[ops]") {
+  check_op(mm("matmul [2,3,4]x[2,4,5]", {2, 3, 4}, {2, 4, 5}));
+  check_op(mm("matmul [1,3,4]x[1,4,2]", {1, 3, 4}, {1, 4, 2}));
+  check_op(mm("matmul [3,7,5]x[3,5,3]", {3, 7, 5}, {3, 5, 3}));
+  check_op(mm("matmul [2,2,3,4]x[2,2,4,3]", {2, 2, 3, 4}, {2, 2, 4, 3}));
+  check_op(mm("matmul batched TN [2,4,3]^T x[2,4,5]", {2, 4, 3}, {2, 4, 5}, true, false));
+  check_op(mm("matmul batched NT [2,3,4]x[2,5,4]^T", {2, 3, 4}, {2, 5, 4}, false, true));
+  check_op(mm("matmul batched TT [2,4,3]^T x[2,5,4]^T", {2, 4, 3}, {2, 5, 4}, true, true));
+}
+
+TEST_CASE("batched matmul with a shared 2-D operand", "[ops]") {
+  // Batched A, shared B: B's gradient sums over the batch.
+  check_op(mm("matmul [2,3,4]x[4,5] shared B", {2, 3, 4}, {4, 5}));
+  check_op(mm("matmul [3,7,5]x[5,3] shared B", {3, 7, 5}, {5, 3}));
+  check_op(mm("matmul [2,2,3,4]x[4,2] shared B", {2, 2, 3, 4}, {4, 2}));
+  check_op(mm("matmul [1,3,4]x[4,5] shared B", {1, 3, 4}, {4, 5}));
+  check_op(mm("matmul [2,3,4]x[5,4]^T shared B", {2, 3, 4}, {5, 4}, false, true));
+  check_op(mm("matmul [2,4,3]^T x[4,5] shared B", {2, 4, 3}, {4, 5}, true, false));
+  check_op(mm("matmul [2,4,3]^T x[5,4]^T shared B", {2, 4, 3}, {5, 4}, true, true));
+  // Shared A, batched B: A's gradient sums over the batch.
+  check_op(mm("matmul [3,4]x[2,4,5] shared A", {3, 4}, {2, 4, 5}));
+  check_op(mm("matmul [4,3]^T x[2,4,5] shared A", {4, 3}, {2, 4, 5}, true, false));
+  check_op(mm("matmul [3,4]x[2,5,4]^T shared A", {3, 4}, {2, 5, 4}, false, true));
+  check_op(mm("matmul [4,3]^T x[2,5,4]^T shared A", {4, 3}, {2, 5, 4}, true, true));
+}
+
+TEST_CASE("linear with and without bias", "[ops]") {
+  auto with_bias = [](std::string name, ref::Dims xs, std::int64_t out) {
+    std::int64_t in = xs.back();
+    return Case{std::move(name),
+                {x(xs), x({out, in}), x({out})},
+                [](const V& v) { return frugal::linear(v[0], v[1], v[2]); },
+                [](const A& a) { return ref::linear(a[0], a[1], &a[2]); }};
+  };
+  auto no_bias = [](std::string name, ref::Dims xs, std::int64_t out) {
+    std::int64_t in = xs.back();
+    return Case{std::move(name),
+                {x(xs), x({out, in})},
+                [](const V& v) { return frugal::linear(v[0], v[1]); },
+                [](const A& a) { return ref::linear(a[0], a[1]); }};
+  };
+  check_op(with_bias("linear [3,4] w[5,4] b[5]", {3, 4}, 5));
+  check_op(no_bias("linear [3,4] w[5,4]", {3, 4}, 5));
+  check_op(with_bias("linear [2,3,4] w[5,4] b[5]", {2, 3, 4}, 5));
+  check_op(no_bias("linear [2,3,4] w[5,4]", {2, 3, 4}, 5));
+  check_op(with_bias("linear [1,7] w[3,7] b[3]", {1, 7}, 3));
+  check_op(with_bias("linear [4,1] w[1,1] b[1]", {4, 1}, 1));
+}
+
+// linear's shape inference accepts a 1-D input x [in] (y = W x + b, as in
+// PyTorch), so its backward must handle one too.
+TEST_CASE("linear with a 1-D input and a bias", "[ops]") {
+  check_op({"linear [5] w[2,5] b[2]",
+            {x({5}), x({2, 5}), x({2})},
+            [](const V& v) { return frugal::linear(v[0], v[1], v[2]); },
+            [](const A& a) { return ref::linear(a[0], a[1], &a[2]); }});
+}
+
+TEST_CASE("linear with a 1-D input and no bias", "[ops]") {
+  check_op({"linear [5] w[2,5]",
+            {x({5}), x({2, 5})},
+            [](const V& v) { return frugal::linear(v[0], v[1]); },
+            [](const A& a) { return ref::linear(a[0], a[1]); }});
+}
+
+// ---- reductions ----------------------------------------------------------------
+
+namespace {
+Case sum_case(std::string name, ref::Dims s, std::vector<int> axes, bool keepdim) {
+  return unary(std::move(name), x(std::move(s)), [axes, keepdim](Var v) { return frugal::sum(v, axes, keepdim); },
+               [axes, keepdim](const ref::Array& a) { return ref::sum(a, axes, keepdim); });
+}
+Case mean_case(std::string name, ref::Dims s, std::vector<int> axes, bool keepdim) {
+  return unary(std::move(name), x(std::move(s)), [axes, keepdim](Var v) { return frugal::mean(v, axes, keepdim); },
+               [axes, keepdim](const ref::Array& a) { return ref::mean(a, axes, keepdim); });
+}
+}  // namespace
+
+TEST_CASE("sum over axes", "[ops]") {
+  check_op(sum_case("sum all [3,4]", {3, 4}, {}, false));
+  check_op(sum_case("sum all [2,3,4] keepdim", {2, 3, 4}, {}, true));
+  check_op(sum_case("sum all [7]", {7}, {}, false));
+  check_op(sum_case("sum axis 0 [3,4]", {3, 4}, {0}, false));
+  check_op(sum_case("sum axis 1 [3,4]", {3, 4}, {1}, false));
+  check_op(sum_case("sum axis -1 keepdim [2,3,4]", {2, 3, 4}, {-1}, true));
+  check_op(sum_case("sum axis 1 [2,3,4]", {2, 3, 4}, {1}, false));
+  check_op(sum_case("sum axes {0,1} [2,3,4]", {2, 3, 4}, {0, 1}, false));
+  check_op(sum_case("sum axes {0,2} [2,3,4]", {2, 3, 4}, {0, 2}, false));
+  check_op(sum_case("sum axes {2,0} keepdim [2,3,4]", {2, 3, 4}, {2, 0}, true));
+  check_op(sum_case("sum axes {0,2} [2,3,4,3]", {2, 3, 4, 3}, {0, 2}, false));
+  check_op(sum_case("sum axes {1,3} keepdim [2,3,2,3]", {2, 3, 2, 3}, {1, 3}, true));
+  check_op(sum_case("sum axis 0 [1,5]", {1, 5}, {0}, false));
+}
+
+TEST_CASE("mean over axes", "[ops]") {
+  check_op(mean_case("mean all [3,4]", {3, 4}, {}, false));
+  check_op(mean_case("mean axis 1 [2,3,4]", {2, 3, 4}, {1}, false));
+  check_op(mean_case("mean axis -1 keepdim [3,5]", {3, 5}, {-1}, true));
+  check_op(mean_case("mean axes {0,2} keepdim [2,3,4]", {2, 3, 4}, {0, 2}, true));
+  check_op(mean_case("mean all [1,1]", {1, 1}, {}, false));
+}
+
+// ---- data movement ---------------------------------------------------------------
+
+TEST_CASE("reshape", "[ops]") {
+  auto rs = [](std::string name, ref::Dims from, ref::Dims to) {
+    return unary(std::move(name), x(std::move(from)), [to](Var v) { return frugal::reshape(v, to); },
+                 [to](const ref::Array& a) { return ref::reshape(a, to); });
+  };
+  check_op(rs("reshape [2,3,4] -> [6,-1]", {2, 3, 4}, {6, -1}));
+  check_op(rs("reshape [12] -> [3,-1,2]", {12}, {3, -1, 2}));
+  check_op(rs("reshape [2,6] -> [3,4]", {2, 6}, {3, 4}));
+  check_op(rs("reshape [1,5] -> [5]", {1, 5}, {5}));
+  check_op(rs("reshape [3,4] -> [-1]", {3, 4}, {-1}));
+  // A reshape in the middle of a chain, so its backward feeds another op.
+  check_op(unary("exp(reshape [2,6] -> [4,3]) * 2", x({2, 6}),
+                 [](Var v) { return frugal::exp(frugal::reshape(v, {4, 3})) * 2.0; },
+                 [](const ref::Array& a) { return ref::affine(ref::exp(ref::reshape(a, {4, 3})), 2, 0); }));
+}
+
+TEST_CASE("transpose and permute", "[ops]") {
+  auto tr = [](std::string name, ref::Dims s, int a, int b) {
+    return unary(std::move(name), x(std::move(s)), [a, b](Var v) { return frugal::transpose(v, a, b); },
+                 [a, b](const ref::Array& t) { return ref::transpose(t, a, b); });
+  };
+  auto pm = [](std::string name, ref::Dims s, std::vector<int> perm) {
+    return unary(std::move(name), x(std::move(s)), [perm](Var v) { return frugal::permute(v, perm); },
+                 [perm](const ref::Array& t) { return ref::permute(t, perm); });
+  };
+  check_op(tr("transpose [3,5] (0,1)", {3, 5}, 0, 1));
+  check_op(tr("transpose [1,4] (0,1)", {1, 4}, 0, 1));
+  check_op(tr("transpose [2,3,4] (0,2)", {2, 3, 4}, 0, 2));
+  check_op(tr("transpose [2,3,4] (-1,-2)", {2, 3, 4}, -1, -2));
+  check_op(pm("permute [2,3,4] (2,0,1)", {2, 3, 4}, {2, 0, 1}));
+  check_op(pm("permute [2,3,4] (1,2,0)", {2, 3, 4}, {1, 2, 0}));
+  check_op(pm("permute [2,3,4] (0,1,2)", {2, 3, 4}, {0, 1, 2}));
+  check_op(pm("permute [2,1,3,2] (3,1,0,2)", {2, 1, 3, 2}, {3, 1, 0, 2}));
+}
+
+TEST_CASE("broadcast_to", "[ops]") {
+  auto bt = [](std::string name, ref::Dims s, ref::Dims to) {
+    return unary(std::move(name), x(std::move(s)), [to](Var v) { return frugal::broadcast_to(v, frugal::Shape(to)); },
+                 [to](const ref::Array& a) { return ref::broadcast_to(a, to); });
+  };
+  check_op(bt("broadcast_to [4] -> [3,4]", {4}, {3, 4}));
+  check_op(bt("broadcast_to [3,1] -> [2,3,5]", {3, 1}, {2, 3, 5}));
+  check_op(bt("broadcast_to [1,1] -> [2,3]", {1, 1}, {2, 3}));
+  check_op(bt("broadcast_to [2,1,4] -> [2,3,4]", {2, 1, 4}, {2, 3, 4}));
+  check_op(bt("broadcast_to [] -> [2,2]", {}, {2, 2}));
+  check_op(bt("broadcast_to [1] -> [5]", {1}, {5}));
+}
+
+// ---- softmax family --------------------------------------------------------------
+
+TEST_CASE("softmax and log_softmax along any axis", "[ops]") {
+  struct Along {
+    ref::Dims shape;
+    int axis;
+  };
+  for (const Along& c : {Along{{4, 6}, -1}, Along{{2, 5, 3}, -1}, Along{{2, 5, 3}, 1}, Along{{2, 5, 3}, 0},
+                         Along{{2, 5, 3}, -2}, Along{{1, 7}, -1}, Along{{1, 7}, 0}, Along{{5}, 0}}) {
+    const int axis = c.axis;
+    const std::string where = ref::str(c.shape) + " axis " + std::to_string(axis);
+    check_op(unary("softmax " + where, wide(c.shape), [axis](Var v) { return frugal::softmax(v, axis); },
+                   [axis](const ref::Array& a) { return ref::softmax(a, axis); }));
+    check_op(unary("log_softmax " + where, wide(c.shape), [axis](Var v) { return frugal::log_softmax(v, axis); },
+                   [axis](const ref::Array& a) { return ref::log_softmax(a, axis); }));
+  }
+  // The default axis is the last.
+  check_op(unary("softmax default axis [3,4]", x({3, 4}), [](Var v) { return frugal::softmax(v); },
+                 [](const ref::Array& a) { return ref::softmax(a, -1); }));
+  check_op(unary("log_softmax default axis [3,4]", x({3, 4}), [](Var v) { return frugal::log_softmax(v); },
+                 [](const ref::Array& a) { return ref::log_softmax(a, -1); }));
+}
+
+TEST_CASE("cross_entropy with integer labels", "[ops]") {
+  auto ce = [](std::string name, ref::Dims logits, DType label_dtype) {
+    ref::Dims lab(logits.begin(), logits.end() - 1);
+    std::int64_t classes = logits.back();
+    return Case{std::move(name),
+                {wide(std::move(logits)), labels(std::move(lab), classes, label_dtype)},
+                [](const V& v) { return frugal::cross_entropy(v[0], v[1]); },
+                [](const A& a) { return ref::cross_entropy(a[0], a[1]); }};
+  };
+  check_op(ce("cross_entropy [6,5] i32 labels", {6, 5}, DType::i32));
+  check_op(ce("cross_entropy [6,5] i64 labels", {6, 5}, DType::i64));
+  check_op(ce("cross_entropy [2,3,4] i64 labels [2,3]", {2, 3, 4}, DType::i64));
+  check_op(ce("cross_entropy [1,7] batch 1", {1, 7}, DType::i32));
+  check_op(ce("cross_entropy [5] one position", {5}, DType::i64));
+}
+
+// ---- a chain of ops ----------------------------------------------------------------
+
+TEST_CASE("a small network: linear, gelu, linear, log_softmax, cross_entropy", "[ops]") {
+  check_op({"mlp chain",
+            {x({4, 6}), x({5, 6}), x({5}), x({3, 5}), labels({4}, 3, DType::i64)},
+            [](const V& v) {
+              Var h = frugal::gelu(frugal::linear(v[0], v[1], v[2]), false);
+              Var z = frugal::matmul(h, v[3], false, true);
+              return frugal::cross_entropy(frugal::log_softmax(z, -1) * 0.5 + frugal::mean(h, {1}, true), v[4]);
+            },
+            [](const A& a) {
+              ref::Array h = ref::gelu_erf(ref::linear(a[0], a[1], &a[2]));
+              ref::Array z = ref::matmul(h, a[3], false, true);
+              return ref::cross_entropy(ref::add(ref::affine(ref::log_softmax(z, -1), 0.5, 0), ref::mean(h, {1}, true)),
+                                        a[4]);
+            }});
+}
+
+// ---- large cases: the multi-threaded kernel paths ---------------------------------
+
+namespace {
+// Forward only (finite differences on this many elements would be slow),
+// f64 and f32 against the reference, on 2 threads: these sizes exceed the
+// kernels' parallel grain, so the chunked OpenMP paths run.
+void check_forward_large(const Case& c) {
+  INFO("large op case: " << c.name);
+  frugal::Rng rng(seed_of(c.name));
+  Arrays vals;
+  for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
+  const ref::Array want = c.reference(vals);
+  for (DType dt : {DType::f64, DType::f32}) {
+    frugal::Tensor y = run_forward(c, vals, dt);
+    REQUIRE(y.shape().dims() == want.shape);
+    expect_close(c.name + " forward " + frugal::dtype_name(dt), to_doubles(y), want.v, want.shape,
+                 dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol * c.f32_scale);
+  }
+}
+}  // namespace
+
+TEST_CASE("large inputs take the multi-threaded paths and still match the reference", "[ops][threads]") {
+  frugal::cpu::CpuBackend().set_threads(2);
+  check_forward_large(unary("relu [300,200]", x({300, 200}), [](Var v) { return frugal::relu(v); }, ref::relu));
+  check_forward_large(binary("add [300,200]+[200]", x({300, 200}), x({200}), [](Var a, Var b) { return a + b; },
+                             ref::add));
+  check_forward_large(binary("mul [2,150,200]*[150,1]", x({2, 150, 200}), x({150, 1}),
+                             [](Var a, Var b) { return a * b; }, ref::mul));
+  check_forward_large(unary("sum axis 0 [400,300]", x({400, 300}), [](Var v) { return frugal::sum(v, {0}); },
+                            [](const ref::Array& a) { return ref::sum(a, {0}, false); }));
+  check_forward_large(unary("sum axis 1 [400,300]", x({400, 300}), [](Var v) { return frugal::sum(v, {1}); },
+                            [](const ref::Array& a) { return ref::sum(a, {1}, false); }));
+  check_forward_large(unary("sum axes {0,2} [40,30,50]", x({40, 30, 50}),
+                            [](Var v) { return frugal::sum(v, {0, 2}); },
+                            [](const ref::Array& a) { return ref::sum(a, {0, 2}, false); }));
+  check_forward_large(unary("softmax [300,200] last axis", x({300, 200}), [](Var v) { return frugal::softmax(v); },
+                            [](const ref::Array& a) { return ref::softmax(a, -1); }));
+  check_forward_large(unary("log_softmax [300,200] axis 0", x({300, 200}),
+                            [](Var v) { return frugal::log_softmax(v, 0); },
+                            [](const ref::Array& a) { return ref::log_softmax(a, 0); }));
+  check_forward_large(unary("permute [60,70,20]", x({60, 70, 20}), [](Var v) { return frugal::permute(v, {2, 0, 1}); },
+                            [](const ref::Array& a) { return ref::permute(a, {2, 0, 1}); }));
+  check_forward_large(unary("broadcast_to [300] -> [200,300]", x({300}),
+                            [](Var v) { return frugal::broadcast_to(v, frugal::Shape{200, 300}); },
+                            [](const ref::Array& a) { return ref::broadcast_to(a, {200, 300}); }));
+  Case mm = binary("matmul [64,128]x[128,96]", x({64, 128}), x({128, 96}),
+                   [](Var a, Var b) { return frugal::matmul(a, b); },
+                   [](const ref::Array& a, const ref::Array& b) { return ref::matmul(a, b, false, false); });
+  mm.f32_scale = 10;  // 128-term dot products in f32
+  check_forward_large(mm);
+  Case ce{"cross_entropy [3000,16]",
+          {wide({3000, 16}), labels({3000}, 16)},
+          [](const V& v) { return frugal::cross_entropy(v[0], v[1]); },
+          [](const A& a) { return ref::cross_entropy(a[0], a[1]); }};
+  check_forward_large(ce);
+}
+
+// ---- errors ----------------------------------------------------------------------
+
+namespace {
+// The ShapeError a capture of `build` over f32 tensors of these shapes raises.
+std::string capture_error(std::vector<ref::Dims> shapes, std::function<Var(const V&)> build,
+                          std::vector<DType> dtypes = {}) {
+  std::vector<frugal::Tensor> ts;
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    ts.emplace_back(frugal::Shape(shapes[i]), i < dtypes.size() ? dtypes[i] : DType::f32);
+  return error_message<frugal::ShapeError>([&] {
+    auto step = frugal::compile_inference(
+        [&] {
+          V vs;
+          for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
+          return build(vs);
+        },
+        {});
+  });
+}
+}  // namespace
+
+TEST_CASE("wrong shapes raise a ShapeError naming the op and both shapes", "[ops]") {
+  using Catch::Matchers::Contains;
+  std::string m = capture_error({{3, 4}, {5, 6}}, [](const V& v) { return frugal::matmul(v[0], v[1]); });
+  CHECK_THAT(m, Contains("matmul") && Contains("[3, 4]") && Contains("[5, 6]"));
+
+  m = capture_error({{2, 3, 4}, {3, 4, 5}}, [](const V& v) { return frugal::matmul(v[0], v[1]); });
+  CHECK_THAT(m, Contains("matmul") && Contains("[2, 3, 4]") && Contains("[3, 4, 5]"));
+
+  m = capture_error({{3, 4}, {5}}, [](const V& v) { return v[0] + v[1]; });
+  CHECK_THAT(m, Contains("add") && Contains("[3, 4]") && Contains("[5]"));
+
+  m = capture_error({{2, 3}, {3, 2}}, [](const V& v) { return v[0] / v[1]; });
+  CHECK_THAT(m, Contains("div") && Contains("[2, 3]") && Contains("[3, 2]"));
+
+  m = capture_error({{2, 5}, {3, 4}}, [](const V& v) { return frugal::linear(v[0], v[1]); });
+  CHECK_THAT(m, Contains("linear") && Contains("[2, 5]") && Contains("[3, 4]"));
+
+  m = capture_error({{4, 3}, {5}}, [](const V& v) { return frugal::cross_entropy(v[0], v[1]); },
+                    {DType::f32, DType::i32});
+  CHECK_THAT(m, Contains("cross_entropy") && Contains("[4, 3]") && Contains("[5]"));
+
+  m = capture_error({{2, 3}}, [](const V& v) { return frugal::reshape(v[0], {4, 2}); });
+  CHECK_THAT(m, Contains("reshape") && Contains("[2, 3]") && Contains("[4, 2]"));
+
+  m = capture_error({{2, 3}}, [](const V& v) { return frugal::broadcast_to(v[0], frugal::Shape{3, 3}); });
+  CHECK_THAT(m, Contains("broadcast_to") && Contains("[2, 3]") && Contains("[3, 3]"));
+}
+
+TEST_CASE("an out-of-range cross_entropy label stops the step with a DataError", "[ops]") {
+  using Catch::Matchers::Contains;
+  frugal::Tensor logits({5, 5}, DType::f32);
+  frugal::Tensor lab32 = frugal::Tensor::from(std::vector<std::int32_t>{1, 0, 4, 7, 2}, {5});
+  frugal::Tensor lab64 = frugal::Tensor::from(std::vector<std::int64_t>{1, 0, 4, 2, -1}, {5});
+  auto loss_of = [&](const frugal::Tensor& lab) {
+    return [&] {
+      return frugal::cross_entropy(frugal::persistent_var(logits, frugal::ValueKind::parameter, "logits"),
+                                   frugal::persistent_var(lab, frugal::ValueKind::state, "labels"));
+    };
+  };
+  {
+    frugal::Step step = frugal::compile_inference(loss_of(lab32), {});
+    std::string m = error_message<frugal::DataError>([&] { step.run(); });
+    CHECK_THAT(m, Contains("cross_entropy") && Contains("label 7") && Contains("position 3"));
+  }
+  {
+    frugal::Step step = frugal::compile_inference(loss_of(lab64), {});
+    std::string m = error_message<frugal::DataError>([&] { step.run(); });
+    CHECK_THAT(m, Contains("label -1") && Contains("position 4"));
+  }
+  {
+    // The first label past the end (== the number of classes) is out of range too.
+    frugal::Tensor lab = frugal::Tensor::from(std::vector<std::int32_t>{5, 0, 1, 2, 3}, {5});
+    frugal::Step step = frugal::compile_inference(loss_of(lab), {});
+    std::string m = error_message<frugal::DataError>([&] { step.run(); });
+    CHECK_THAT(m, Contains("label 5") && Contains("position 0"));
+  }
+  {
+    // The training step checks too, before anything reads past the row.
+    frugal::Step step = frugal::compile_gradients(loss_of(lab32), {}, {logits});
+    std::string m = error_message<frugal::DataError>([&] { step.run(); });
+    CHECK_THAT(m, Contains("label 7") && Contains("position 3"));
+  }
+}
