@@ -1,5 +1,6 @@
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "../../ops/loss.hpp"
 #include "kernel_table.hpp"
@@ -22,56 +23,58 @@ void dispatch_label(DType t, Fn&& fn) {
   else fn(std::int64_t{});
 }
 
-inline void cross_entropy_kernel(const ops::CrossEntropy&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "cross_entropy", [&](auto tag) {
+// Calls fn(logits, labels, positions, classes) with typed pointers, once the
+// labels are known to be in range.
+template <class Fn>
+void with_logits_and_labels(const KernelArgs& a, const char* op, Fn&& fn) {
+  dispatch_float(a.in[0].dtype, op, [&](auto tag) {
     using T = decltype(tag);
     dispatch_label(a.in[1].dtype, [&](auto ltag) {
       using L = decltype(ltag);
       std::int64_t C = a.in[0].shape->dim(-1), P = a.in[1].numel();
-      const T* x = a.in[0].as<T>();
       const L* lab = a.in[1].as<L>();
       check_labels(lab, P, C);
-      double total = parallel_sum(P, C, [&](std::int64_t b, std::int64_t e) {
-        double s = 0;
-        for (std::int64_t p = b; p < e; ++p) {
-          const T* row = x + p * C;
-          T mx = row[0];
-          for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-          T z = 0;
-          for (std::int64_t c = 0; c < C; ++c) z += math::exp_(row[c] - mx);
-          s += double(mx + math::log_(z) - row[lab[p]]);
-        }
-        return s;
-      });
-      a.out[0].as<T>()[0] = T(P ? total / double(P) : 0.0);
+      fn(static_cast<const T*>(a.in[0].data), lab, P, C);
     });
   });
 }
 
+inline void cross_entropy_kernel(const ops::CrossEntropy&, const KernelArgs& a) {
+  with_logits_and_labels(a, "cross_entropy", [&](const auto* x, const auto* lab, std::int64_t P, std::int64_t C) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+    double total = parallel_sum(P, C, [&](std::int64_t b, std::int64_t e) {
+      double s = 0;
+      for (std::int64_t p = b; p < e; ++p) {
+        const T* row = x + p * C;
+        T mx = row[0];
+        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+        T z = 0;
+        for (std::int64_t c = 0; c < C; ++c) z += math::exp_(row[c] - mx);
+        s += double(mx + math::log_(z) - row[lab[p]]);
+      }
+      return s;
+    });
+    a.out[0].as<T>()[0] = T(P ? total / double(P) : 0.0);
+  });
+}
+
 inline void cross_entropy_grad_kernel(const ops::CrossEntropyGrad&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "cross_entropy_grad", [&](auto tag) {
-    using T = decltype(tag);
-    dispatch_label(a.in[1].dtype, [&](auto ltag) {
-      using L = decltype(ltag);
-      std::int64_t C = a.in[0].shape->dim(-1), P = a.in[1].numel();
-      const T* x = a.in[0].as<T>();
-      const L* lab = a.in[1].as<L>();
-      check_labels(lab, P, C);
-      T scale = a.in[2].as<T>()[0] / T(std::max<std::int64_t>(P, 1));
-      T* dx = a.out[0].as<T>();
-      parallel_for(P, C, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t p = b; p < e; ++p) {
-          const T* row = x + p * C;
-          T* drow = dx + p * C;
-          T mx = row[0];
-          for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-          T z = 0;
-          for (std::int64_t c = 0; c < C; ++c) z += (drow[c] = math::exp_(row[c] - mx));
-          T inv = scale / z;
-          for (std::int64_t c = 0; c < C; ++c) drow[c] *= inv;
-          drow[lab[p]] -= scale;
-        }
-      });
+  with_logits_and_labels(a, "cross_entropy_grad", [&](const auto* x, const auto* lab, std::int64_t P, std::int64_t C) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+    T scale = a.in[2].as<T>()[0] / T(std::max<std::int64_t>(P, 1));
+    T* dx = a.out[0].as<T>();
+    parallel_for(P, C, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t p = b; p < e; ++p) {
+        const T* row = x + p * C;
+        T* drow = dx + p * C;
+        T mx = row[0];
+        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+        T z = 0;
+        for (std::int64_t c = 0; c < C; ++c) z += (drow[c] = math::exp_(row[c] - mx));
+        T inv = scale / z;
+        for (std::int64_t c = 0; c < C; ++c) drow[c] *= inv;
+        drow[lab[p]] -= scale;
+      }
     });
   });
 }
