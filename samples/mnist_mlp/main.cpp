@@ -132,7 +132,7 @@ int main(int argc, char** argv) try {
                                 copts);
   if (!args.json) std::cout << "mnist_mlp: " << (real ? "MNIST" : "generated") << " data, " << n_train << " train / "
                             << n_test << " test images, " << model.num_parameters() << " parameters\n"
-                            << step.plan().summary();
+                            << step.summary();
 
   const std::int64_t per_epoch = n_train / B;
   const std::int64_t total = args.steps > 0 ? args.steps : per_epoch * args.epochs;

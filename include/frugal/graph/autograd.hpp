@@ -42,6 +42,7 @@ inline std::vector<std::optional<Var>> gradients(Var loss, std::span<const Var> 
     auto& slot = grad[std::size_t(v)];
     slot = slot ? alg.add(*slot, contribution) : contribution;
   };
+  const Phase previous_phase = g.set_phase(Phase::backward);
   accumulate(loss.id, alg.ones_like(loss));
 
   for (NodeId n = NodeId(forward_nodes) - 1; n >= 0; --n) {
@@ -74,6 +75,7 @@ inline std::vector<std::optional<Var>> gradients(Var loss, std::span<const Var> 
     }
   }
 
+  g.set_phase(previous_phase);
   std::vector<std::optional<Var>> out;
   for (auto& w : wrt) {
     auto& gw = grad[std::size_t(w.id)];

@@ -2,6 +2,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "op.hpp"
@@ -9,11 +10,24 @@
 
 namespace frugal {
 
+// Which part of the training step a node belongs to, for plans and reports.
+enum class Phase : std::uint8_t { forward, backward, optimizer };
+
+inline const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
 struct Node {
   std::shared_ptr<const Op> op;
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   std::vector<NodeId> after;  // ordering edges beyond data flow (readers before an in-place writer)
+  Phase phase = Phase::forward;
 };
 
 // The captured training step: a static DAG of nodes over values. Nodes are
@@ -49,7 +63,7 @@ class Graph {
     for (ValueId v : inputs) in.push_back(value(v).meta);
     std::vector<TensorMeta> out_meta = op->infer(in);
     NodeId nid = NodeId(nodes_.size());
-    Node node{std::move(op), std::move(inputs), {}, {}};
+    Node node{std::move(op), std::move(inputs), {}, {}, phase_};
     for (auto& m : out_meta) {
       node.outputs.push_back(add_value({.meta = m, .kind = ValueKind::activation, .producer = nid}));
     }
@@ -61,6 +75,9 @@ class Graph {
     nodes_.push_back(std::move(node));
     return nodes_.back().outputs;
   }
+
+  // Nodes appended from now on belong to phase p.
+  Phase set_phase(Phase p) { return std::exchange(phase_, p); }
 
   const Value& value(ValueId id) const { return values_.at(std::size_t(id)); }
   Value& value(ValueId id) { return values_.at(std::size_t(id)); }
@@ -113,6 +130,7 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::map<const void*, ValueId> by_storage_;
+  Phase phase_ = Phase::forward;
 };
 
 }  // namespace frugal

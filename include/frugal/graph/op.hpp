@@ -46,6 +46,14 @@ class Op {
   // state). Such an op is kept by dead-code elimination and ordered after
   // every other reader of what it writes.
   virtual std::vector<int> mutated_inputs() const { return {}; }
+  // Inputs whose memory the output may take over when they die at this op,
+  // in order of preference: the kernel reads element i of such an input
+  // before it writes element i of the output, and never reads it again.
+  // The input must have the output's shape and dtype.
+  virtual std::vector<int> inplace_inputs() const { return {}; }
+  // True when the output is input 0 reinterpreted (reshape): it shares that
+  // input's memory instead of copying it.
+  virtual bool is_view() const { return false; }
 };
 
 }  // namespace frugal

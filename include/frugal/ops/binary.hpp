@@ -23,6 +23,9 @@ class Binary final : public Op {
   Cost cost(std::span<const TensorMeta>, std::span<const TensorMeta> out) const override {
     return {double(out[0].shape.numel()), 3.0 * double(out[0].nbytes())};
   }
+  // Only an input of the output's own shape (not a broadcast one) qualifies;
+  // the planner checks the shapes.
+  std::vector<int> inplace_inputs() const override { return {0, 1}; }
 };
 
 using BinaryFunctors = FunctorList<math::Add, math::Sub, math::Mul, math::Div>;

@@ -1,7 +1,9 @@
 #pragma once
 // Elementwise math, written once for the host and the device. Each unary
 // functor gives the value y = f(x) and the gradient dx from (x, y, dy), so a
-// backward kernel never recomputes what the forward already knows.
+// backward kernel never recomputes what the forward already knows. uses_x
+// and uses_y say which of the two the gradient reads: the other need not
+// stay alive until the backward pass.
 #include <math.h>
 
 #include "../core/hd.hpp"
@@ -21,13 +23,15 @@ FRUGAL_HD double sqrt_(double x) { return ::sqrt(x); }
 
 struct Relu {
   static constexpr const char* name = "relu";
+  static constexpr bool uses_x = false, uses_y = true;  // y > 0 exactly where x > 0
   template <class T> FRUGAL_HD T operator()(T x) const { return x > T(0) ? x : T(0); }
-  template <class T> FRUGAL_HD T grad(T x, T, T dy) const { return x > T(0) ? dy : T(0); }
+  template <class T> FRUGAL_HD T grad(T, T y, T dy) const { return y > T(0) ? dy : T(0); }
 };
 
 // GELU, tanh approximation (GPT-2, PyTorch approximate="tanh").
 struct GeluTanh {
   static constexpr const char* name = "gelu_tanh";
+  static constexpr bool uses_x = true, uses_y = false;
   static constexpr double kA = 0.7978845608028654;  // sqrt(2/pi)
   static constexpr double kB = 0.044715;
   template <class T> FRUGAL_HD T operator()(T x) const {
@@ -45,6 +49,7 @@ struct GeluTanh {
 // GELU, exact form with erf (PyTorch's default).
 struct GeluErf {
   static constexpr const char* name = "gelu_erf";
+  static constexpr bool uses_x = true, uses_y = false;
   template <class T> FRUGAL_HD T operator()(T x) const {
     return T(0.5) * x * (T(1) + erf_(x * T(0.7071067811865476)));
   }
@@ -57,12 +62,14 @@ struct GeluErf {
 
 struct Tanh {
   static constexpr const char* name = "tanh";
+  static constexpr bool uses_x = false, uses_y = true;
   template <class T> FRUGAL_HD T operator()(T x) const { return tanh_(x); }
   template <class T> FRUGAL_HD T grad(T, T y, T dy) const { return dy * (T(1) - y * y); }
 };
 
 struct Sigmoid {
   static constexpr const char* name = "sigmoid";
+  static constexpr bool uses_x = false, uses_y = true;
   // Split by sign so neither branch overflows exp.
   template <class T> FRUGAL_HD T operator()(T x) const {
     if (x >= T(0)) return T(1) / (T(1) + exp_(-x));
@@ -74,12 +81,14 @@ struct Sigmoid {
 
 struct Exp {
   static constexpr const char* name = "exp";
+  static constexpr bool uses_x = false, uses_y = true;
   template <class T> FRUGAL_HD T operator()(T x) const { return exp_(x); }
   template <class T> FRUGAL_HD T grad(T, T y, T dy) const { return dy * y; }
 };
 
 struct Log {
   static constexpr const char* name = "log";
+  static constexpr bool uses_x = true, uses_y = false;
   template <class T> FRUGAL_HD T operator()(T x) const { return log_(x); }
   template <class T> FRUGAL_HD T grad(T x, T, T dy) const { return dy / x; }
 };
@@ -87,6 +96,7 @@ struct Log {
 // y = a*x + b, with constants a and b carried by the op.
 struct Affine {
   static constexpr const char* name = "affine";
+  static constexpr bool uses_x = false, uses_y = false;
   double a = 1, b = 0;
   template <class T> FRUGAL_HD T operator()(T x) const { return T(a) * x + T(b); }
   template <class T> FRUGAL_HD T grad(T, T, T dy) const { return T(a) * dy; }

@@ -28,12 +28,14 @@ class SoftmaxGrad final : public AlongAxis {
  public:
   using AlongAxis::AlongAxis;
   std::string name() const override { return "softmax_grad"; }
+  std::vector<int> inplace_inputs() const override { return {1}; }  // dx over dy
 };
 // Inputs (y, dy) where y = log_softmax(x): dx = dy - exp(y) * sum(dy).
 class LogSoftmaxGrad final : public AlongAxis {
  public:
   using AlongAxis::AlongAxis;
   std::string name() const override { return "log_softmax_grad"; }
+  std::vector<int> inplace_inputs() const override { return {1}; }  // dx over dy
 };
 
 class Softmax final : public AlongAxis {

@@ -22,17 +22,20 @@ class Unary final : public Op {
     return {in[0]};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
-    return {apply1<UnaryGrad<F>>({a.inputs[0], a.outputs[0], *a.grad_outputs[0]}, f_)};
+    // What the gradient does not read is replaced by dy, so it can die early.
+    Var dy = *a.grad_outputs[0];
+    return {apply1<UnaryGrad<F>>({F::uses_x ? a.inputs[0] : dy, F::uses_y ? a.outputs[0] : dy, dy}, f_)};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     return {double(in[0].shape.numel()), double(in[0].nbytes() + out[0].nbytes())};
   }
+  std::vector<int> inplace_inputs() const override { return {0}; }
 
  private:
   F f_;
 };
 
-// Inputs (x, y, dy) -> dx.
+// Inputs (x, y, dy) -> dx; an input F does not read is passed as dy.
 template <class F>
 class UnaryGrad final : public Op {
  public:
@@ -46,6 +49,7 @@ class UnaryGrad final : public Op {
         fail<ShapeError>(name(), ": inputs ", in[0].str(), " and ", in[i].str(), " differ");
     return {in[0]};
   }
+  std::vector<int> inplace_inputs() const override { return {2, 1, 0}; }
 
  private:
   F f_;

@@ -1,5 +1,11 @@
 #pragma once
-// When each arena value is live, over a schedule of nodes.
+// Which arena buffer each value lives in, and when each buffer is live.
+//
+// A buffer is the memory of one value, or of several: a view (reshape)
+// shares its input's buffer, and an elementwise op may write its output over
+// an input that dies at that op (in place). A buffer occupies the arena from
+// the position that first writes it through the last position that reads any
+// of its values, inclusive, so a kernel never writes over what it still reads.
 #include <algorithm>
 #include <vector>
 
@@ -10,50 +16,76 @@ namespace frugal::plan {
 // Values that live in the step's arena (everything but persistent state).
 inline bool in_arena(const Value& v) { return v.kind == ValueKind::input || v.kind == ValueKind::activation; }
 
-// A value occupies the arena from the schedule position that writes it
-// through the last position that reads it, inclusive: a node's outputs and
-// inputs are live together, so a kernel never writes over what it reads.
 struct Interval {
-  ValueId value = kNoValue;
-  std::size_t bytes = 0;  // rounded up to kAlignment
+  ValueId value = kNoValue;  // the buffer's first value
+  std::size_t bytes = 0;     // rounded up to kAlignment
+  std::size_t used = 0;      // bytes actually written: the largest of its values
   int first = 0;
   int last = 0;
   bool overlaps(const Interval& o) const { return first <= o.last && o.first <= last; }
 };
 
-// Inputs are written before position 0 (the step copies them in); `roots`
-// (the loss, kept gradients, outputs) stay live through the end.
-inline std::vector<Interval> liveness(const Graph& g, const std::vector<NodeId>& schedule,
-                                      std::span<const ValueId> roots) {
-  const int end = int(schedule.size());
-  std::vector<int> first(g.num_values(), -1), last(g.num_values(), -1);
-  for (ValueId v : g.values_of_kind(ValueKind::input)) first[std::size_t(v)] = last[std::size_t(v)] = 0;
-  for (int pos = 0; pos < end; ++pos) {
-    const Node& n = g.node(schedule[std::size_t(pos)]);
-    for (ValueId o : n.outputs) first[std::size_t(o)] = last[std::size_t(o)] = pos;
-    for (ValueId i : n.inputs) last[std::size_t(i)] = std::max(last[std::size_t(i)], pos);
-  }
-  for (ValueId r : roots) last[std::size_t(r)] = std::max(last[std::size_t(r)], std::max(end - 1, 0));
-  std::vector<Interval> out;
-  for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
-    const Value& val = g.value(v);
-    if (!in_arena(val) || first[std::size_t(v)] < 0) continue;
-    out.push_back({v, align_up(std::max<std::size_t>(val.meta.nbytes(), 1)), first[std::size_t(v)],
-                   last[std::size_t(v)]});
-  }
-  return out;
-}
+struct Buffers {
+  std::vector<Interval> intervals;  // one per buffer
+  std::vector<int> buffer_of;       // by value id; -1 outside the arena
+};
 
-// The largest sum of simultaneously live bytes: no placement can do better.
-inline std::size_t live_bytes_lower_bound(const std::vector<Interval>& intervals, int positions) {
-  std::vector<std::ptrdiff_t> delta(std::size_t(positions) + 2, 0);
-  for (auto& iv : intervals) {
-    delta[std::size_t(iv.first)] += std::ptrdiff_t(iv.bytes);
-    delta[std::size_t(iv.last) + 1] -= std::ptrdiff_t(iv.bytes);
+// Inputs are written before position 0 (the step copies them in); `roots`
+// (the loss, kept gradients, outputs) stay live through position `end`, one
+// past the last op.
+inline Buffers assign_buffers(const Graph& g, const std::vector<NodeId>& schedule, std::span<const ValueId> roots,
+                              bool inplace = true) {
+  const int end = int(schedule.size());
+  std::vector<int> last(g.num_values(), -1);
+  for (int pos = 0; pos < end; ++pos)
+    for (ValueId i : g.node(schedule[std::size_t(pos)]).inputs) last[std::size_t(i)] = pos;
+  for (ValueId r : roots) last[std::size_t(r)] = end;  // past the last op: nothing may reuse them
+
+  Buffers b;
+  b.buffer_of.assign(g.num_values(), -1);
+  auto open = [&](ValueId v, int pos) {
+    b.buffer_of[std::size_t(v)] = int(b.intervals.size());
+    std::size_t bytes = g.value(v).meta.nbytes();
+    b.intervals.push_back({v, align_up(std::max<std::size_t>(bytes, 1)), bytes, pos, std::max(pos, last[std::size_t(v)])});
+  };
+  auto join = [&](ValueId v, int buffer) {
+    b.buffer_of[std::size_t(v)] = buffer;
+    Interval& iv = b.intervals[std::size_t(buffer)];
+    iv.last = std::max(iv.last, last[std::size_t(v)]);
+  };
+  for (ValueId v : g.values_of_kind(ValueKind::input)) open(v, 0);
+
+  for (int pos = 0; pos < end; ++pos) {
+    const Node& node = g.node(schedule[std::size_t(pos)]);
+    std::vector<int> taken;  // buffers this node's outputs already took over
+    for (std::size_t k = 0; k < node.outputs.size(); ++k) {
+      ValueId out = node.outputs[k];
+      const TensorMeta& om = g.value(out).meta;
+      int chosen = -1;
+      if (node.op->is_view() && k == 0 && b.buffer_of[std::size_t(node.inputs[0])] >= 0) {
+        chosen = b.buffer_of[std::size_t(node.inputs[0])];  // a view shares memory whatever its lifetime
+      } else if (inplace) {
+        for (int i : node.op->inplace_inputs()) {
+          ValueId in = node.inputs[std::size_t(i)];
+          int buf = b.buffer_of[std::size_t(in)];
+          const TensorMeta& im = g.value(in).meta;
+          bool same = im.dtype == om.dtype && im.shape == om.shape;
+          bool dies_here = buf >= 0 && b.intervals[std::size_t(buf)].last == pos;
+          if (same && dies_here && std::find(taken.begin(), taken.end(), buf) == taken.end()) {
+            chosen = buf;
+            break;
+          }
+        }
+      }
+      if (chosen >= 0) {
+        join(out, chosen);
+        taken.push_back(chosen);
+      } else {
+        open(out, pos);
+      }
+    }
   }
-  std::ptrdiff_t cur = 0, best = 0;
-  for (auto d : delta) best = std::max(best, cur += d);
-  return std::size_t(best);
+  return b;
 }
 
 }  // namespace frugal::plan

@@ -24,6 +24,8 @@ struct CompileOptions {
   std::string backend = "cpu";
   int threads = 0;          // 0: leave the process's setting alone
   bool keep_grads = false;  // keep parameter gradients readable with step.grad(p)
+  PlanOptions plan;         // planner switches (reordering, in-place)
+  bool verify = true;       // run the independent plan verifier on every plan
 };
 
 namespace detail {
@@ -105,12 +107,16 @@ inline void check_budget(const Graph& g, const Plan& plan, const Budget& b) {
 inline Step finish(Captured c, std::vector<ValueId> roots, Optimizer* opt, ValueId loss,
                    std::vector<ValueId> outputs, std::map<const void*, ValueId> grad_of, const Budget& budget,
                    const CompileOptions& o) {
-  Plan plan = make_plan(*c.graph, roots);
+  Plan plan = make_plan(*c.graph, roots, o.plan);
+  if (o.verify) {
+    auto report = plan::verify(*c.graph, plan, roots);
+    if (!report.ok()) fail("internal error: the planner produced a plan its verifier rejects:\n", report.str());
+  }
   check_budget(*c.graph, plan, budget);
   auto backend = make_backend(o.backend);
   if (o.threads > 0) backend->set_threads(o.threads);
   return Step(Step::Parts{std::move(c.graph), std::move(plan), std::move(backend), opt, std::move(c.inputs), loss,
-                          std::move(outputs), std::move(grad_of), o.threads});
+                          std::move(outputs), std::move(grad_of), o.threads, std::move(roots)});
 }
 
 inline Var single_loss(const Captured& c) {
@@ -148,7 +154,9 @@ Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budge
       roots.push_back(grads[k]->id);
       grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
     }
+    Phase previous = g.set_phase(Phase::optimizer);
     opt.append_update(wrt[k], *grads[k], index[k]);
+    g.set_phase(previous);
   }
   return detail::finish(std::move(c), roots, &opt, loss.id, {}, std::move(grad_of), budget, o);
 }

@@ -15,7 +15,7 @@ class Executor {
   Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend)
       : graph_(std::move(graph)), backend_(backend) {
     arena_bytes_ = plan.arena_bytes;
-    arena_ = static_cast<std::byte*>(backend_.allocate(std::max<std::size_t>(arena_bytes_, kAlignment)));
+    arena_ = static_cast<std::byte*>(backend_.allocate(arena_bytes_ + kCanaryBytes));
     address_.assign(graph_->num_values(), nullptr);
     for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
       const Value& val = graph_->value(v);
@@ -45,6 +45,24 @@ class Executor {
 
   void* address(ValueId v) const { return address_.at(std::size_t(v)); }
   std::size_t arena_bytes() const { return arena_bytes_; }
+
+  // Beyond the arena lies a canary region: a step must never touch it.
+  static constexpr std::size_t kCanaryBytes = 4096;
+
+  // For audits: fill the arena and the canary with one byte value...
+  void fill(unsigned char pattern) {
+    std::vector<unsigned char> host(arena_bytes_ + kCanaryBytes, pattern);
+    backend_.copy_to_device(arena_, host.data(), host.size());
+  }
+  // ...and, after a step, find one past the highest byte that differs from
+  // it: the high-water mark of what the step actually wrote.
+  std::size_t touched_up_to(unsigned char pattern) const {
+    std::vector<unsigned char> host(arena_bytes_ + kCanaryBytes);
+    backend_.copy_to_host(host.data(), arena_, host.size());
+    std::size_t n = host.size();
+    while (n > 0 && host[n - 1] == pattern) --n;
+    return n;
+  }
 
  private:
   struct Bound {

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <map>
 
+#include "../plan/report.hpp"
+#include "../plan/verify.hpp"
 #include "executor.hpp"
 #include "optimizer.hpp"
 
@@ -22,6 +24,7 @@ class Step {
     std::vector<ValueId> outputs;
     std::map<const void*, ValueId> grad_of;  // parameter storage -> kept gradient
     int threads = 0;
+    std::vector<ValueId> roots;  // values that must survive to the end of the step
   };
 
   explicit Step(Parts p) : p_(std::move(p)) {
@@ -38,6 +41,35 @@ class Step {
   }
 
   float run_inputs(std::span<const Tensor* const> inputs) {
+    stage(inputs);
+    return execute();
+  }
+
+  // What an audited step actually touched. The arena and the canary beyond
+  // it are filled with a byte pattern, the step runs, and the highest byte
+  // that changed is found; done twice with two patterns, so a value that
+  // happens to end in one pattern's byte cannot hide. Runs the step twice.
+  struct Audit {
+    std::size_t high_water = 0;     // one past the highest byte written
+    std::size_t predicted = 0;      // the plan's peak_bytes
+    bool canary_intact = false;     // nothing written at or beyond arena_bytes
+  };
+  template <class... Ts>
+  Audit audit(const Ts&... inputs) {
+    const Tensor* list[] = {&inputs...};
+    Audit a{0, p_.plan.peak_bytes, true};
+    for (unsigned char pattern : {0xA5, 0x5A}) {
+      executor_->fill(pattern);
+      stage(std::span<const Tensor* const>(list, sizeof...(Ts)));
+      execute();
+      a.high_water = std::max(a.high_water, executor_->touched_up_to(pattern));
+    }
+    a.canary_intact = a.high_water <= p_.plan.arena_bytes;
+    return a;
+  }
+
+ private:
+  void stage(std::span<const Tensor* const> inputs) {
     if (inputs.size() != p_.inputs.size())
       fail("step.run: expected ", p_.inputs.size(), " inputs, got ", inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -48,6 +80,9 @@ class Step {
                          " but the step was compiled for ", v.meta.str());
       p_.backend->copy_to_device(executor_->address(p_.inputs[i]), t.raw(), t.nbytes());
     }
+  }
+
+  float execute() {
     if (p_.threads > 0) p_.backend->set_threads(p_.threads);
     if (p_.optimizer) p_.optimizer->begin_step();
     executor_->run();
@@ -57,6 +92,7 @@ class Step {
     return p_.loss == kNoValue ? std::nanf("") : float(last_loss_f64());
   }
 
+ public:
   // The last loss in full precision (f64 steps would lose digits as float).
   double last_loss_f64() const {
     const Value& lv = p_.graph->value(p_.loss);
@@ -87,6 +123,10 @@ class Step {
   }
 
   const Plan& plan() const { return p_.plan; }
+  // The plan explained: peak, lower bound, categories, what is live at the peak.
+  std::string summary() const { return plan::summary(*p_.graph, p_.plan); }
+  // The independent plan verifier's verdict on this step's plan.
+  plan::VerifyReport verify() const { return plan::verify(*p_.graph, p_.plan, p_.roots); }
   const Graph& graph() const { return *p_.graph; }
   std::size_t arena_bytes() const { return p_.plan.arena_bytes; }
   std::int64_t steps_run() const { return steps_; }

@@ -1,0 +1,189 @@
+#pragma once
+// A plan explained: a text summary, one JSON object for scripts, and an SVG
+// memory timeline (values as rectangles of offset x time).
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "plan.hpp"
+
+namespace frugal::plan {
+
+// Where the bytes of a buffer belong, for the categories people ask about.
+inline std::string category_of(const Graph& g, ValueId v) {
+  const Value& val = g.value(v);
+  if (val.kind == ValueKind::parameter) return "parameters";
+  if (val.kind == ValueKind::state) return "optimizer state";
+  if (val.kind == ValueKind::input) return "inputs";
+  switch (g.node(val.producer).phase) {
+    case Phase::forward: return "activations";
+    case Phase::backward: return "gradients";
+    case Phase::optimizer: return "optimizer state";
+  }
+  return "activations";
+}
+
+inline const std::vector<std::string>& categories() {
+  static const std::vector<std::string> c{"parameters", "gradients", "optimizer state", "activations", "inputs",
+                                          "workspace"};
+  return c;
+}
+
+inline std::string describe_value(const Graph& g, ValueId v) {
+  const Value& val = g.value(v);
+  if (val.producer < 0) return cat(value_kind_name(val.kind), " '", val.name, "' ", val.meta.str());
+  const Node& n = g.node(val.producer);
+  return cat(n.op->name(), " (", phase_name(n.phase), ") ", val.meta.str());
+}
+
+struct Breakdown {
+  std::map<std::string, std::size_t> bytes;  // at the peak, by category
+  std::vector<std::size_t> live;             // buffers live at the peak, largest first
+  std::size_t total = 0;
+};
+
+inline Breakdown at_peak(const Graph& g, const Plan& p) {
+  Breakdown b;
+  for (auto& c : categories()) b.bytes[c] = 0;
+  for (auto& [k, v] : p.persistent_by_kind) b.bytes[k] += v;
+  for (std::size_t i = 0; i < p.intervals.size(); ++i) {
+    const auto& iv = p.intervals[i];
+    if (iv.first <= p.peak_position && p.peak_position <= iv.last) {
+      b.bytes[category_of(g, iv.value)] += iv.bytes;
+      b.live.push_back(i);
+    }
+  }
+  std::sort(b.live.begin(), b.live.end(),
+            [&](std::size_t x, std::size_t y) { return p.intervals[x].bytes > p.intervals[y].bytes; });
+  for (auto& [_, v] : b.bytes) b.total += v;
+  return b;
+}
+
+inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live = 8) {
+  std::map<Phase, int> ops;
+  for (NodeId n : p.schedule) ++ops[g.node(n).phase];
+  Breakdown b = at_peak(g, p);
+  std::ostringstream os;
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.3f", p.arena_ratio());
+  os << "plan: " << p.schedule.size() << " ops (" << ops[Phase::forward] << " forward, " << ops[Phase::backward]
+     << " backward, " << ops[Phase::optimizer] << " optimizer), " << p.intervals.size() << " arena buffers\n"
+     << "  arena peak   " << format_bytes(p.peak_bytes) << "  (reserved " << format_bytes(p.arena_bytes)
+     << "; live-bytes lower bound " << format_bytes(p.lower_bound_bytes) << ", ratio " << ratio << ")\n"
+     << "  persistent   " << format_bytes(p.persistent_bytes) << "\n"
+     << "  total        " << format_bytes(p.total_bytes()) << "\n"
+     << "  at the peak (position " << p.peak_position << " of " << p.schedule.size() << "), by category:\n";
+  for (auto& c : categories()) os << "    " << c << std::string(17 - c.size(), ' ') << format_bytes(b.bytes[c]) << "\n";
+  os << "  live at the peak, largest first:\n";
+  for (std::size_t k = 0; k < b.live.size() && k < show_live; ++k) {
+    const auto& iv = p.intervals[b.live[k]];
+    os << "    " << format_bytes(iv.bytes) << std::string(12 - std::min<std::size_t>(11, format_bytes(iv.bytes).size()), ' ')
+       << describe_value(g, iv.value) << ", live " << iv.first << ".." << iv.last << "\n";
+  }
+  if (b.live.size() > show_live) os << "    ... and " << b.live.size() - show_live << " more\n";
+  return os.str();
+}
+
+inline std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o;
+}
+
+inline std::string json(const Graph& g, const Plan& p, const std::string& model) {
+  Breakdown b = at_peak(g, p);
+  std::ostringstream os;
+  os << "{\"model\":\"" << json_escape(model) << "\",\"ops\":" << p.schedule.size()
+     << ",\"buffers\":" << p.intervals.size() << ",\"peak_bytes\":" << p.peak_bytes
+     << ",\"lower_bound_bytes\":" << p.lower_bound_bytes << ",\"arena_bytes\":" << p.arena_bytes
+     << ",\"arena_ratio\":" << p.arena_ratio() << ",\"persistent_bytes\":" << p.persistent_bytes
+     << ",\"total_bytes\":" << p.total_bytes() << ",\"peak_position\":" << p.peak_position << ",\"by_category\":{";
+  bool first = true;
+  for (auto& c : categories()) {
+    os << (first ? "" : ",") << "\"" << c << "\":" << b.bytes[c];
+    first = false;
+  }
+  os << "},\"live_at_peak\":[";
+  for (std::size_t k = 0; k < b.live.size(); ++k) {
+    const auto& iv = p.intervals[b.live[k]];
+    os << (k ? "," : "") << "{\"bytes\":" << iv.bytes << ",\"category\":\"" << category_of(g, iv.value)
+       << "\",\"what\":\"" << json_escape(describe_value(g, iv.value)) << "\",\"first\":" << iv.first
+       << ",\"last\":" << iv.last << "}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+inline const char* category_colour(const std::string& c) {
+  if (c == "activations") return "#4e79a7";
+  if (c == "gradients") return "#e15759";
+  if (c == "inputs") return "#59a14f";
+  if (c == "optimizer state") return "#f28e2b";
+  if (c == "parameters") return "#9c755f";
+  return "#bab0ac";
+}
+
+// The arena over time: x is the schedule position, y the arena offset.
+inline std::string svg(const Graph& g, const Plan& p, const std::string& title) {
+  const double W = 1000, H = 560, left = 80, right = 190, top = 50, bottom = 50;
+  const double pw = W - left - right, ph = H - top - bottom;
+  const double steps = double(std::max<std::size_t>(p.schedule.size(), 1));
+  const double bytes = double(std::max<std::size_t>(p.arena_bytes, 1));
+  auto X = [&](double t) { return left + pw * t / steps; };
+  auto Y = [&](double b) { return top + ph - ph * b / bytes; };
+  std::ostringstream os;
+  os.precision(6);
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<text x=\"" << left << "\" y=\"22\" font-size=\"16\" font-weight=\"bold\">" << json_escape(title)
+     << "</text>\n<text x=\"" << left << "\" y=\"40\">arena " << format_bytes(p.arena_bytes) << ", peak "
+     << format_bytes(p.peak_bytes) << ", lower bound " << format_bytes(p.lower_bound_bytes) << ", persistent "
+     << format_bytes(p.persistent_bytes) << "</text>\n"
+     << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
+     << "\" fill=\"#f7f7f7\" stroke=\"#999\"/>\n";
+  for (std::size_t i = 0; i < p.intervals.size(); ++i) {
+    const auto& iv = p.intervals[i];
+    std::string c = category_of(g, iv.value);
+    double x0 = X(iv.first), x1 = X(iv.last + 1), y0 = Y(double(p.offsets[i] + iv.bytes)), y1 = Y(double(p.offsets[i]));
+    os << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << std::max(x1 - x0, 0.5) << "\" height=\""
+       << std::max(y1 - y0, 0.5) << "\" fill=\"" << category_colour(c)
+       << "\" fill-opacity=\"0.85\" stroke=\"white\" stroke-width=\"0.3\"><title>"
+       << json_escape(describe_value(g, iv.value)) << ": " << format_bytes(iv.bytes) << " at offset " << p.offsets[i]
+       << ", positions " << iv.first << ".." << iv.last << "</title></rect>\n";
+  }
+  // The peak: where the most bytes are live, and the highest byte written.
+  os << "<line x1=\"" << X(p.peak_position + 0.5) << "\" y1=\"" << top << "\" x2=\"" << X(p.peak_position + 0.5)
+     << "\" y2=\"" << top + ph << "\" stroke=\"black\" stroke-dasharray=\"4 3\"/>\n"
+     << "<text x=\"" << X(p.peak_position + 0.5) + 4 << "\" y=\"" << top + 14 << "\">peak: "
+     << format_bytes(p.lower_bound_bytes) << " live</text>\n"
+     << "<line x1=\"" << left << "\" y1=\"" << Y(double(p.peak_bytes)) << "\" x2=\"" << left + pw << "\" y2=\""
+     << Y(double(p.peak_bytes)) << "\" stroke=\"#d00\" stroke-dasharray=\"2 2\"/>\n";
+  // Axes.
+  for (int k = 0; k <= 4; ++k) {
+    double b = bytes * k / 4;
+    os << "<text x=\"" << left - 6 << "\" y=\"" << Y(b) + 4 << "\" text-anchor=\"end\">"
+       << format_bytes(std::size_t(b)) << "</text>\n";
+  }
+  os << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 14 << "\" text-anchor=\"middle\">schedule position ("
+     << p.schedule.size() << " ops: forward, backward, optimizer)</text>\n"
+     << "<text x=\"16\" y=\"" << top + ph / 2 << "\" transform=\"rotate(-90 16 " << top + ph / 2
+     << ")\" text-anchor=\"middle\">arena offset</text>\n";
+  double ly = top + 10;
+  for (auto& c : categories()) {
+    os << "<rect x=\"" << left + pw + 16 << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
+       << category_colour(c) << "\"/><text x=\"" << left + pw + 36 << "\" y=\"" << ly + 11 << "\">" << c
+       << "</text>\n";
+    ly += 22;
+  }
+  os << "<line x1=\"" << left + pw + 16 << "\" y1=\"" << ly + 7 << "\" x2=\"" << left + pw + 30 << "\" y2=\""
+     << ly + 7 << "\" stroke=\"#d00\" stroke-dasharray=\"2 2\"/><text x=\"" << left + pw + 36 << "\" y=\"" << ly + 11
+     << "\">highest byte written</text>\n</svg>\n";
+  return os.str();
+}
+
+}  // namespace frugal::plan

@@ -1,0 +1,309 @@
+// plan/ and the executor: the schedule, in-place reuse, the independent
+// verifier (and planted planner bugs it must catch), and execution that
+// matches the prediction byte for byte without allocating.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <frugal/frugal.hpp>
+#include <new>
+
+using namespace frugal;
+
+// ---- counting every C++ allocation in this test binary ------------------------
+namespace {
+std::atomic<long> g_allocations{0};
+std::atomic<bool> g_counting{false};
+void* counted(std::size_t n, std::size_t align = 0) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  void* p = align ? std::aligned_alloc(align, (n + align - 1) / align * align) : std::malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+void* operator new(std::size_t n) { return counted(n); }
+void* operator new[](std::size_t n) { return counted(n); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace {
+
+struct Net : nn::Module {
+  std::vector<std::unique_ptr<nn::Linear>> layers;
+  Net(std::vector<int> widths, DType dt = DType::f32) {
+    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+      layers.push_back(std::make_unique<nn::Linear>(widths[i], widths[i + 1], nn::LinearOptions{.dtype = dt}));
+      register_module(std::string("fc") + std::to_string(i), *layers.back());
+    }
+  }
+  Var forward(Var x) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      x = (*layers[i])(x);
+      if (i + 1 < layers.size()) x = i % 2 ? gelu(x) : relu(x) * 0.5 + 0.1;
+    }
+    return x;
+  }
+};
+
+void fill_batch(Tensor& x, Tensor& y, std::uint64_t seed, int classes) {
+  Rng r(seed);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    if (x.dtype() == DType::f64) x.data<double>()[i] = r.normal();
+    else x.data<float>()[i] = float(r.normal());
+  }
+  for (std::int64_t i = 0; i < y.numel(); ++i) y.data<std::int32_t>()[i] = std::int32_t(r.below(std::uint64_t(classes)));
+}
+
+struct Trained {
+  std::unique_ptr<Net> net;
+  std::unique_ptr<Optimizer> opt;
+  Step step;
+};
+
+Trained make_training(std::vector<int> widths, int batch, CompileOptions o = {}, bool adam = false,
+                      DType dt = DType::f32) {
+  nn::manual_seed(21);
+  auto net = std::make_unique<Net>(widths, dt);
+  std::unique_ptr<Optimizer> opt;
+  if (adam) opt = std::make_unique<optim::AdamW>(net->parameters(), optim::AdamWOptions{.lr = 1e-3});
+  else opt = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  Net* n = net.get();
+  Step step = compile([n](Var x, Var y) { return cross_entropy(n->forward(x), y); },
+                      {InputSpec{{dt, Shape{batch, widths.front()}}, "x"}, input<std::int32_t>({batch}, "y")}, *opt,
+                      {}, o);
+  return {std::move(net), std::move(opt), std::move(step)};
+}
+
+}  // namespace
+
+TEST_CASE("the verifier accepts every plan the planner makes", "[plan]") {
+  for (bool reorder : {false, true})
+    for (bool inplace : {false, true}) {
+      CompileOptions o{.plan = {.reorder = reorder, .inplace = inplace}, .verify = false};
+      auto t = make_training({9, 16, 16, 5}, 7, o, reorder);
+      INFO("reorder " << reorder << ", inplace " << inplace);
+      auto report = t.step.verify();
+      INFO(report.str());
+      CHECK(report.ok());
+    }
+  Net net({4, 6, 3});
+  Step inference = compile_inference([&](Var x) { return softmax(net.forward(x)); }, {input<float>({2, 4})});
+  CHECK(inference.verify().ok());
+}
+
+TEST_CASE("planted planner bugs are caught by the verifier", "[plan]") {
+  auto t = make_training({9, 16, 16, 5}, 7, {.verify = false});
+  const Graph& g = t.step.graph();
+  Plan good = t.step.plan();
+  std::vector<ValueId> roots;  // the loss: the one value a training step keeps
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
+    if (g.value(v).producer >= 0 && g.node(g.value(v).producer).op->name() == "cross_entropy") roots.push_back(v);
+  REQUIRE(plan::verify(g, good, roots).ok());
+
+  SECTION("two values alive together share bytes") {
+    Plan bad = good;
+    // The first matmul-like op's output placed over one of its live inputs' bytes.
+    bool planted = false;
+    for (NodeId n : bad.schedule) {
+      const Node& node = g.node(n);
+      if (node.op->name() != "linear") continue;
+      ValueId in = node.inputs[0], out = node.outputs[0];
+      if (!bad.offset_of[std::size_t(in)]) continue;
+      bad.offset_of[std::size_t(out)] = bad.offset_of[std::size_t(in)];
+      planted = true;
+      break;
+    }
+    REQUIRE(planted);
+    auto r = plan::verify(g, bad, roots);
+    INFO(r.str());
+    CHECK_FALSE(r.ok());
+  }
+  SECTION("a consumer scheduled before its producer") {
+    Plan bad = good;
+    std::swap(bad.schedule[0], bad.schedule[1]);
+    CHECK_FALSE(plan::verify(g, bad, roots).ok());
+  }
+  SECTION("a value placed past the end of the arena") {
+    Plan bad = good;
+    for (auto& o : bad.offset_of)
+      if (o && *o + 256 >= bad.arena_bytes) {
+        *o += 1024;
+        break;
+      }
+    auto r = plan::verify(g, bad, roots);
+    CHECK_THAT(r.str(), Catch::Contains("past the arena"));
+  }
+  SECTION("an offset off the alignment") {
+    Plan bad = good;
+    for (auto& o : bad.offset_of)
+      if (o) {
+        *o += 4;
+        break;
+      }
+    CHECK_THAT(plan::verify(g, bad, roots).str(), Catch::Contains("not a multiple"));
+  }
+  SECTION("the loss overwritten before the step ends") {
+    Plan bad = good;
+    ValueId loss = roots[0];
+    // Put the last value the optimizer phase reads... any value produced after the loss, over the loss.
+    int loss_pos = -1;
+    for (int t = 0; t < int(bad.schedule.size()); ++t)
+      for (ValueId o : g.node(bad.schedule[std::size_t(t)]).outputs)
+        if (o == loss) loss_pos = t;
+    bool planted = false;
+    for (int t = loss_pos + 1; t < int(bad.schedule.size()) && !planted; ++t)
+      for (ValueId o : g.node(bad.schedule[std::size_t(t)]).outputs)
+        if (bad.offset_of[std::size_t(o)] && g.value(o).meta.nbytes() >= 4) {
+          bad.offset_of[std::size_t(o)] = bad.offset_of[std::size_t(loss)];
+          planted = true;
+          break;
+        }
+    REQUIRE(planted);
+    CHECK_FALSE(plan::verify(g, bad, roots).ok());
+  }
+  SECTION("an update scheduled before a reader of its parameter") {
+    Plan bad = good;
+    // Move the first optimizer update to just after the first forward op.
+    auto it = std::find_if(bad.schedule.begin(), bad.schedule.end(),
+                           [&](NodeId n) { return g.node(n).phase == Phase::optimizer; });
+    REQUIRE(it != bad.schedule.end());
+    NodeId update = *it;
+    bad.schedule.erase(it);
+    bad.schedule.insert(bad.schedule.begin() + 1, update);
+    CHECK_FALSE(plan::verify(g, bad, roots).ok());
+  }
+}
+
+TEST_CASE("updates run as soon as their gradient is complete, and in-place reuse lowers the peak", "[plan]") {
+  std::size_t baseline = 0, reordered = 0, both = 0;
+  {
+    auto t = make_training({64, 256, 256, 256, 10}, 32, {.plan = {.reorder = false, .inplace = false}});
+    baseline = t.step.plan().lower_bound_bytes;
+  }
+  {
+    auto t = make_training({64, 256, 256, 256, 10}, 32, {.plan = {.reorder = true, .inplace = false}});
+    reordered = t.step.plan().lower_bound_bytes;
+    // Each update directly follows the completion of its gradient.
+    const Graph& g = t.step.graph();
+    const auto& s = t.step.plan().schedule;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (g.node(s[i]).phase != Phase::optimizer) continue;
+      ValueId grad = g.node(s[i]).inputs[1];
+      std::size_t made = 0;
+      for (std::size_t j = 0; j < i; ++j)
+        for (ValueId o : g.node(s[j]).outputs)
+          if (o == grad) made = j;
+      CHECK(i - made <= 3);
+    }
+  }
+  {
+    auto t = make_training({64, 256, 256, 256, 10}, 32, {});
+    both = t.step.plan().lower_bound_bytes;
+  }
+  INFO("lower bound: capture order " << baseline << ", reordered " << reordered << ", reordered + in place " << both);
+  CHECK(reordered < baseline);
+  CHECK(both <= reordered);
+
+  // A chain of elementwise ops: in place, each output takes over its dying
+  // input, so one buffer serves the whole chain.
+  auto chain = [](bool inplace) {
+    return compile_inference([](Var x) { return frugal::exp(frugal::tanh(x * 2.0 + 1.0)) - 0.5; },
+                             {input<float>({256, 256})}, {}, {.plan = {.reorder = true, .inplace = inplace}});
+  };
+  std::size_t one = 256 * 256 * 4;
+  CHECK(chain(false).plan().lower_bound_bytes == 2 * one);
+  CHECK(chain(true).plan().lower_bound_bytes == one);
+  Tensor x({256, 256});
+  Step s = chain(true);
+  auto a = s.audit(x);
+  CHECK(a.high_water == one);
+}
+
+TEST_CASE("planning choices never change results", "[plan]") {
+  auto run = [](PlanOptions po, std::vector<float>& losses, std::vector<float>& params) {
+    auto t = make_training({10, 24, 24, 4}, 16, {.threads = 2, .plan = po}, true);
+    Tensor x({16, 10}), y({16}, DType::i32);
+    for (int s = 0; s < 6; ++s) {
+      fill_batch(x, y, std::uint64_t(s), 4);
+      losses.push_back(t.step.run(x, y));
+    }
+    for (auto& p : t.net->parameters())
+      for (float v : p.to_vector<float>()) params.push_back(v);
+  };
+  std::vector<float> l0, p0;
+  run({.reorder = false, .inplace = false}, l0, p0);
+  for (PlanOptions po : {PlanOptions{true, false}, PlanOptions{false, true}, PlanOptions{true, true}}) {
+    std::vector<float> l, p;
+    run(po, l, p);
+    CHECK(std::memcmp(l.data(), l0.data(), l.size() * 4) == 0);
+    CHECK(std::memcmp(p.data(), p0.data(), p.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("the executor's measured high-water mark equals the prediction, and the canary is untouched", "[plan][executor]") {
+  struct Config {
+    std::vector<int> widths;
+    int batch;
+    bool adam;
+    DType dt;
+  };
+  for (auto c : {Config{{784, 256, 256, 10}, 64, true, DType::f32}, Config{{7, 13, 5}, 1, false, DType::f32},
+                 Config{{32, 64, 64, 64, 3}, 17, true, DType::f64}}) {
+    auto t = make_training(c.widths, c.batch, {}, c.adam, c.dt);
+    Tensor x({c.batch, c.widths.front()}, c.dt), y({c.batch}, DType::i32);
+    fill_batch(x, y, 3, c.widths.back());
+    auto a = t.step.audit(x, y);
+    INFO("batch " << c.batch << ": measured " << a.high_water << ", predicted " << a.predicted << ", arena "
+                  << t.step.plan().arena_bytes);
+    CHECK(a.high_water == a.predicted);
+    CHECK(a.canary_intact);
+    CHECK(t.step.plan().arena_ratio() <= 1.05);
+  }
+  Net net({5, 8, 3});
+  Step inference = compile_inference([&](Var x) { return log_softmax(net.forward(x)); }, {input<float>({4, 5})});
+  Tensor x({4, 5});
+  auto a = inference.audit(x);
+  CHECK(a.high_water == a.predicted);
+}
+
+TEST_CASE("a step allocates nothing while it runs", "[plan][executor]") {
+  auto t = make_training({784, 256, 256, 10}, 64, {.threads = 2}, true);
+  Tensor x({64, 784}), y({64}, DType::i32);
+  fill_batch(x, y, 1, 10);
+  t.step.run(x, y);  // the first run may start OpenMP's and OpenBLAS's threads
+  g_allocations = 0;
+  g_counting = true;
+  for (int s = 0; s < 3; ++s) t.step.run(x, y);
+  g_counting = false;
+  CHECK(g_allocations.load() == 0);
+  // The counter itself works: compiling allocates.
+  g_counting = true;
+  auto other = make_training({4, 4, 2}, 2);
+  g_counting = false;
+  CHECK(g_allocations.load() > 0);
+}
+
+TEST_CASE("plans explain themselves as text, JSON and SVG", "[plan][report]") {
+  auto t = make_training({32, 64, 10}, 8, {}, true);
+  std::string s = t.step.summary();
+  CHECK_THAT(s, Catch::Contains("lower bound") && Catch::Contains("live at the peak") &&
+                    Catch::Contains("optimizer state") && Catch::Contains("gradients"));
+  std::string j = plan::json(t.step.graph(), t.step.plan(), "mlp");
+  for (const char* key : {"\"model\":\"mlp\"", "\"peak_bytes\":", "\"lower_bound_bytes\":", "\"arena_bytes\":",
+                          "\"by_category\":{", "\"parameters\":", "\"activations\":"})
+    CHECK_THAT(j, Catch::Contains(key));
+  std::string svg = plan::svg(t.step.graph(), t.step.plan(), "mlp");
+  CHECK_THAT(svg, Catch::StartsWith("<svg") && Catch::Contains("highest byte written") && Catch::EndsWith("</svg>\n"));
+  std::size_t rects = 0;
+  for (std::size_t p = svg.find("<rect"); p != std::string::npos; p = svg.find("<rect", p + 1)) ++rects;
+  CHECK(rects >= t.step.plan().intervals.size());
+}
