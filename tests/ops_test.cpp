@@ -77,6 +77,12 @@ TEST_CASE("log forward and backward", "[ops]") {
   check_op(unary("log [1,7]", pos({1, 7}), f, ref::log));
 }
 
+TEST_CASE("rsqrt forward and backward", "[ops]") {
+  auto f = [](Var v) { return frugal::rsqrt(v); };
+  check_op(unary("rsqrt [3,5]", pos({3, 5}), f, ref::rsqrt));
+  check_op(unary("rsqrt [1,1]", pos({1, 1}), f, ref::rsqrt));
+}
+
 TEST_CASE("affine and scalar arithmetic forward and backward", "[ops]") {
   check_op(unary("x*2.5", x({3, 4}), [](Var v) { return v * 2.5; },
                  [](const ref::Array& a) { return ref::affine(a, 2.5, 0); }));

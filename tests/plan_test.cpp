@@ -307,3 +307,28 @@ TEST_CASE("plans explain themselves as text, JSON and SVG", "[plan][report]") {
   for (std::size_t p = svg.find("<rect"); p != std::string::npos; p = svg.find("<rect", p + 1)) ++rects;
   CHECK(rects >= t.step.plan().intervals.size());
 }
+
+#include "../tools/model_zoo.hpp"
+
+TEST_CASE("every model family plans within 5% of its lower bound and runs exactly as predicted", "[plan][zoo]") {
+  for (zoo::Config c : {zoo::Config{.family = "mlp", .batch = 32, .layers = 2, .width = 128, .features = 64},
+                        zoo::Config{.family = "gpt", .batch = 2, .layers = 2, .width = 64, .seq = 32, .vocab = 64},
+                        zoo::Config{.family = "gcn", .batch = 300, .layers = 2, .width = 32, .features = 48, .classes = 5},
+                        zoo::Config{.family = "mlp", .batch = 5, .layers = 3, .width = 33, .dtype = DType::f64,
+                                    .optimizer = "sgd", .features = 17}}) {
+    INFO(c.name());
+    auto w = zoo::make(c);
+    Step step = zoo::compile(w);
+    CHECK(step.verify().ok());
+    CHECK(step.plan().arena_ratio() <= 1.05);
+    auto batch = w.batch(3);
+    auto a = batch.size() == 2 ? step.audit(batch[0], batch[1]) : step.audit(batch[0], batch[1], batch[2]);
+    CHECK(a.high_water == a.predicted);
+    CHECK(a.canary_intact);
+    // Planning without compiling gives the same plan.
+    auto w2 = zoo::make(c);
+    PlannedStep ps = zoo::plan(w2);
+    CHECK(ps.plan.peak_bytes == step.plan().peak_bytes);
+    CHECK(ps.plan.lower_bound_bytes == step.plan().lower_bound_bytes);
+  }
+}

@@ -96,6 +96,9 @@ inline Array exp(const Array& x) {
 inline Array log(const Array& x) {
   return map(x, [](double t) { return std::log(t); });
 }
+inline Array rsqrt(const Array& x) {
+  return map(x, [](double v) { return 1.0 / std::sqrt(v); });
+}
 inline Array affine(const Array& x, double a, double b) {
   return map(x, [a, b](double t) { return a * t + b; });
 }

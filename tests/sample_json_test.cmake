@@ -1,6 +1,7 @@
 # Runs a sample with --json and checks its final line carries the promised keys.
 # EXE: the sample; ARGS: its arguments (a ;-list); KEYS: required keys;
-# EXPECT_DATA: the value "data" must have; MIN_ACCURACY: optional floor.
+# EXPECT_DATA: the value "data" must have; MIN_ACCURACY: optional floor;
+# EXPECT_FILE: a file the run must have written.
 execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${EXE} exited ${rc}\n${out}\n${err}")
@@ -25,6 +26,9 @@ if(EXPECT_DATA)
 endif()
 if(EXPECT_STDERR AND NOT err MATCHES "${EXPECT_STDERR}")
   message(FATAL_ERROR "stderr should say '${EXPECT_STDERR}', got: ${err}")
+endif()
+if(EXPECT_FILE AND NOT EXISTS ${EXPECT_FILE})
+  message(FATAL_ERROR "expected ${EXE} to write ${EXPECT_FILE}")
 endif()
 if(MIN_ACCURACY)
   string(JSON acc GET "${last}" accuracy)

@@ -88,6 +88,7 @@ int main() {
   check_unary(math::Sigmoid{}, "sigmoid");
   check_unary(math::Exp{}, "exp");
   check_unary(math::Log{}, "log", true);
+  check_unary(math::Rsqrt{}, "rsqrt", true);
   check_unary(math::Affine{2.5, -1.0}, "affine");
 
   const int n = 4096;

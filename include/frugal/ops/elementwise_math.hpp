@@ -93,6 +93,14 @@ struct Log {
   template <class T> FRUGAL_HD T grad(T x, T, T dy) const { return dy / x; }
 };
 
+// 1/sqrt(x), for normalisations (layer norm composed from primitives).
+struct Rsqrt {
+  static constexpr const char* name = "rsqrt";
+  static constexpr bool uses_x = false, uses_y = true;
+  template <class T> FRUGAL_HD T operator()(T x) const { return T(1) / sqrt_(x); }
+  template <class T> FRUGAL_HD T grad(T, T y, T dy) const { return T(-0.5) * y * y * y * dy; }
+};
+
 // y = a*x + b, with constants a and b carried by the op.
 struct Affine {
   static constexpr const char* name = "affine";

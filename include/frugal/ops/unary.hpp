@@ -59,7 +59,7 @@ class UnaryGrad final : public Op {
 template <class... F>
 struct FunctorList {};
 using UnaryFunctors = FunctorList<math::Relu, math::GeluTanh, math::GeluErf, math::Tanh, math::Sigmoid, math::Exp,
-                                  math::Log, math::Affine>;
+                                  math::Log, math::Rsqrt, math::Affine>;
 
 }  // namespace frugal::ops
 
@@ -74,6 +74,7 @@ inline Var tanh(Var x) { return apply1<ops::Unary<math::Tanh>>({x}); }
 inline Var sigmoid(Var x) { return apply1<ops::Unary<math::Sigmoid>>({x}); }
 inline Var exp(Var x) { return apply1<ops::Unary<math::Exp>>({x}); }
 inline Var log(Var x) { return apply1<ops::Unary<math::Log>>({x}); }
+inline Var rsqrt(Var x) { return apply1<ops::Unary<math::Rsqrt>>({x}); }
 // a*x + b for constants a, b.
 inline Var affine(Var x, double a, double b = 0) { return apply1<ops::Unary<math::Affine>>({x}, math::Affine{a, b}); }
 

@@ -104,19 +104,33 @@ inline void check_budget(const Graph& g, const Plan& plan, const Budget& b) {
                     " bytes (this planner does not yet recompute or swap). Largest consumers:", list);
 }
 
-inline Step finish(Captured c, std::vector<ValueId> roots, Optimizer* opt, ValueId loss,
-                   std::vector<ValueId> outputs, std::map<const void*, ValueId> grad_of, const Budget& budget,
-                   const CompileOptions& o) {
-  Plan plan = make_plan(*c.graph, roots, o.plan);
+// Everything compile() decides before memory exists: the captured graph,
+// which values must survive the step, and what the step reports.
+struct Prepared {
+  Captured c;
+  std::vector<ValueId> roots;
+  Optimizer* opt = nullptr;
+  ValueId loss = kNoValue;
+  std::vector<ValueId> outputs;
+  std::map<const void*, ValueId> grad_of;
+};
+
+inline Plan plan_prepared(const Prepared& p, const CompileOptions& o) {
+  Plan plan = make_plan(*p.c.graph, p.roots, o.plan);
   if (o.verify) {
-    auto report = plan::verify(*c.graph, plan, roots);
+    auto report = plan::verify(*p.c.graph, plan, p.roots);
     if (!report.ok()) fail("internal error: the planner produced a plan its verifier rejects:\n", report.str());
   }
-  check_budget(*c.graph, plan, budget);
+  return plan;
+}
+
+inline Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
+  Plan plan = plan_prepared(p, o);
+  check_budget(*p.c.graph, plan, budget);
   auto backend = make_backend(o.backend);
   if (o.threads > 0) backend->set_threads(o.threads);
-  return Step(Step::Parts{std::move(c.graph), std::move(plan), std::move(backend), opt, std::move(c.inputs), loss,
-                          std::move(outputs), std::move(grad_of), o.threads, std::move(roots)});
+  return Step(Step::Parts{std::move(p.c.graph), std::move(plan), std::move(backend), p.opt, std::move(p.c.inputs),
+                          p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots)});
 }
 
 inline Var single_loss(const Captured& c) {
@@ -124,14 +138,10 @@ inline Var single_loss(const Captured& c) {
   return c.results[0];
 }
 
-}  // namespace detail
-
-// A training step: fn(inputs...) returns the loss; its gradients update
-// opt's parameters with opt's rule, all inside the one captured graph.
 template <class Fn>
-Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {}, CompileOptions o = {}) {
-  auto c = detail::capture(fn, specs);
-  Var loss = detail::single_loss(c);
+Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer& opt, const CompileOptions& o) {
+  auto c = capture(fn, specs);
+  Var loss = single_loss(c);
   Graph& g = *c.graph;
   CaptureScope scope(g);
   // Parameters the optimizer owns and the loss reads; the rest stay frozen.
@@ -146,19 +156,45 @@ Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budge
       }
   }
   auto grads = grad(loss, wrt);
-  std::vector<ValueId> roots{loss.id};
-  std::map<const void*, ValueId> grad_of;
+  Prepared p{std::move(c), {loss.id}, &opt, loss.id, {}, {}};
   for (std::size_t k = 0; k < wrt.size(); ++k) {
     if (!grads[k]) continue;  // the loss does not depend on it
     if (o.keep_grads) {
-      roots.push_back(grads[k]->id);
-      grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
+      p.roots.push_back(grads[k]->id);
+      p.grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
     }
     Phase previous = g.set_phase(Phase::optimizer);
     opt.append_update(wrt[k], *grads[k], index[k]);
     g.set_phase(previous);
   }
-  return detail::finish(std::move(c), roots, &opt, loss.id, {}, std::move(grad_of), budget, o);
+  return p;
+}
+
+}  // namespace detail
+
+// A training step: fn(inputs...) returns the loss; its gradients update
+// opt's parameters with opt's rule, all inside the one captured graph.
+template <class Fn>
+Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {}, CompileOptions o = {}) {
+  return detail::finish(detail::prepare_training(fn, specs, opt, o), budget, o);
+}
+
+// What compile() would plan, without allocating the arena or running
+// anything: for tools that explain or estimate memory.
+struct PlannedStep {
+  std::shared_ptr<const Graph> graph;
+  Plan plan;
+  std::vector<ValueId> roots;
+  std::size_t input_bytes = 0;  // the step's inputs, which the caller also holds on the host
+};
+
+template <class Fn>
+PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, CompileOptions o = {}) {
+  auto p = detail::prepare_training(fn, specs, opt, o);
+  Plan plan = detail::plan_prepared(p, o);
+  std::size_t in = 0;
+  for (auto& s : specs) in += s.meta.nbytes();
+  return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
 }
 
 // Loss and gradients for `wrt` (parameters the function reads), no update:
@@ -188,7 +224,7 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
     roots.push_back(grads[k]->id);
     grad_of[wrt[k].raw()] = grads[k]->id;
   }
-  return detail::finish(std::move(c), roots, nullptr, loss.id, {}, std::move(grad_of), budget, o);
+  return detail::finish({std::move(c), std::move(roots), nullptr, loss.id, {}, std::move(grad_of)}, budget, o);
 }
 
 // Forward only: fn returns one Var or a std::vector<Var>; after run() they
@@ -198,7 +234,7 @@ Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}
   auto c = detail::capture(fn, specs);
   std::vector<ValueId> outs;
   for (auto& v : c.results) outs.push_back(v.id);
-  return detail::finish(std::move(c), outs, nullptr, kNoValue, outs, {}, budget, o);
+  return detail::finish({std::move(c), outs, nullptr, kNoValue, outs, {}}, budget, o);
 }
 
 }  // namespace frugal

@@ -50,18 +50,21 @@ class Executor {
   static constexpr std::size_t kCanaryBytes = 4096;
 
   // For audits: fill the arena and the canary with one byte value...
-  void fill(unsigned char pattern) {
-    std::vector<unsigned char> host(arena_bytes_ + kCanaryBytes, pattern);
-    backend_.copy_to_device(arena_, host.data(), host.size());
-  }
+  void fill(unsigned char pattern) { backend_.fill(arena_, pattern, arena_bytes_ + kCanaryBytes); }
   // ...and, after a step, find one past the highest byte that differs from
-  // it: the high-water mark of what the step actually wrote.
+  // it: the high-water mark of what the step actually wrote. Scans down from
+  // the top through a small host window, so an audit costs no arena-sized copy.
   std::size_t touched_up_to(unsigned char pattern) const {
-    std::vector<unsigned char> host(arena_bytes_ + kCanaryBytes);
-    backend_.copy_to_host(host.data(), arena_, host.size());
-    std::size_t n = host.size();
-    while (n > 0 && host[n - 1] == pattern) --n;
-    return n;
+    unsigned char window[1 << 16];
+    std::size_t end = arena_bytes_ + kCanaryBytes;
+    while (end > 0) {
+      std::size_t begin = end > sizeof window ? end - sizeof window : 0;
+      backend_.copy_to_host(window, arena_ + begin, end - begin);
+      for (std::size_t i = end - begin; i > 0; --i)
+        if (window[i - 1] != pattern) return begin + i;
+      end = begin;
+    }
+    return 0;
   }
 
  private:

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   void deallocate(void* p) override { std::free(p); }
   void copy_to_device(void* dst, const void* src, std::size_t n) override { std::memcpy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, std::size_t n) override { std::memcpy(dst, src, n); }
+  void fill(void* dst, unsigned char byte, std::size_t n) override { std::memset(dst, byte, n); }
   // OpenMP regions and OpenBLAS both use n threads.
   void set_threads(int n) override {
     omp_set_num_threads(n);

@@ -1,0 +1,90 @@
+// frugal-plan: plans a model's training step without running it, and shows
+// the plan: peak, lower bound, what is live at the peak, memory by category,
+// and (with --svg) the memory timeline.
+//
+//   frugal-plan --model mlp|gpt|gcn [--batch N] [--layers N] [--width N]
+//               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
+//               [--vocab N] [--features N] [--classes N] [--no-reorder]
+//               [--no-inplace] [--svg FILE] [--json]
+#include <fstream>
+#include <iostream>
+
+#include "../model_zoo.hpp"
+
+using namespace frugal;
+
+[[noreturn]] void usage(const std::string& why) {
+  std::cerr << "frugal-plan: " << why
+            << "\nusage: frugal-plan --model mlp|gpt|gcn [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
+               "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
+               "                   [--classes N] [--no-reorder] [--no-inplace] [--svg FILE] [--json]\n";
+  std::exit(2);
+}
+
+int main(int argc, char** argv) try {
+  zoo::Config c;
+  CompileOptions o;
+  std::string svg_path;
+  bool json = false, have_model = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage(k + " needs a value");
+      return argv[++i];
+    };
+    auto num = [&]() {
+      std::string v = val();
+      try {
+        int n = std::stoi(v);
+        if (n <= 0) throw std::invalid_argument("");
+        return n;
+      } catch (...) {
+        usage(k + " takes a positive whole number, got '" + v + "'");
+      }
+    };
+    if (k == "--model") c.family = val(), have_model = true;
+    else if (k == "--batch") c.batch = num();
+    else if (k == "--layers") c.layers = num();
+    else if (k == "--width") c.width = num();
+    else if (k == "--seq") c.seq = num();
+    else if (k == "--heads") c.heads = num();
+    else if (k == "--vocab") c.vocab = num();
+    else if (k == "--features") c.features = num();
+    else if (k == "--classes") c.classes = num();
+    else if (k == "--optimizer") c.optimizer = val();
+    else if (k == "--dtype") {
+      std::string d = val();
+      if (d == "f32") c.dtype = DType::f32;
+      else if (d == "f64") c.dtype = DType::f64;
+      else usage("--dtype takes f32 or f64");
+    } else if (k == "--no-reorder") o.plan.reorder = false;
+    else if (k == "--no-inplace") o.plan.inplace = false;
+    else if (k == "--svg") svg_path = val();
+    else if (k == "--json") json = true;
+    else if (k == "--help" || k == "-h") usage("plans a training step without running it");
+    else usage("unknown option " + k);
+  }
+  if (!have_model) usage("--model is required");
+
+  auto w = zoo::make(c);
+  PlannedStep ps = zoo::plan(w, o);
+  if (!svg_path.empty()) {
+    std::ofstream f(svg_path);
+    f << plan::svg(*ps.graph, ps.plan, "frugal-plan: " + c.name());
+    if (!f) fail("cannot write ", svg_path);
+  }
+  if (json) {
+    std::string j = plan::json(*ps.graph, ps.plan, c.family);
+    j.pop_back();  // add the configuration to the object
+    std::cout << j << ",\"config\":{\"batch\":" << c.batch << ",\"layers\":" << c.layers << ",\"width\":" << c.width
+              << ",\"dtype\":\"" << dtype_name(c.dtype) << "\",\"optimizer\":\"" << c.optimizer
+              << "\"},\"input_bytes\":" << ps.input_bytes << "}\n";
+  } else {
+    std::cout << "frugal-plan: " << c.name() << "\n" << plan::summary(*ps.graph, ps.plan);
+    if (!svg_path.empty()) std::cout << "memory timeline written to " << svg_path << "\n";
+  }
+  return 0;
+} catch (const frugal::Error& e) {
+  std::cerr << "frugal-plan: " << e.what() << "\n";
+  return 1;
+}
