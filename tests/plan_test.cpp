@@ -332,3 +332,21 @@ TEST_CASE("every model family plans within 5% of its lower bound and runs exactl
     CHECK(ps.plan.lower_bound_bytes == step.plan().lower_bound_bytes);
   }
 }
+
+TEST_CASE("an audit catches a write beyond the predicted peak", "[plan][executor]") {
+  nn::Linear fc(4, 3);
+  optim::SGD opt(fc.parameters(), {.lr = 0.1});
+  auto fn = [&](Var x, Var y) { return cross_entropy(fc(x), y); };
+  std::vector<InputSpec> specs{input<float>({2, 4}), input<std::int32_t>({2})};
+  CompileOptions o;
+  auto prepared = detail::prepare_training(fn, specs, opt, o);
+  Plan plan = detail::plan_prepared(prepared, o);
+  // A planted executor-side bug: the loss lands past the arena, in the canary.
+  plan.offset_of[std::size_t(prepared.loss)] = plan.arena_bytes;
+  Step step(Step::Parts{prepared.c.graph, plan, make_backend("cpu"), &opt, prepared.c.inputs, prepared.loss, {}, {},
+                        0, prepared.roots});
+  Tensor x({2, 4}), y({2}, DType::i32);
+  auto a = step.audit(x, y);
+  CHECK(a.high_water > a.predicted);
+  CHECK_FALSE(a.canary_intact);
+}

@@ -52,7 +52,7 @@ class Step {
   struct Audit {
     std::size_t high_water = 0;     // one past the highest byte written
     std::size_t predicted = 0;      // the plan's peak_bytes
-    bool canary_intact = false;     // nothing written at or beyond arena_bytes
+    bool canary_intact = false;     // nothing written beyond the predicted peak
   };
   template <class... Ts>
   Audit audit(const Ts&... inputs) {
@@ -64,7 +64,7 @@ class Step {
       execute();
       a.high_water = std::max(a.high_water, executor_->touched_up_to(pattern));
     }
-    a.canary_intact = a.high_water <= p_.plan.arena_bytes;
+    a.canary_intact = a.high_water <= p_.plan.peak_bytes;
     return a;
   }
 
