@@ -160,8 +160,9 @@ int main(int argc, char** argv) try {
   std::array<std::size_t, 3> overhead{};
   for (int t : {1, 2}) {
     Measured m = run_child(argv[0], {{}, t}, 0, 0, 0, 0, 0, true);
-    overhead[std::size_t(t)] = m.peak_rss - m.persistent - m.arena_predicted - m.inputs -
-                               blas[{t, DType::f32}].at(m.gemm_edge);
+    std::size_t accounted = m.persistent + m.arena_predicted + m.inputs + blas[{t, DType::f32}].at(m.gemm_edge);
+    if (m.peak_rss < accounted) fail("calibration: the minimal model's peak RSS is below what its plan accounts for");
+    overhead[std::size_t(t)] = m.peak_rss - accounted;
     std::printf("calibration, %d thread(s): runtime overhead %s\n", t, format_bytes(overhead[std::size_t(t)]).c_str());
   }
 
