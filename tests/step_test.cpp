@@ -164,7 +164,7 @@ TEST_CASE("a module's gradients match central finite differences in float64", "[
 namespace {
 // loss(w) = sum(w * c) + 0.5 * sum(w * w): gradient c + w, known in closed form.
 template <class Opt>
-Step quadratic_step(Opt& opt, nn::Module&, Tensor& w, Tensor& c) {
+Step quadratic_step(Opt& opt, Tensor& w, Tensor& c) {
   return compile(
       [&](Var cv) {
         Var wv = persistent_var(w, ValueKind::parameter, "w");
@@ -181,8 +181,7 @@ TEST_CASE("SGD follows torch.optim.SGD's rule (momentum, dampening, decay, Neste
     Tensor w = Tensor::from(std::vector<double>{0.5, -1.5, 2.0}, Shape{3});
     Tensor c = Tensor::from(std::vector<double>{1.0, -0.25, 0.75}, Shape{3});
     optim::SGD opt({w}, o);
-    nn::Module none;
-    Step step = quadratic_step(opt, none, w, c);
+    Step step = quadratic_step(opt, w, c);
     std::vector<double> rw{0.5, -1.5, 2.0}, buf(3);
     for (int t = 1; t <= 6; ++t) {
       step.run(c);
@@ -203,8 +202,7 @@ TEST_CASE("AdamW follows torch.optim.AdamW's rule with decoupled weight decay", 
   Tensor w = Tensor::from(std::vector<double>{0.5, -1.5, 2.0, 0.1}, Shape{4});
   Tensor c = Tensor::from(std::vector<double>{1.0, -0.25, 0.75, -2.0}, Shape{4});
   optim::AdamW opt({w}, o);
-  nn::Module none;
-  Step step = quadratic_step(opt, none, w, c);
+  Step step = quadratic_step(opt, w, c);
   std::vector<double> rw{0.5, -1.5, 2.0, 0.1}, m(4), v(4);
   for (int t = 1; t <= 8; ++t) {
     if (t == 5) opt.set_lr(0.01);  // a schedule changes hyperparameters between steps

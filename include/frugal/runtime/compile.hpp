@@ -85,14 +85,9 @@ inline void check_budget(const Graph& g, const Plan& plan, const Budget& b) {
   if (b.device == 0 || plan.total_bytes() <= b.device) return;
   // Name the largest consumers, so the user knows what to shrink.
   std::vector<std::pair<std::size_t, std::string>> big;
-  for (const Value& v : g.values())
-    if (!plan::in_arena(v))
-      big.push_back({v.meta.nbytes(), cat(value_kind_name(v.kind), " '", v.name, "' ", v.meta.str())});
-  for (auto& iv : plan.intervals) {
-    const Value& v = g.value(iv.value);
-    std::string who = v.producer >= 0 ? cat("output of ", g.node(v.producer).op->name()) : cat("input '", v.name, "'");
-    big.push_back({iv.bytes, cat(who, " ", v.meta.str())});
-  }
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
+    if (!plan::in_arena(g.value(v))) big.push_back({g.value(v).meta.nbytes(), plan::describe_value(g, v)});
+  for (auto& iv : plan.intervals) big.push_back({iv.bytes, plan::describe_value(g, iv.value)});
   std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first > y.first; });
   std::string list;
   for (std::size_t i = 0; i < std::min<std::size_t>(5, big.size()); ++i)
