@@ -27,6 +27,9 @@ struct TensorRef {
 struct KernelArgs {
   std::span<const TensorRef> in;
   std::span<const TensorRef> out;
+  // Steps run before this one. Random ops key their counter-based streams
+  // by it, so a recomputation inside a step replays the same numbers.
+  std::uint64_t step = 0;
 };
 
 using Kernel = std::function<void(const Op&, const KernelArgs&)>;

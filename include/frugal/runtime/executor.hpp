@@ -38,8 +38,8 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  void run() {
-    for (const Bound& b : bound_) (*b.kernel)(*b.op, KernelArgs{b.in, b.out});
+  void run(std::uint64_t step = 0) {
+    for (const Bound& b : bound_) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step});
     backend_.synchronize();
   }
 

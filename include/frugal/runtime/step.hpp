@@ -85,7 +85,7 @@ class Step {
   float execute() {
     if (p_.threads > 0) p_.backend->set_threads(p_.threads);
     if (p_.optimizer) p_.optimizer->begin_step();
-    executor_->run();
+    executor_->run(std::uint64_t(steps_));
     ++steps_;
     for (std::size_t i = 0; i < outputs_.size(); ++i)
       p_.backend->copy_to_host(outputs_[i].raw(), executor_->address(p_.outputs[i]), outputs_[i].nbytes());
@@ -130,6 +130,12 @@ class Step {
   const Graph& graph() const { return *p_.graph; }
   std::size_t arena_bytes() const { return p_.plan.arena_bytes; }
   std::int64_t steps_run() const { return steps_; }
+  // Sets the step counter, as a resumed run does: random ops (dropout) key
+  // their streams by it, so step n draws the same numbers either way.
+  void set_steps_run(std::int64_t n) {
+    if (n < 0) fail("step.set_steps_run: the step counter cannot be negative (got ", n, ")");
+    steps_ = n;
+  }
 
  private:
   Parts p_;
