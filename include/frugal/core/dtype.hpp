@@ -7,7 +7,8 @@
 
 namespace frugal {
 
-enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64 };
+// u8 is raw bytes: kernels' planned scratch space (Op::workspace_bytes).
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i32, i64, u8 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -17,6 +18,7 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::f16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -29,6 +31,7 @@ constexpr const char* dtype_name(DType t) {
     case DType::f16: return "f16";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -44,6 +47,7 @@ constexpr DType dtype_of() {
   else if constexpr (std::is_same_v<T, Half>) return DType::f16;
   else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
   else if constexpr (std::is_same_v<T, std::int64_t>) return DType::i64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return DType::u8;
   else static_assert(sizeof(T) == 0, "frugal has no dtype for this C++ type");
 }
 

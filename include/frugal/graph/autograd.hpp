@@ -50,7 +50,7 @@ inline std::vector<std::optional<Var>> gradients(Var loss, std::span<const Var> 
     Node node = g.node(n);
     std::vector<std::optional<Var>> gout;
     bool any_grad = false;
-    for (ValueId o : node.outputs) {
+    for (ValueId o : node.results()) {
       gout.push_back(o < ValueId(grad.size()) ? grad[std::size_t(o)] : std::nullopt);
       any_grad = any_grad || gout.back().has_value();
     }
@@ -60,7 +60,7 @@ inline std::vector<std::optional<Var>> gradients(Var loss, std::span<const Var> 
 
     std::vector<Var> ins, outs;
     for (ValueId i : node.inputs) ins.push_back({&g, i});
-    for (ValueId o : node.outputs) outs.push_back({&g, o});
+    for (ValueId o : node.results()) outs.push_back({&g, o});
     auto gin = node.op->backward({ins, outs, gout});
     if (gin.size() != ins.size())
       fail("op ", node.op->name(), ": backward returned ", gin.size(), " gradients for ", ins.size(), " inputs");

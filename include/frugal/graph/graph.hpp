@@ -28,6 +28,11 @@ struct Node {
   std::vector<ValueId> outputs;
   std::vector<NodeId> after;  // ordering edges beyond data flow (readers before an in-place writer)
   Phase phase = Phase::forward;
+  bool has_workspace = false;  // the last output is the op's scratch space
+  // The outputs the op computes, without its scratch space.
+  std::span<const ValueId> results() const {
+    return {outputs.data(), outputs.size() - (has_workspace ? 1 : 0)};
+  }
 };
 
 // The captured training step: a static DAG of nodes over values. Nodes are
@@ -67,13 +72,21 @@ class Graph {
     for (auto& m : out_meta) {
       node.outputs.push_back(add_value({.meta = m, .kind = ValueKind::activation, .producer = nid}));
     }
+    if (std::size_t ws = node.op->workspace_bytes(in, out_meta); ws > 0) {
+      node.outputs.push_back(add_value({.meta = {DType::u8, Shape{std::int64_t(ws)}},
+                                        .kind = ValueKind::activation,
+                                        .producer = nid,
+                                        .is_workspace = true}));
+      node.has_workspace = true;
+    }
     for (int mi : node.op->mutated_inputs()) {
       ValueId target = node.inputs[std::size_t(mi)];
       for (NodeId reader : consumers(target))
         if (reader != nid) node.after.push_back(reader);
     }
     nodes_.push_back(std::move(node));
-    return nodes_.back().outputs;
+    auto r = nodes_.back().results();
+    return {r.begin(), r.end()};
   }
 
   // Nodes appended from now on belong to phase p.

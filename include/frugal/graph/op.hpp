@@ -54,6 +54,16 @@ class Op {
   // True when the output is input 0 reinterpreted (reshape): it shares that
   // input's memory instead of copying it.
   virtual bool is_view() const { return false; }
+  // Scratch bytes the kernel needs while it runs (an im2col buffer, a
+  // BLAS-side conversion of bf16 operands). The graph gives the node one
+  // extra, last output of this many u8 that nothing reads, so the planner
+  // places the scratch like any value, live only at this op, and it counts
+  // against the budget. Kernels find it as KernelArgs::workspace.
+  virtual std::size_t workspace_bytes(std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs) const {
+    (void)inputs;
+    (void)outputs;
+    return 0;
+  }
 };
 
 }  // namespace frugal

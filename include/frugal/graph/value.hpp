@@ -41,6 +41,7 @@ struct Value {
   std::string name;       // parameters and inputs carry their names into errors and plans
   Tensor external;        // the persistent storage of a parameter or state value
   bool is_gradient = false;  // set by autograd, for the plan's categories
+  bool is_workspace = false; // an op's scratch output (Op::workspace_bytes)
 };
 
 }  // namespace frugal

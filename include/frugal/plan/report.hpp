@@ -16,6 +16,7 @@ inline std::string category_of(const Graph& g, ValueId v) {
   if (val.kind == ValueKind::parameter) return "parameters";
   if (val.kind == ValueKind::state) return "optimizer state";
   if (val.kind == ValueKind::input) return "inputs";
+  if (val.is_workspace) return "workspace";
   switch (g.node(val.producer).phase) {
     case Phase::forward: return "activations";
     case Phase::backward: return "gradients";

@@ -30,6 +30,9 @@ struct KernelArgs {
   // Steps run before this one. Random ops key their counter-based streams
   // by it, so a recomputation inside a step replays the same numbers.
   std::uint64_t step = 0;
+  // The op's planned scratch space (Op::workspace_bytes), or null.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 using Kernel = std::function<void(const Op&, const KernelArgs&)>;

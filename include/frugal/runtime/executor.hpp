@@ -26,9 +26,14 @@ class Executor {
     }
     for (NodeId n : plan.schedule) {
       const Node& node = graph_->node(n);
-      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}};
+      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
       for (ValueId i : node.inputs) b.in.push_back(ref(i));
-      for (ValueId o : node.outputs) b.out.push_back(ref(o));
+      for (ValueId o : node.results()) b.out.push_back(ref(o));
+      if (node.has_workspace) {
+        ValueId w = node.outputs.back();
+        b.workspace = ref(w).data;
+        b.workspace_bytes = graph_->value(w).meta.nbytes();
+      }
       bound_.push_back(std::move(b));
     }
   }
@@ -39,7 +44,7 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   void run(std::uint64_t step = 0) {
-    for (const Bound& b : bound_) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step});
+    for (const Bound& b : bound_) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
     backend_.synchronize();
   }
 
@@ -72,6 +77,8 @@ class Executor {
     const Op* op;
     const Kernel* kernel;
     std::vector<TensorRef> in, out;
+    void* workspace;
+    std::size_t workspace_bytes;
   };
   TensorRef ref(ValueId v) const {
     const Value& val = graph_->value(v);
