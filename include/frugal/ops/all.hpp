@@ -2,6 +2,7 @@
 // Every op family, and the gradient algebra autograd uses.
 #include "../graph/autograd.hpp"
 #include "binary.hpp"
+#include "cast.hpp"
 #include "fill.hpp"
 #include "loss.hpp"
 #include "matmul.hpp"

@@ -6,6 +6,7 @@
 
 #include "../../runtime/backend.hpp"
 #include "blas.hpp"
+#include "cast.hpp"
 #include "elementwise.hpp"
 #include "loss.hpp"
 #include "matmul.hpp"

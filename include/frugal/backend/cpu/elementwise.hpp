@@ -1,5 +1,6 @@
 #pragma once
 // Unary, binary (broadcasting) and fill kernels over the shared functors.
+// bf16/f16 tensors are read into f32, computed in f32 and rounded on store.
 #include "../../ops/binary.hpp"
 #include "../../ops/fill.hpp"
 #include "kernel_table.hpp"
@@ -10,38 +11,48 @@ namespace frugal::cpu {
 
 template <class F>
 void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = a.in[0].as<T>();
-    T* y = a.out[0].as<T>();
+  dispatch_precision(a.in[0].dtype, F::name, [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
+    const S* x = a.in[0].as<S>();
+    S* y = a.out[0].as<S>();
     const F f = op.functor();
     parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+      for (std::int64_t i = b; i < e; ++i) y[i] = math::convert<S>(f(math::convert<C>(x[i])));
     });
   });
 }
 
 template <class F>
 void unary_grad_kernel(const ops::UnaryGrad<F>& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
-    using T = decltype(tag);
-    const T *x = a.in[0].as<T>(), *y = a.in[1].as<T>(), *dy = a.in[2].as<T>();
-    T* dx = a.out[0].as<T>();
+  dispatch_precision(a.in[0].dtype, F::name, [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
+    const S *x = a.in[0].as<S>(), *y = a.in[1].as<S>(), *dy = a.in[2].as<S>();
+    S* dx = a.out[0].as<S>();
     const F f = op.functor();
     parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) dx[i] = f.grad(x[i], y[i], dy[i]);
+      for (std::int64_t i = b; i < e; ++i)
+        dx[i] = math::convert<S>(f.grad(math::convert<C>(x[i]), math::convert<C>(y[i]), math::convert<C>(dy[i])));
     });
   });
 }
 
+// f(x, z) in the compute type of the storage type S.
+template <class S, class C, class F>
+struct OnStorage {
+  F f;
+  S operator()(S x, S z) const { return math::convert<S>(f(math::convert<C>(x), math::convert<C>(z))); }
+};
+
 template <class F>
 void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, F::name, [&](auto p) {
+    using T = typename decltype(p)::Storage;
     const T *x = a.in[0].as<T>(), *z = a.in[1].as<T>();
     T* y = a.out[0].as<T>();
     const Shape& out = *a.out[0].shape;
-    const F f{};
+    const OnStorage<T, typename decltype(p)::Compute, F> f{};
     if (*a.in[0].shape == out && *a.in[1].shape == out) {
       parallel_for(out.numel(), 1, [&](std::int64_t b, std::int64_t e) {
         for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i], z[i]);
@@ -75,10 +86,10 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
 }
 
 inline void fill_kernel(const ops::FillLike& op, const KernelArgs& a) {
-  dispatch_float(a.out[0].dtype, "fill_like", [&](auto tag) {
+  dispatch_storage(a.out[0].dtype, "fill_like", [&](auto tag) {
     using T = decltype(tag);
     T* y = a.out[0].as<T>();
-    const T v = T(op.value());
+    const T v = math::convert<T>(op.value());
     parallel_for(a.out[0].numel(), 1, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, v); });
   });
 }
