@@ -5,6 +5,7 @@
 #include "cast.hpp"
 #include "fill.hpp"
 #include "loss.hpp"
+#include "loss_scaling.hpp"
 #include "matmul.hpp"
 #include "optimizer_updates.hpp"
 #include "reduce.hpp"

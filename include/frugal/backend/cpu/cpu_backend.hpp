@@ -9,6 +9,7 @@
 #include "cast.hpp"
 #include "elementwise.hpp"
 #include "loss.hpp"
+#include "loss_scaling.hpp"
 #include "matmul.hpp"
 #include "optimizer.hpp"
 #include "reduce.hpp"
