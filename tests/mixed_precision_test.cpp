@@ -228,6 +228,48 @@ TEST_CASE("f64 rounds to bf16/f16 once, not twice through f32", "[mixed][cast]")
   CHECK(std::isnan(float(math::convert<Half>(std::nan("")))));
 }
 
+TEST_CASE("the CPU backend's vectorised bulk conversions equal the scalar ones bit for bit", "[mixed][cast]") {
+  // Every 16-bit pattern, widened.
+  std::vector<BFloat16> b(65536);
+  std::vector<Half> h(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) b[i].bits = h[i].bits = std::uint16_t(i);
+  std::vector<float> fb(65536), fh(65536);
+  cpu::convert_into(b.data(), fb.data(), 65536);
+  cpu::convert_into(h.data(), fh.data(), 65536);
+  std::size_t bad = 0;
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    float wb = float(b[i]), wh = float(h[i]);
+    bad += std::memcmp(&fb[i], &wb, 4) != 0;
+    bad += std::memcmp(&fh[i], &wh, 4) != 0;
+  }
+  CHECK(bad == 0);
+  // Narrowing: every sign/exponent/top-mantissa combination (the high 16
+  // bits) with low bits at and around both formats' rounding points (bit 15
+  // for bf16; bits 12-13 for f16 normals, higher for its subnormals), plus
+  // random patterns; one element more than whole blocks, so the tail takes
+  // the scalar path too.
+  const std::uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x2001, 0x3000,
+                                0x7fff, 0x8000, 0x8001, 0xa000, 0xc000, 0xefff, 0xf000, 0xffff};
+  std::vector<float> f;
+  for (std::uint32_t hi = 0; hi < 65536; ++hi)
+    for (std::uint32_t lo : lows) f.push_back(std::bit_cast<float>((hi << 16) | lo));
+  Rng r(3);
+  for (int i = 0; i < (1 << 20) + 1; ++i) f.push_back(std::bit_cast<float>(std::uint32_t(r.uniform() * 4294967296.0)));
+  std::vector<BFloat16> nb(f.size());
+  std::vector<Half> nh(f.size());
+  cpu::convert_into(f.data(), nb.data(), std::int64_t(f.size()));
+  cpu::convert_into(f.data(), nh.data(), std::int64_t(f.size()));
+  bad = 0;
+  std::size_t first = 0;
+  for (std::size_t i = 0; i < f.size(); ++i)
+    if (nb[i].bits != BFloat16(f[i]).bits || nh[i].bits != Half(f[i]).bits) {
+      if (!bad) first = i;
+      ++bad;
+    }
+  INFO(bad << " of " << f.size() << " differ; first: f32 bits " << std::hex << std::bit_cast<std::uint32_t>(f[first]));
+  CHECK(bad == 0);
+}
+
 TEST_CASE("the cast op converts between f32, f64, bf16 and f16 in both directions", "[mixed][cast]") {
   const DType all[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
   auto format_of = [](DType t) {
@@ -903,4 +945,45 @@ TEST_CASE("loss scaling rejects what it cannot guard, and bad options", "[mixed]
   CHECK_THROWS_WITH(optim::LossScaler({.growth_factor = 1.0}), Contains("growth_factor"));
   CHECK_THROWS_WITH(optim::LossScaler({.init_scale = 0}), Contains("init_scale"));
   CHECK_THROWS_WITH(optim::LossScaler({.growth_interval = 0}), Contains("growth_interval"));
+}
+
+// ---- batched matmul: the batch split ----------------------------------------------
+
+TEST_CASE("batched matmul splits small items over threads and keeps large uneven batches whole",
+          "[mixed][matmul][threads]") {
+  CHECK(cpu::split_batch(32, 128, 128, 64, 2));   // attention scores: 2 MFLOP items
+  CHECK(cpu::split_batch(3, 128, 128, 64, 2));    // small items: split even when uneven
+  CHECK(cpu::split_batch(4, 512, 512, 512, 2));   // large, but the threads share evenly
+  CHECK(!cpu::split_batch(3, 512, 512, 512, 2));  // large and uneven: one multi-threaded GEMM each
+  CHECK(cpu::split_batch(9, 512, 512, 512, 2));   // uneven by one item in ten: split
+  CHECK(!cpu::split_batch(32, 128, 128, 64, 1));  // one thread: nothing to split
+  CHECK(!cpu::split_batch(1, 128, 128, 64, 2));
+}
+
+TEST_CASE("the batch split gives the bits of one thread, and the f64 reference's values", "[mixed][matmul][threads]") {
+  // Split or not, each item is one single-threaded GEMM call on the same
+  // data: 2 threads (split) and 1 thread (serial) must agree bitwise.
+  const int omp_before = omp_get_max_threads(), blas_before = openblas_get_num_threads();
+  Shape as{6, 24, 40}, bs{6, 40, 16};
+  std::vector<double> av = draw(1, as.numel(), 0.1, 1, ref::kF32), bv = draw(2, bs.numel(), 0.1, 1, ref::kF32);
+  Tensor a = tensor_of(av, as, DType::f32), b = tensor_of(bv, bs, DType::f32);
+  REQUIRE(cpu::split_batch(6, 24, 16, 40, 2));
+  auto product = [&](int threads) {
+    Step step = compile_inference(
+        [&] {
+          return matmul(persistent_var(a, ValueKind::parameter, "a"), persistent_var(b, ValueKind::parameter, "b"));
+        },
+        {}, {}, {.threads = threads});
+    step.run();
+    return step.output(0).clone();
+  };
+  Tensor two = product(2), one = product(1);
+  CHECK(bytes_of(two) == bytes_of(one));
+  // f32 accumulation of 40 terms of size < 1: within 40 * 2^-23 of sum|ab|.
+  ref::Array want = ref::matmul({as.dims(), av}, {bs.dims(), bv}), terms = ref::matmul(ref::abs({as.dims(), av}), ref::abs({bs.dims(), bv}));
+  std::vector<double> bound(want.v.size());
+  for (std::size_t i = 0; i < bound.size(); ++i) bound[i] = 40 * 0x1p-23 * terms.v[i];
+  expect_within("split batched matmul vs f64", values(two), want.v, bound);
+  omp_set_num_threads(omp_before);  // the steps set the process's thread counts
+  cpu::set_blas_threads(blas_before);
 }

@@ -4,6 +4,7 @@
 // rounded once on store.
 #include "../../ops/matmul.hpp"
 #include "blas.hpp"
+#include "convert.hpp"
 #include "kernel_table.hpp"
 #include "parallel.hpp"
 
@@ -12,16 +13,25 @@ namespace frugal::cpu {
 // A batch of independent GEMMs runs one of two ways: one multi-threaded GEMM
 // after another, or parallel_for over the batch items with each GEMM on one
 // thread (OpenBLAS called inside an OpenMP region runs single-threaded).
-// Small GEMMs barely speed up from OpenBLAS's own threading, so the batch
-// split wins for them; large ones scale well either way, and the batch split
-// then only loses when the items do not divide evenly among the threads.
-// bench/matmul_kernels.cpp measures the crossover (bench/RESULTS.md).
+// Measured with bench/matmul_kernels.cpp on this 2-core machine
+// (bench/matmul_kernels.md): for attention-sized items (B*H = 32 of
+// [128,64]x[64,128], 2 MFLOP each) the split runs 2-3x faster on an idle
+// machine and 10x+ when other processes compete for the cores (OpenBLAS's
+// threads wait on each other when one is descheduled; split items do not).
+// For large items the split is never worse when the threads share the batch
+// evenly; with an uneven share (3 items, 2 threads: one thread runs two) it
+// wins up to ~64 MFLOP per item (the crossover of the batch-3 sweep lies
+// between 33 and 113 MFLOP) and loses up to 1 - 3/4 beyond, where one
+// multi-threaded GEMM reaches ~90% parallel efficiency.
 inline constexpr double kBatchSplitMaxFlops = 64.0 * 1024 * 1024;  // per item, 2*m*n*k
 
 inline bool split_batch(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, int threads) {
   if (threads <= 1 || batch < 2) return false;
   double flops = 2.0 * double(m) * double(n) * double(k);
-  return flops <= kBatchSplitMaxFlops || batch % threads == 0;
+  // The share of the threads' time the split keeps busy.
+  std::int64_t rounds = (batch + threads - 1) / threads;
+  double balance = double(batch) / double(rounds * threads);
+  return flops <= kBatchSplitMaxFlops || balance >= 0.9;
 }
 
 // C = op(A)·op(B) for every batch item, all row-major in T. Which thread runs
@@ -61,13 +71,6 @@ void linear_typed(std::int64_t rows, std::int64_t in, std::int64_t out, const T*
     return;
   }
   gemm(false, true, rows, out, in, T(1), x, in, w, in, y_holds_bias ? T(1) : T(0), y, out);
-}
-
-template <class From, class To>
-void convert_into(const From* __restrict x, To* __restrict y, std::int64_t n) {
-  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) y[i] = math::convert<To>(x[i]);
-  });
 }
 
 // The f32 images of a bf16/f16 product inside its workspace.
