@@ -987,3 +987,24 @@ TEST_CASE("the batch split gives the bits of one thread, and the f64 reference's
   omp_set_num_threads(omp_before);  // the steps set the process's thread counts
   cpu::set_blas_threads(blas_before);
 }
+
+TEST_CASE("bf16 and loss-scaled f16 training steps write exactly the memory their plans predict",
+          "[mixed][plan]") {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    nn::manual_seed(4);
+    MixedMlp model(16, 32, 4, dt);
+    optim::AdamW opt(model.parameters(), {.lr = 1e-3});
+    optim::LossScaler scaler;
+    CompileOptions o;
+    if (dt == DType::f16) o.loss_scaler = &scaler;
+    Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
+                        {input<float>({64, 16}), input<std::int32_t>({64})}, opt, {}, o);
+    Tensor x({64, 16}), y({64}, DType::i32);
+    make_batch(x, y, 1);
+    auto a = step.audit(x, y);
+    INFO(dtype_name(dt) << ": high water " << a.high_water << ", predicted " << a.predicted);
+    CHECK(a.canary_intact);
+    CHECK(a.high_water == a.predicted);
+    CHECK(step.verify().ok());
+  }
+}
