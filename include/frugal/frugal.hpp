@@ -19,5 +19,6 @@
 #include "nn/linear.hpp"
 #include "nn/sequential.hpp"
 #include "optim/adamw.hpp"
+#include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
 #include "data/idx.hpp"

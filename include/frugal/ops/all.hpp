@@ -2,8 +2,10 @@
 // Every op family, and the gradient algebra autograd uses.
 #include "../graph/autograd.hpp"
 #include "binary.hpp"
+#include "cast.hpp"
 #include "fill.hpp"
 #include "loss.hpp"
+#include "loss_scaling.hpp"
 #include "matmul.hpp"
 #include "optimizer_updates.hpp"
 #include "reduce.hpp"

@@ -11,7 +11,7 @@ class Binary final : public Op {
   std::string name() const override { return F::name; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
-    expect_floating(name(), in[0]);
+    expect_float_storage(name(), in[0]);
     expect_same_dtype(name(), in[0], in[1]);
     auto out = broadcast_shapes(in[0].shape, in[1].shape);
     if (!out)

@@ -1,9 +1,27 @@
 #pragma once
 // Batched matrix products. The transposes ride along as flags, so a
 // backward never materialises a transposed copy.
+//
+// bf16/f16 operands: the kernel converts them to f32 into the op's planned
+// workspace, multiplies in f32 (f32 accumulation) and rounds the product on
+// store; the output has the inputs' dtype. (OpenBLAS's sbgemm would skip the
+// conversion, but Debian's 0.3.21 build does not export it.)
 #include "binary.hpp"
 
 namespace frugal::ops {
+
+// Where a bf16/f16 product keeps the f32 images of its operands and its
+// result inside the workspace: [A | B | C], each at an aligned offset.
+struct F32Images {
+  std::size_t a = 0, b = 0, c = 0, bytes = 0;
+};
+inline F32Images f32_images(std::int64_t a_elems, std::int64_t b_elems, std::int64_t c_elems) {
+  F32Images w;
+  w.b = align_up(std::size_t(a_elems) * 4);
+  w.c = w.b + align_up(std::size_t(b_elems) * 4);
+  w.bytes = w.c + std::size_t(c_elems) * 4;
+  return w;
+}
 
 // C = op(A) · op(B), op(X) = X or Xᵀ over the last two axes. Leading (batch)
 // axes must be equal, or one side must be a plain matrix shared by all.
@@ -34,7 +52,7 @@ class MatMul final : public Op {
   }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
-    expect_floating(name(), in[0]);
+    expect_float_storage(name(), in[0]);
     expect_same_dtype(name(), in[0], in[1]);
     const Shape &a = in[0].shape, &b = in[1].shape;
     Dims d = dims(a, b);
@@ -49,6 +67,10 @@ class MatMul final : public Op {
     Dims d = dims(in[0].shape, in[1].shape);
     return {2.0 * double(d.batch * d.m * d.n * d.k), double(in[0].nbytes() + in[1].nbytes() + out[0].nbytes())};
   }
+  std::size_t workspace_bytes(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    if (!is_half(in[0].dtype)) return 0;
+    return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
+  }
 
  private:
   bool ta_, tb_;
@@ -62,7 +84,7 @@ class Linear final : public Op {
   std::string name() const override { return "linear"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, has_bias_ ? 3 : 2);
-    expect_floating(name(), in[0]);
+    expect_float_storage(name(), in[0]);
     const Shape &x = in[0].shape, &w = in[1].shape;
     expect_same_dtype(name(), in[0], in[1]);
     if (x.rank() < 1 || w.rank() != 2 || x.dim(-1) != w[1])
@@ -83,6 +105,11 @@ class Linear final : public Op {
     double rows = double(in[0].shape.numel() / in[0].shape.dim(-1));
     return {2.0 * rows * double(in[1].shape.numel()), double(in[0].nbytes() + in[1].nbytes() + out[0].nbytes())};
   }
+  // x, w and y in f32; the bias is added into y's image.
+  std::size_t workspace_bytes(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    if (!is_half(in[0].dtype)) return 0;
+    return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
+  }
 
  private:
   bool has_bias_;
@@ -96,7 +123,14 @@ inline Var matmul(Var a, Var b, bool trans_a = false, bool trans_b = false) {
   return apply1<ops::MatMul>({a, b}, trans_a, trans_b);
 }
 
+// y = x · wᵀ + b. Mixed precision: when x is bf16/f16 and w (and b) f32 --
+// f32 master weights -- w and b are cast to x's dtype first, so the
+// gradients that reach them are f32 again (the cast's backward).
 inline Var linear(Var x, Var w, std::optional<Var> b = std::nullopt) {
+  if (is_half(x.dtype()) && w.dtype() == DType::f32) {
+    w = cast(w, x.dtype());
+    if (b && b->dtype() == DType::f32) b = cast(*b, x.dtype());
+  }
   if (b) return apply1<ops::Linear>({x, w, *b}, true);
   return apply1<ops::Linear>({x, w}, false);
 }

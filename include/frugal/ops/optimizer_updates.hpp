@@ -2,11 +2,19 @@
 // Optimizer updates as graph ops: each writes its parameter and state in
 // place. Hyperparameters are read when the op runs, so a learning-rate
 // schedule changes them between steps without recompiling.
+//
+// Guarded updates (dynamic loss scaling, ops/loss_scaling.hpp) take three
+// more inputs: found_inf (f32 scalar), the loss scale (f32 scalar) and the
+// optimizer's device-side count of steps taken (i64 scalar). They divide the
+// gradient by the scale, write nothing when found_inf is set, and take their
+// step number from the count (steps taken before this one, + 1), not from
+// the host's count of steps run, so a skipped step leaves no trace.
 #include <cmath>
 #include <memory>
 
 #include "checks.hpp"
 #include "elementwise_math.hpp"
+#include "loss_scaling.hpp"
 
 namespace frugal::ops {
 
@@ -55,34 +63,60 @@ inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> 
   }
 }
 
-// Inputs (param, grad, momentum buffer); writes param and buffer.
+// The guard inputs (found_inf, scale, steps_taken) that follow a guarded
+// update's `state` leading inputs.
+inline void expect_guard(const std::string& op, std::span<const TensorMeta> in, std::size_t state) {
+  expect_arity(op, in, state + 3);
+  expect_scalar(op, "found_inf", in[state], DType::f32);
+  expect_scalar(op, "the loss scale", in[state + 1], DType::f32);
+  expect_scalar(op, "the step count", in[state + 2], DType::i64);
+}
+
+// Inputs (param, grad, momentum buffer [, found_inf, scale, steps_taken]);
+// writes param and buffer.
 class SgdUpdate final : public Op {
  public:
-  explicit SgdUpdate(std::shared_ptr<const SgdHyper> h) : h_(std::move(h)) {}
+  explicit SgdUpdate(std::shared_ptr<const SgdHyper> h, bool guarded = false) : h_(std::move(h)), guarded_(guarded) {}
   const SgdHyper& hyper() const { return *h_; }
+  bool guarded() const { return guarded_; }
+  // `step`: this step's number, 1 on the first (the host's count unless guarded).
+  template <class T>
+  SgdMomentumMath<T> math(std::int64_t step) const {
+    return {T(h_->lr), T(h_->momentum), T(h_->dampening), T(h_->weight_decay), h_->nesterov, step <= 1};
+  }
   template <class T>
   SgdMomentumMath<T> math() const {
-    return {T(h_->lr), T(h_->momentum), T(h_->dampening), T(h_->weight_decay), h_->nesterov, h_->step <= 1};
+    return math<T>(h_->step);
   }
-  std::string name() const override { return "sgd_update"; }
+  std::string name() const override { return guarded_ ? "sgd_update_guarded" : "sgd_update"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_arity(name(), in, 3);
-    expect_same_meta(name(), in);
+    if (guarded_) expect_guard(name(), in, 3);
+    else expect_arity(name(), in, 3);
+    expect_same_meta(name(), in.first(3));
     return {};
   }
   std::vector<int> mutated_inputs() const override { return {0, 2}; }
 
  private:
   std::shared_ptr<const SgdHyper> h_;
+  bool guarded_;
 };
 
-// Inputs (param, grad, m, v); writes param, m and v.
+// Inputs (param, grad, m, v [, found_inf, scale, steps_taken]); writes
+// param, m and v.
 class AdamWUpdate final : public Op {
  public:
-  explicit AdamWUpdate(std::shared_ptr<const AdamWHyper> h) : h_(std::move(h)) {}
+  explicit AdamWUpdate(std::shared_ptr<const AdamWHyper> h, bool guarded = false)
+      : h_(std::move(h)), guarded_(guarded) {}
+  bool guarded() const { return guarded_; }
   template <class T>
   AdamWMath<T> math() const {
-    double t = double(std::max<std::int64_t>(h_->step, 1));
+    return math<T>(h_->step);
+  }
+  // `step`: this step's number, 1 on the first; the bias corrections use it.
+  template <class T>
+  AdamWMath<T> math(std::int64_t step) const {
+    double t = double(std::max<std::int64_t>(step, 1));
     return {T(h_->lr),
             T(h_->beta1),
             T(h_->beta2),
@@ -91,16 +125,18 @@ class AdamWUpdate final : public Op {
             T(1.0 - std::pow(h_->beta1, t)),
             T(std::sqrt(1.0 - std::pow(h_->beta2, t)))};
   }
-  std::string name() const override { return "adamw_update"; }
+  std::string name() const override { return guarded_ ? "adamw_update_guarded" : "adamw_update"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_arity(name(), in, 4);
-    expect_same_meta(name(), in);
+    if (guarded_) expect_guard(name(), in, 4);
+    else expect_arity(name(), in, 4);
+    expect_same_meta(name(), in.first(4));
     return {};
   }
   std::vector<int> mutated_inputs() const override { return {0, 2, 3}; }
 
  private:
   std::shared_ptr<const AdamWHyper> h_;
+  bool guarded_;
 };
 
 }  // namespace frugal::ops

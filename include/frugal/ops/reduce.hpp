@@ -3,6 +3,7 @@
 // backward, so they share a header.
 #include <algorithm>
 
+#include "cast.hpp"
 #include "shape_ops.hpp"
 
 namespace frugal::ops {
@@ -35,7 +36,7 @@ class Sum final : public Op {
   }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);
-    expect_floating(name(), in[0]);
+    expect_float_storage(name(), in[0]);
     return {{in[0].dtype, reduced_shape(in[0].shape, axes_for(in[0].shape), keepdim_)}};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;

@@ -1,6 +1,6 @@
 #pragma once
 // softmax and log_softmax along one axis, with fused backward kernels.
-#include "checks.hpp"
+#include "cast.hpp"
 
 namespace frugal::ops {
 
@@ -11,7 +11,7 @@ class AlongAxis : public Op {
   int axis_for(const Shape& s) const { return s.normalize_axis(axis_); }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     for (auto& m : in) {
-      expect_floating(name(), m);
+      expect_float_storage(name(), m);
       if (m.shape != in[0].shape) fail<ShapeError>(name(), ": inputs ", in[0].str(), " and ", m.str(), " differ");
     }
     if (in[0].shape.rank() == 0) fail<ShapeError>(name(), ": needs at least one dimension, got a scalar");

@@ -2,7 +2,7 @@
 // Elementwise unary ops. One op template over the functors in
 // elementwise_math.hpp; the backward is one fused kernel computing
 // dx = F::grad(x, y, dy).
-#include "checks.hpp"
+#include "cast.hpp"
 #include "elementwise_math.hpp"
 
 namespace frugal::ops {
@@ -18,7 +18,7 @@ class Unary final : public Op {
   std::string name() const override { return F::name; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);
-    expect_floating(name(), in[0]);
+    expect_float_storage(name(), in[0]);
     return {in[0]};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {

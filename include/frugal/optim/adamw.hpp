@@ -1,6 +1,10 @@
 #pragma once
-// AdamW (decoupled weight decay), as torch.optim.AdamW.
+// AdamW (decoupled weight decay), as torch.optim.AdamW. Under dynamic loss
+// scaling (optim/loss_scaler.hpp) its updates are guarded: a skipped step
+// changes no parameter, no moment and not the count of steps taken that the
+// bias corrections use.
 #include "../ops/optimizer_updates.hpp"
+#include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
 
 namespace frugal::optim {
@@ -13,7 +17,7 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
-class AdamW final : public Optimizer {
+class AdamW final : public Optimizer, public SkippableOptimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o)
       : params_(std::move(params)), h_(std::make_shared<ops::AdamWHyper>()) {
@@ -26,27 +30,47 @@ class AdamW final : public Optimizer {
   }
   const std::vector<Tensor>& params() const override { return params_; }
   void append_update(Var p, Var g, std::size_t i) override {
-    if (!m_[i].defined()) {
-      m_[i] = Tensor(params_[i].shape(), params_[i].dtype());
-      v_[i] = Tensor(params_[i].shape(), params_[i].dtype());
-    }
-    const std::string name = p.graph->value(p.id).name;  // a copy: the graph grows below
-    Var m = persistent_var(m_[i], ValueKind::state, name + ".exp_avg");
-    Var v = persistent_var(v_[i], ValueKind::state, name + ".exp_avg_sq");
+    auto [m, v] = moments(p, i);
     frugal::apply(std::make_shared<ops::AdamWUpdate>(h_), {p, g, m, v});
+  }
+  void append_guarded_update(Var p, Var g, std::size_t i, const ops::UpdateGuard& guard) override {
+    auto [m, v] = moments(p, i);
+    frugal::apply(std::make_shared<ops::AdamWUpdate>(h_, true), {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
+  }
+  void append_guarded_step_end(const ops::UpdateGuard& guard) override {
+    frugal::apply(std::make_shared<ops::AdvanceStepCount>(), {taken_var(), guard.found_inf});
   }
   void begin_step() override { ++h_->step; }
 
   void set_lr(double lr) { h_->lr = lr; }
   double lr() const { return h_->lr; }
+  // Steps run (the host's count, advanced before each step).
   std::int64_t steps() const { return h_->step; }
+  // Steps whose update was applied: steps() unless loss scaling skipped some.
+  std::int64_t steps_taken() const { return taken_.defined() ? taken_.data<std::int64_t>()[0] : h_->step; }
   const Tensor& exp_avg(std::size_t i) const { return m_.at(i); }
   const Tensor& exp_avg_sq(std::size_t i) const { return v_.at(i); }
 
  private:
+  std::pair<Var, Var> moments(Var p, std::size_t i) {
+    if (!m_[i].defined()) {
+      m_[i] = Tensor(params_[i].shape(), params_[i].dtype());
+      v_[i] = Tensor(params_[i].shape(), params_[i].dtype());
+    }
+    const std::string name = p.graph->value(p.id).name;  // a copy: the graph grows below
+    return {persistent_var(m_[i], ValueKind::state, name + ".exp_avg"),
+            persistent_var(v_[i], ValueKind::state, name + ".exp_avg_sq")};
+  }
+  // The device-side count of steps taken, for guarded updates.
+  Var taken_var() {
+    if (!taken_.defined()) taken_ = Tensor(Shape{}, DType::i64);
+    return persistent_var(taken_, ValueKind::state, "adamw.steps_taken");
+  }
+
   std::vector<Tensor> params_;
   std::shared_ptr<ops::AdamWHyper> h_;
   std::vector<Tensor> m_, v_;
+  Tensor taken_;
 };
 
 }  // namespace frugal::optim

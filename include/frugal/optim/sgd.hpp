@@ -1,6 +1,9 @@
 #pragma once
 // SGD with momentum, weight decay, dampening and Nesterov, as torch.optim.SGD.
+// Under dynamic loss scaling its updates are guarded: a skipped step changes
+// no parameter or buffer, and the first step taken seeds the momentum.
 #include "../ops/optimizer_updates.hpp"
+#include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
 
 namespace frugal::optim {
@@ -13,7 +16,7 @@ struct SGDOptions {
   bool nesterov = false;
 };
 
-class SGD final : public Optimizer {
+class SGD final : public Optimizer, public SkippableOptimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions o) : params_(std::move(params)), h_(std::make_shared<ops::SgdHyper>()) {
     if (o.lr < 0) fail("optim::SGD: learning rate ", o.lr, " is negative");
@@ -24,24 +27,42 @@ class SGD final : public Optimizer {
   }
   const std::vector<Tensor>& params() const override { return params_; }
   void append_update(Var p, Var g, std::size_t i) override {
-    // Without momentum the buffer is never read back; it still gives the
-    // kernel one shape of call.
-    if (!momentum_[i].defined()) momentum_[i] = Tensor(params_[i].shape(), params_[i].dtype());
-    Var buf = persistent_var(momentum_[i], ValueKind::state, p.graph->value(p.id).name + ".momentum");
-    frugal::apply(std::make_shared<ops::SgdUpdate>(h_), {p, g, buf});
+    frugal::apply(std::make_shared<ops::SgdUpdate>(h_), {p, g, buffer(p, i)});
+  }
+  void append_guarded_update(Var p, Var g, std::size_t i, const ops::UpdateGuard& guard) override {
+    Var buf = buffer(p, i);
+    if (!taken_.defined()) taken_ = Tensor(Shape{}, DType::i64);
+    Var taken = persistent_var(taken_, ValueKind::state, "sgd.steps_taken");
+    frugal::apply(std::make_shared<ops::SgdUpdate>(h_, true), {p, g, buf, guard.found_inf, guard.scale, taken});
+  }
+  void append_guarded_step_end(const ops::UpdateGuard& guard) override {
+    if (!taken_.defined()) taken_ = Tensor(Shape{}, DType::i64);
+    frugal::apply(std::make_shared<ops::AdvanceStepCount>(),
+                  {persistent_var(taken_, ValueKind::state, "sgd.steps_taken"), guard.found_inf});
   }
   void begin_step() override { ++h_->step; }
 
   void set_lr(double lr) { h_->lr = lr; }
   double lr() const { return h_->lr; }
+  // Steps run (the host's count, advanced before each step).
   std::int64_t steps() const { return h_->step; }
+  // Steps whose update was applied: steps() unless loss scaling skipped some.
+  std::int64_t steps_taken() const { return taken_.defined() ? taken_.data<std::int64_t>()[0] : h_->step; }
   // Momentum buffers, by parameter index (undefined until compiled).
   const Tensor& momentum_buffer(std::size_t i) const { return momentum_.at(i); }
 
  private:
+  // Without momentum the buffer is never read back; it still gives the
+  // kernel one shape of call.
+  Var buffer(Var p, std::size_t i) {
+    if (!momentum_[i].defined()) momentum_[i] = Tensor(params_[i].shape(), params_[i].dtype());
+    return persistent_var(momentum_[i], ValueKind::state, p.graph->value(p.id).name + ".momentum");
+  }
+
   std::vector<Tensor> params_;
   std::shared_ptr<ops::SgdHyper> h_;
   std::vector<Tensor> momentum_;
+  Tensor taken_;
 };
 
 }  // namespace frugal::optim

@@ -5,6 +5,7 @@
 
 #include "../graph/capture.hpp"
 #include "../ops/all.hpp"
+#include "loss_scaling.hpp"
 #include "step.hpp"
 
 namespace frugal {
@@ -26,6 +27,9 @@ struct CompileOptions {
   bool keep_grads = false;  // keep parameter gradients readable with step.grad(p)
   PlanOptions plan;         // planner switches (reordering, in-place)
   bool verify = true;       // run the independent plan verifier on every plan
+  // Dynamic loss scaling for f16 training (optim::LossScaler, which the
+  // caller keeps alive while the step lives); training steps only.
+  LossScalerBase* loss_scaler = nullptr;
 };
 
 namespace detail {
@@ -150,18 +154,39 @@ Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer
         index.push_back(i);
       }
   }
-  auto grads = grad(loss, wrt);
+  // Under loss scaling, gradients are taken of loss * scale and every
+  // update is guarded by one overflow check over all of them.
+  SkippableOptimizer* skippable = nullptr;
+  if (o.loss_scaler) {
+    skippable = dynamic_cast<SkippableOptimizer*>(&opt);
+    if (!skippable)
+      fail("compile: CompileOptions::loss_scaler needs an optimizer whose updates can be skipped "
+           "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
+  }
+  auto grads = grad(o.loss_scaler ? o.loss_scaler->scale_loss(loss) : loss, wrt);
   Prepared p{std::move(c), {loss.id}, &opt, loss.id, {}, {}};
+  std::vector<Var> present;
   for (std::size_t k = 0; k < wrt.size(); ++k) {
     if (!grads[k]) continue;  // the loss does not depend on it
+    present.push_back(*grads[k]);
     if (o.keep_grads) {
       p.roots.push_back(grads[k]->id);
       p.grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
     }
-    Phase previous = g.set_phase(Phase::optimizer);
-    opt.append_update(wrt[k], *grads[k], index[k]);
-    g.set_phase(previous);
   }
+  Phase previous = g.set_phase(Phase::optimizer);
+  std::optional<ops::UpdateGuard> guard;
+  if (o.loss_scaler && !present.empty()) guard = o.loss_scaler->check_gradients(present);
+  for (std::size_t k = 0; k < wrt.size(); ++k) {
+    if (!grads[k]) continue;
+    if (guard) skippable->append_guarded_update(wrt[k], *grads[k], index[k], *guard);
+    else opt.append_update(wrt[k], *grads[k], index[k]);
+  }
+  if (guard) {
+    skippable->append_guarded_step_end(*guard);
+    o.loss_scaler->append_scale_update(*guard);  // last: after every reader of the scale
+  }
+  g.set_phase(previous);
   return p;
 }
 
@@ -197,6 +222,7 @@ PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt,
 template <class Fn>
 Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor> wrt, Budget budget = {},
                        CompileOptions o = {}) {
+  if (o.loss_scaler) fail("compile_gradients: CompileOptions::loss_scaler applies to training steps (compile)");
   auto c = detail::capture(fn, specs);
   Var loss = detail::single_loss(c);
   Graph& g = *c.graph;
@@ -226,6 +252,7 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
 // are in step.output(i).
 template <class Fn>
 Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
+  if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
   auto c = detail::capture(fn, specs);
   std::vector<ValueId> outs;
   for (auto& v : c.results) outs.push_back(v.id);

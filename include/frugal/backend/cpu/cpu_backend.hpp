@@ -6,8 +6,10 @@
 
 #include "../../runtime/backend.hpp"
 #include "blas.hpp"
+#include "cast.hpp"
 #include "elementwise.hpp"
 #include "loss.hpp"
+#include "loss_scaling.hpp"
 #include "matmul.hpp"
 #include "optimizer.hpp"
 #include "reduce.hpp"

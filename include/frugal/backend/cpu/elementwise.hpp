@@ -1,7 +1,9 @@
 #pragma once
 // Unary, binary (broadcasting) and fill kernels over the shared functors.
+// bf16/f16 tensors are read into f32, computed in f32 and rounded on store.
 #include "../../ops/binary.hpp"
 #include "../../ops/fill.hpp"
+#include "convert.hpp"
 #include "kernel_table.hpp"
 #include "parallel.hpp"
 #include "strided.hpp"
@@ -10,42 +12,94 @@ namespace frugal::cpu {
 
 template <class F>
 void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = a.in[0].as<T>();
-    T* y = a.out[0].as<T>();
+  dispatch_precision(a.in[0].dtype, F::name, [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
+    const S* x = a.in[0].as<S>();
+    S* y = a.out[0].as<S>();
     const F f = op.functor();
-    parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i]);
-    });
+    if constexpr (std::is_same_v<S, C>) {
+      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+      });
+    } else {
+      // 16-bit storage: a block at a time through an f32 buffer, so the
+      // conversions and f vectorise separately. y may be x (in place): each
+      // block is read whole before it is written.
+      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+        C buf[bulk::kBlock];
+        for (std::int64_t i = b; i < e; i += bulk::kBlock) {
+          int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
+          convert_block(x + i, buf, m);
+          for (int j = 0; j < m; ++j) buf[j] = f(buf[j]);
+          convert_block(buf, y + i, m);
+        }
+      });
+    }
   });
 }
 
 template <class F>
 void unary_grad_kernel(const ops::UnaryGrad<F>& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
-    using T = decltype(tag);
-    const T *x = a.in[0].as<T>(), *y = a.in[1].as<T>(), *dy = a.in[2].as<T>();
-    T* dx = a.out[0].as<T>();
+  dispatch_precision(a.in[0].dtype, F::name, [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
+    const S *x = a.in[0].as<S>(), *y = a.in[1].as<S>(), *dy = a.in[2].as<S>();
+    S* dx = a.out[0].as<S>();
     const F f = op.functor();
-    parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) dx[i] = f.grad(x[i], y[i], dy[i]);
-    });
+    if constexpr (std::is_same_v<S, C>) {
+      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) dx[i] = f.grad(x[i], y[i], dy[i]);
+      });
+    } else {
+      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+        C bx[bulk::kBlock], by[bulk::kBlock], bd[bulk::kBlock];
+        for (std::int64_t i = b; i < e; i += bulk::kBlock) {
+          int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
+          // Only what F reads (an unread input is passed as dy).
+          if constexpr (F::uses_x) convert_block(x + i, bx, m);
+          if constexpr (F::uses_y) convert_block(y + i, by, m);
+          convert_block(dy + i, bd, m);
+          for (int j = 0; j < m; ++j) bd[j] = f.grad(F::uses_x ? bx[j] : bd[j], F::uses_y ? by[j] : bd[j], bd[j]);
+          convert_block(bd, dx + i, m);
+        }
+      });
+    }
   });
 }
 
+// f(x, z) in the compute type of the storage type S.
+template <class S, class C, class F>
+struct OnStorage {
+  F f;
+  S operator()(S x, S z) const { return math::convert<S>(f(math::convert<C>(x), math::convert<C>(z))); }
+};
+
 template <class F>
 void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, F::name, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, F::name, [&](auto p) {
+    using T = typename decltype(p)::Storage;
     const T *x = a.in[0].as<T>(), *z = a.in[1].as<T>();
     T* y = a.out[0].as<T>();
     const Shape& out = *a.out[0].shape;
-    const F f{};
+    const OnStorage<T, typename decltype(p)::Compute, F> f{};
     if (*a.in[0].shape == out && *a.in[1].shape == out) {
-      parallel_for(out.numel(), 1, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i], z[i]);
-      });
+      if constexpr (std::is_same_v<T, typename decltype(p)::Compute>) {
+        parallel_for(out.numel(), 1, [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i], z[i]);
+        });
+      } else {  // 16-bit storage: blocks through f32 buffers, as in unary_kernel
+        parallel_for(out.numel(), 1, [&](std::int64_t b, std::int64_t e) {
+          float bx[bulk::kBlock], bz[bulk::kBlock];
+          for (std::int64_t i = b; i < e; i += bulk::kBlock) {
+            int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
+            convert_block(x + i, bx, m);
+            convert_block(z + i, bz, m);
+            for (int j = 0; j < m; ++j) bx[j] = f.f(bx[j], bz[j]);
+            convert_block(bx, y + i, m);
+          }
+        });
+      }
       return;
     }
     if (out.rank() == 0) {
@@ -75,10 +129,10 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
 }
 
 inline void fill_kernel(const ops::FillLike& op, const KernelArgs& a) {
-  dispatch_float(a.out[0].dtype, "fill_like", [&](auto tag) {
+  dispatch_storage(a.out[0].dtype, "fill_like", [&](auto tag) {
     using T = decltype(tag);
     T* y = a.out[0].as<T>();
-    const T v = T(op.value());
+    const T v = math::convert<T>(op.value());
     parallel_for(a.out[0].numel(), 1, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, v); });
   });
 }

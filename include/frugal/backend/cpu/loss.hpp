@@ -23,34 +23,36 @@ void dispatch_label(DType t, Fn&& fn) {
   else fn(std::int64_t{});
 }
 
-// Calls fn(logits, labels, positions, classes) with typed pointers, once the
-// labels are known to be in range.
+// Calls fn(Precision{}, logits, labels, positions, classes) with typed
+// pointers, once the labels are known to be in range. The loss and its
+// gradient seed have the compute type (f32 for bf16/f16 logits).
 template <class Fn>
 void with_logits_and_labels(const KernelArgs& a, const char* op, Fn&& fn) {
-  dispatch_float(a.in[0].dtype, op, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, op, [&](auto p) {
+    using S = typename decltype(p)::Storage;
     dispatch_label(a.in[1].dtype, [&](auto ltag) {
       using L = decltype(ltag);
       std::int64_t C = a.in[0].shape->dim(-1), P = a.in[1].numel();
       const L* lab = a.in[1].as<L>();
       check_labels(lab, P, C);
-      fn(static_cast<const T*>(a.in[0].data), lab, P, C);
+      fn(p, static_cast<const S*>(a.in[0].data), lab, P, C);
     });
   });
 }
 
 inline void cross_entropy_kernel(const ops::CrossEntropy&, const KernelArgs& a) {
-  with_logits_and_labels(a, "cross_entropy", [&](const auto* x, const auto* lab, std::int64_t P, std::int64_t C) {
-    using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+  with_logits_and_labels(a, "cross_entropy", [&](auto p, const auto* x, const auto* lab, std::int64_t P, std::int64_t C) {
+    using S = typename decltype(p)::Storage;
+    using T = typename decltype(p)::Compute;
     double total = parallel_sum(P, C, [&](std::int64_t b, std::int64_t e) {
       double s = 0;
-      for (std::int64_t p = b; p < e; ++p) {
-        const T* row = x + p * C;
-        T mx = row[0];
-        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+      for (std::int64_t q = b; q < e; ++q) {
+        const S* row = x + q * C;
+        T mx = math::convert<T>(row[0]);
+        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, math::convert<T>(row[c]));
         T z = 0;
-        for (std::int64_t c = 0; c < C; ++c) z += math::exp_(row[c] - mx);
-        s += double(mx + math::log_(z) - row[lab[p]]);
+        for (std::int64_t c = 0; c < C; ++c) z += math::exp_(math::convert<T>(row[c]) - mx);
+        s += double(mx + math::log_(z) - math::convert<T>(row[lab[q]]));
       }
       return s;
     });
@@ -59,21 +61,34 @@ inline void cross_entropy_kernel(const ops::CrossEntropy&, const KernelArgs& a) 
 }
 
 inline void cross_entropy_grad_kernel(const ops::CrossEntropyGrad&, const KernelArgs& a) {
-  with_logits_and_labels(a, "cross_entropy_grad", [&](const auto* x, const auto* lab, std::int64_t P, std::int64_t C) {
-    using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+  with_logits_and_labels(a, "cross_entropy_grad", [&](auto p, const auto* x, const auto* lab, std::int64_t P,
+                                                      std::int64_t C) {
+    using S = typename decltype(p)::Storage;
+    using T = typename decltype(p)::Compute;
     T scale = a.in[2].as<T>()[0] / T(std::max<std::int64_t>(P, 1));
-    T* dx = a.out[0].as<T>();
+    S* dx = a.out[0].as<S>();
     parallel_for(P, C, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t p = b; p < e; ++p) {
-        const T* row = x + p * C;
-        T* drow = dx + p * C;
-        T mx = row[0];
-        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+      for (std::int64_t q = b; q < e; ++q) {
+        const S* row = x + q * C;
+        S* drow = dx + q * C;
+        T mx = math::convert<T>(row[0]);
+        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, math::convert<T>(row[c]));
         T z = 0;
-        for (std::int64_t c = 0; c < C; ++c) z += (drow[c] = math::exp_(row[c] - mx));
-        T inv = scale / z;
-        for (std::int64_t c = 0; c < C; ++c) drow[c] *= inv;
-        drow[lab[p]] -= scale;
+        if constexpr (std::is_same_v<S, T>) {
+          for (std::int64_t c = 0; c < C; ++c) z += (drow[c] = math::exp_(row[c] - mx));
+          T inv = scale / z;
+          for (std::int64_t c = 0; c < C; ++c) drow[c] *= inv;
+          drow[lab[q]] -= scale;
+        } else {
+          // 16-bit storage: recompute the exponentials and round each
+          // gradient once (the label's entry after subtracting).
+          for (std::int64_t c = 0; c < C; ++c) z += math::exp_(math::convert<T>(row[c]) - mx);
+          T inv = scale / z;
+          for (std::int64_t c = 0; c < C; ++c) {
+            T d = math::exp_(math::convert<T>(row[c]) - mx) * inv;
+            drow[c] = math::convert<S>(c == lab[q] ? d - scale : d);
+          }
+        }
       }
     });
   });

@@ -1,56 +1,139 @@
 #pragma once
+// matmul and linear on OpenBLAS GEMM. bf16/f16 operands are converted to f32
+// in the op's planned workspace (ops::f32_images), multiplied in f32 and
+// rounded once on store.
 #include "../../ops/matmul.hpp"
 #include "blas.hpp"
+#include "convert.hpp"
 #include "kernel_table.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
 
-inline void matmul_kernel(const ops::MatMul& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "matmul", [&](auto tag) {
-    using T = decltype(tag);
-    auto d = op.dims(*a.in[0].shape, *a.in[1].shape);
-    const T *A = a.in[0].as<T>(), *B = a.in[1].as<T>();
-    T* C = a.out[0].as<T>();
-    bool ta = op.trans_a(), tb = op.trans_b();
-    std::int64_t lda = ta ? d.m : d.k, ldb = tb ? d.k : d.n;
-    if (d.m == 0 || d.n == 0) return;
-    if (d.k == 0) {
-      std::fill(C, C + d.batch * d.m * d.n, T(0));
-      return;
-    }
-    // A batched A against one shared B is a single tall GEMM.
-    if (d.a_batched && !d.b_batched && !ta) {
-      gemm(false, tb, d.batch * d.m, d.n, d.k, T(1), A, lda, B, ldb, T(0), C, d.n);
-      return;
-    }
-    std::int64_t sa = d.a_batched ? d.m * d.k : 0, sb = d.b_batched ? d.k * d.n : 0;
-    for (std::int64_t i = 0; i < d.batch; ++i)
+// A batch of independent GEMMs runs one of two ways: one multi-threaded GEMM
+// after another, or parallel_for over the batch items with each GEMM on one
+// thread (OpenBLAS called inside an OpenMP region runs single-threaded).
+// Measured with bench/matmul_kernels.cpp on this 2-core machine
+// (bench/matmul_kernels.md): for attention-sized items (B*H = 32 of
+// [128,64]x[64,128], 2 MFLOP each) the split runs 2-3x faster on an idle
+// machine and 10x+ when other processes compete for the cores (OpenBLAS's
+// threads wait on each other when one is descheduled; split items do not).
+// For large items the split is never worse when the threads share the batch
+// evenly; with an uneven share (3 items, 2 threads: one thread runs two) it
+// wins up to ~64 MFLOP per item (the crossover of the batch-3 sweep lies
+// between 33 and 113 MFLOP) and loses up to 1 - 3/4 beyond, where one
+// multi-threaded GEMM reaches ~90% parallel efficiency.
+inline constexpr double kBatchSplitMaxFlops = 64.0 * 1024 * 1024;  // per item, 2*m*n*k
+
+inline bool split_batch(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, int threads) {
+  if (threads <= 1 || batch < 2) return false;
+  double flops = 2.0 * double(m) * double(n) * double(k);
+  // The share of the threads' time the split keeps busy.
+  std::int64_t rounds = (batch + threads - 1) / threads;
+  double balance = double(batch) / double(rounds * threads);
+  return flops <= kBatchSplitMaxFlops || balance >= 0.9;
+}
+
+// C = op(A)·op(B) for every batch item, all row-major in T. Which thread runs
+// an item depends only on the sizes and the thread count, and each output
+// element comes from exactly one GEMM call, so results are reproducible.
+template <class T>
+void matmul_typed(const ops::MatMul::Dims& d, bool ta, bool tb, const T* A, const T* B, T* C) {
+  if (d.batch == 0 || d.m == 0 || d.n == 0) return;
+  if (d.k == 0) {
+    std::fill(C, C + d.batch * d.m * d.n, T(0));
+    return;
+  }
+  std::int64_t lda = ta ? d.m : d.k, ldb = tb ? d.k : d.n;
+  // A batched A against one shared B is a single tall GEMM.
+  if (d.a_batched && !d.b_batched && !ta) {
+    gemm(false, tb, d.batch * d.m, d.n, d.k, T(1), A, lda, B, ldb, T(0), C, d.n);
+    return;
+  }
+  std::int64_t sa = d.a_batched ? d.m * d.k : 0, sb = d.b_batched ? d.k * d.n : 0;
+  auto items = [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i)
       gemm(ta, tb, d.m, d.n, d.k, T(1), A + i * sa, lda, B + i * sb, ldb, T(0), C + i * d.m * d.n, d.n);
+  };
+  if (split_batch(d.batch, d.m, d.n, d.k, omp_get_max_threads()))
+    parallel_for(d.batch, d.m * d.n * d.k, items);
+  else
+    items(0, d.batch);
+}
+
+// y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ y when y_holds_bias).
+template <class T>
+void linear_typed(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* w, T* y,
+                  bool y_holds_bias) {
+  if (rows == 0 || out == 0) return;
+  if (in == 0) {
+    if (!y_holds_bias) std::fill(y, y + rows * out, T(0));
+    return;
+  }
+  gemm(false, true, rows, out, in, T(1), x, in, w, in, y_holds_bias ? T(1) : T(0), y, out);
+}
+
+// The f32 images of a bf16/f16 product inside its workspace.
+struct F32Views {
+  float *a, *b, *c;
+};
+inline F32Views f32_views(const KernelArgs& k, const char* op) {
+  auto w = ops::f32_images(k.in[0].numel(), k.in[1].numel(), k.out[0].numel());
+  if (!k.workspace || k.workspace_bytes < w.bytes)
+    fail("internal: ", op, " on ", dtype_name(k.in[0].dtype), " needs ", w.bytes, " bytes of workspace, got ",
+         k.workspace_bytes);
+  auto* base = static_cast<unsigned char*>(k.workspace);
+  return {reinterpret_cast<float*>(base + w.a), reinterpret_cast<float*>(base + w.b),
+          reinterpret_cast<float*>(base + w.c)};
+}
+
+inline void matmul_kernel(const ops::MatMul& op, const KernelArgs& a) {
+  dispatch_precision(a.in[0].dtype, "matmul", [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    auto d = op.dims(*a.in[0].shape, *a.in[1].shape);
+    const S *A = a.in[0].as<S>(), *B = a.in[1].as<S>();
+    S* C = a.out[0].as<S>();
+    if constexpr (std::is_same_v<S, typename decltype(p)::Compute>) {
+      matmul_typed(d, op.trans_a(), op.trans_b(), A, B, C);
+    } else {
+      if (a.out[0].numel() == 0) return;
+      F32Views v = f32_views(a, "matmul");
+      convert_into(A, v.a, a.in[0].numel());
+      convert_into(B, v.b, a.in[1].numel());
+      matmul_typed<float>(d, op.trans_a(), op.trans_b(), v.a, v.b, v.c);
+      convert_into(v.c, C, a.out[0].numel());
+    }
   });
 }
 
 inline void linear_kernel(const ops::Linear& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "linear", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, "linear", [&](auto p) {
+    using S = typename decltype(p)::Storage;
     const Shape &xs = *a.in[0].shape, &ws = *a.in[1].shape;
     std::int64_t in = ws[1], out = ws[0], rows = xs.numel() / std::max<std::int64_t>(in, 1);
-    const T *x = a.in[0].as<T>(), *w = a.in[1].as<T>();
-    T* y = a.out[0].as<T>();
+    const S *x = a.in[0].as<S>(), *w = a.in[1].as<S>();
+    S* y = a.out[0].as<S>();
     if (rows == 0 || out == 0) return;
-    T beta = T(0);
-    if (op.has_bias()) {
-      const T* bias = a.in[2].as<T>();
+    // Copies the bias into every row of yt, converting it to Y.
+    auto bias_rows = [&](auto* yt) {
+      using Y = std::remove_pointer_t<decltype(yt)>;
+      const S* bias = a.in[2].as<S>();
       parallel_for(rows, out, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t r = b; r < e; ++r) std::copy(bias, bias + out, y + r * out);
+        for (std::int64_t r = b; r < e; ++r)
+          for (std::int64_t j = 0; j < out; ++j) yt[r * out + j] = math::convert<Y>(bias[j]);
       });
-      beta = T(1);
+    };
+    if constexpr (std::is_same_v<S, typename decltype(p)::Compute>) {
+      if (op.has_bias()) bias_rows(y);
+      linear_typed(rows, in, out, x, w, y, op.has_bias());
+    } else {
+      F32Views v = f32_views(a, "linear");
+      convert_into(x, v.a, a.in[0].numel());
+      convert_into(w, v.b, a.in[1].numel());
+      if (op.has_bias()) bias_rows(v.c);
+      linear_typed<float>(rows, in, out, v.a, v.b, v.c, op.has_bias());
+      convert_into(v.c, y, a.out[0].numel());
     }
-    if (in == 0) {
-      if (!op.has_bias()) std::fill(y, y + rows * out, T(0));
-      return;
-    }
-    gemm(false, true, rows, out, in, T(1), x, in, w, in, beta, y, out);
   });
 }
 

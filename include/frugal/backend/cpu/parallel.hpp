@@ -8,6 +8,7 @@
 
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
+#include "../../ops/cast.hpp"
 
 namespace frugal::cpu {
 
@@ -57,6 +58,47 @@ void dispatch_float(DType t, const char* op, Fn&& fn) {
     case DType::f32: fn(float{}); return;
     case DType::f64: fn(double{}); return;
     default: fail("cpu: op ", op, " has no kernel for dtype ", dtype_name(t), " (f32 and f64 are supported)");
+  }
+}
+
+// The type a tensor is stored in and the type a kernel computes in. f32 and
+// f64 compute in themselves; bf16 and f16 are read into f32 and rounded back
+// (to nearest even) on store.
+template <class S, class C>
+struct Precision {
+  using Storage = S;
+  using Compute = C;
+};
+
+// Calls fn(Precision<Storage, Compute>{}) for a floating dtype: the
+// dispatcher of kernels that have bf16/f16 paths.
+template <class Fn>
+void dispatch_precision(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::f32: fn(Precision<float, float>{}); return;
+    case DType::f64: fn(Precision<double, double>{}); return;
+    case DType::bf16: fn(Precision<BFloat16, float>{}); return;
+    case DType::f16: fn(Precision<Half, float>{}); return;
+    default: fail("cpu: op ", op, " has no kernel for dtype ", dtype_name(t), " (f32, f64, bf16 and f16 are supported)");
+  }
+}
+
+// Calls fn(T{}) with the storage type of a floating dtype.
+template <class Fn>
+void dispatch_storage(DType t, const char* op, Fn&& fn) {
+  dispatch_precision(t, op, [&](auto p) { fn(typename decltype(p)::Storage{}); });
+}
+
+// Calls fn(T{}) with an unsigned integer type of the dtype's size, for
+// kernels that only move elements (any dtype of that size).
+template <class Fn>
+void dispatch_bits(DType t, const char* op, Fn&& fn) {
+  switch (dtype_size(t)) {
+    case 1: fn(std::uint8_t{}); return;
+    case 2: fn(std::uint16_t{}); return;
+    case 4: fn(std::uint32_t{}); return;
+    case 8: fn(std::uint64_t{}); return;
+    default: fail("cpu: op ", op, " cannot move elements of dtype ", dtype_name(t));
   }
 }
 

@@ -10,7 +10,8 @@
 
 namespace frugal::cpu {
 
-// out[o, i] = sum_r x[o, r, i], summed in r order; f32 accumulates in f64.
+// out[o, i] = sum_r x[o, r, i], summed in r order in f64 (for f32, bf16 and
+// f16 too), rounded once on store.
 template <class T>
 void sum_block(const T* x, T* out, std::int64_t O, std::int64_t R, std::int64_t I) {
   using Acc = double;
@@ -19,8 +20,8 @@ void sum_block(const T* x, T* out, std::int64_t O, std::int64_t R, std::int64_t 
       for (std::int64_t o = b; o < e; ++o) {
         Acc s = 0;
         const T* row = x + o * R;
-        for (std::int64_t r = 0; r < R; ++r) s += Acc(row[r]);
-        out[o] = T(s);
+        for (std::int64_t r = 0; r < R; ++r) s += math::convert<Acc>(row[r]);
+        out[o] = math::convert<T>(s);
       }
     });
     return;
@@ -35,15 +36,15 @@ void sum_block(const T* x, T* out, std::int64_t O, std::int64_t R, std::int64_t 
       for (std::int64_t j = 0; j < w; ++j) acc[j] = 0;
       for (std::int64_t r = 0; r < R; ++r) {
         const T* src = x + (o * R + r) * I + i0;
-        for (std::int64_t j = 0; j < w; ++j) acc[j] += Acc(src[j]);
+        for (std::int64_t j = 0; j < w; ++j) acc[j] += math::convert<Acc>(src[j]);
       }
-      for (std::int64_t j = 0; j < w; ++j) out[o * I + i0 + j] = T(acc[j]);
+      for (std::int64_t j = 0; j < w; ++j) out[o * I + i0 + j] = math::convert<T>(acc[j]);
     }
   });
 }
 
 inline void sum_kernel(const ops::Sum& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "sum", [&](auto tag) {
+  dispatch_storage(a.in[0].dtype, "sum", [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = *a.in[0].shape;
     check_rank(s, "sum");
@@ -81,16 +82,17 @@ inline void sum_kernel(const ops::Sum& op, const KernelArgs& a) {
               off += (q % s[d]) * st[d];
               q /= s[d];
             }
-          acc += double(x[base + off]);
+          acc += math::convert<double>(x[base + off]);
         }
-        y[o] = T(acc);
+        y[o] = math::convert<T>(acc);
       }
     });
   });
 }
 
 inline void broadcast_kernel(const ops::BroadcastTo&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "broadcast_to", [&](auto tag) {
+  // Data movement only: any dtype of the element's size.
+  dispatch_bits(a.in[0].dtype, "broadcast_to", [&](auto tag) {
     using T = decltype(tag);
     const Shape& out = *a.out[0].shape;
     const T* x = a.in[0].as<T>();
