@@ -1,5 +1,5 @@
 #pragma once
-#include "checks.hpp"
+#include "cast.hpp"
 
 namespace frugal::ops {
 
@@ -12,7 +12,7 @@ class FillLike final : public Op {
   std::string name() const override { return "fill_like"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);
-    expect_floating(name(), in[0]);
+    expect_float_storage(name(), in[0]);
     return {in[0]};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs&) const override { return {std::nullopt}; }
