@@ -21,3 +21,5 @@
 #include "optim/adamw.hpp"
 #include "optim/sgd.hpp"
 #include "data/idx.hpp"
+#include "nn/graph_conv.hpp"
+#include "data/graph.hpp"
