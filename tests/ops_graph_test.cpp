@@ -137,6 +137,100 @@ TEST_CASE("spmm edge shapes: empty rows, a full row, 1x1, rectangular, duplicate
   check_op(spmm_case("spmm f0", rows_of(3, {{0, 2}, {1}}), 0));
 }
 
+namespace {
+
+// A data::Csr with the structure and the given values.
+frugal::data::Csr csr_of(const Structure& s, const std::vector<double>& values) {
+  frugal::data::Csr a;
+  a.rows = s.rows;
+  a.cols = s.cols;
+  a.row_ptr = s.row_ptr;
+  a.col = s.col;
+  a.values = values;
+  return a;
+}
+
+std::vector<double> some_values(std::int64_t nnz, std::uint64_t seed) {
+  frugal::Rng rng(seed);
+  std::vector<double> v(static_cast<std::size_t>(nnz));
+  for (auto& e : v) e = double(float(rng.uniform(-1, 1)));
+  return v;
+}
+
+// spmm with constant values (a SparseMatrix from data::to_sparse, so dX uses
+// the values in transposed order); the harness input is x alone.
+Case spmm_const_case(std::string name, const Structure& s, const std::vector<double>& values, std::int64_t f) {
+  auto a64 = std::make_shared<frugal::SparseMatrix>(frugal::data::to_sparse(csr_of(s, values), DType::f64));
+  auto a32 = std::make_shared<frugal::SparseMatrix>(frugal::data::to_sparse(csr_of(s, values), DType::f32));
+  return {std::move(name),
+          {x({s.cols, f})},
+          [a64, a32](const V& v) {
+            const frugal::SparseMatrix& a = v[0].dtype() == DType::f64 ? *a64 : *a32;
+            frugal::SparseVar sv = a.var();
+            REQUIRE(sv.t_values.has_value());
+            return frugal::spmm(sv, v[0]);
+          },
+          [s, values](const A& a) { return ref::graph::spmm(s, values, a[0]); }};
+}
+
+}  // namespace
+
+TEST_CASE("spmm with constant values: dX from the values in transposed order", "[ops][graph]") {
+  Structure s = random_structure(5, 7, 5, 41);
+  check_op(spmm_const_case("spmm const 5x7 f3", s, some_values(s.nnz(), 42), 3));
+  Structure e = rows_of(3, {{}, {0, 2}, {}, {1}});
+  check_op(spmm_const_case("spmm const empty rows", e, some_values(e.nnz(), 43), 4));
+  // A symmetric matrix is its own transpose: one set of tensors.
+  std::vector<std::pair<std::int64_t, std::int64_t>> edges{{0, 1}, {1, 2}, {2, 4}, {4, 0}};
+  std::vector<std::int64_t> src, dst;
+  for (auto [a, b] : edges) {
+    src.push_back(a);
+    dst.push_back(b);
+  }
+  frugal::data::Csr g = frugal::data::gcn_adjacency(6, {src, dst});
+  frugal::SparseMatrix sm = frugal::data::to_sparse(g, DType::f64);
+  CHECK(sm.t_values.raw() == sm.values.raw());
+  CHECK(sm.t_idx.raw() == sm.col.raw());
+  CHECK(sm.t_ptr.raw() == sm.row_ptr.raw());
+  Structure gs;
+  gs.rows = gs.cols = 6;
+  gs.row_ptr = g.row_ptr;
+  gs.col = g.col;
+  check_op(spmm_const_case("spmm const symmetric gcn 6x6", gs, g.values, 3));
+}
+
+TEST_CASE("learnable edge weights: with_values, or values bound as a parameter, take the permuted path",
+          "[ops][graph]") {
+  Structure s = random_structure(4, 4, 3, 51);
+  frugal::SparseMatrix sm = frugal::data::to_sparse(csr_of(s, some_values(s.nnz(), 52)), DType::f64);
+  Tensor w = filled<double>({s.nnz()}, 53), xt = filled<double>({4, 2}, 54);
+  for (int variant = 0; variant < 2; ++variant) {
+    INFO("variant " << variant);
+    Tensor& trained = variant == 0 ? w : sm.values;
+    std::size_t spmm_inputs = 0;
+    frugal::Step step = frugal::compile_gradients(
+        [&] {
+          Var wv = frugal::persistent_var(trained, frugal::ValueKind::parameter, "w");
+          frugal::SparseVar a = sm.var();
+          if (variant == 0) a = a.with_values(wv);
+          CHECK_FALSE(a.t_values.has_value());
+          Var y = frugal::spmm(a, frugal::persistent_var(xt, frugal::ValueKind::parameter, "x"));
+          spmm_inputs = y.graph->node(y.graph->value(y.id).producer).inputs.size();
+          return frugal::sum(y * y);
+        },
+        {}, {trained, xt});
+    CHECK(spmm_inputs == 7);
+    step.run();
+    std::vector<double> vals = doubles(trained);
+    ref::Array xa = array_of(xt), ya = ref::graph::spmm(s, vals, xa), g2 = ya;
+    for (auto& e : g2.v) e *= 2;  // d(sum y^2)/dy
+    ref::Array want_dx = ref::matmul(ref::graph::dense(s, vals), g2, true);
+    expect_close("edge weights dx", doubles(step.grad(xt)), want_dx.v, want_dx.shape, 1e-12);
+    expect_close("edge weights dw", doubles(step.grad(trained)), ref::graph::spmm_values_grad(s, g2, xa),
+                 {s.nnz()}, 1e-12);
+  }
+}
+
 TEST_CASE("spmm with one cache line of features (the register-accumulator path)", "[ops][graph]") {
   // 16 floats (f32 narrow path) and 8 doubles (f64 narrow path).
   check_op(spmm_case("spmm 5x6 f16", random_structure(5, 6, 6, 5), 16));
@@ -212,6 +306,21 @@ TEST_CASE("spmm on a graph large enough to split over threads matches the refere
     CHECK(two.y == one.y);
     CHECK(two.dx == one.dx);
     CHECK(two.dvalues == one.dvalues);
+
+    // Constant values: dX from the values in transposed order.
+    frugal::SparseMatrix sm = frugal::data::to_sparse(csr_of(s, vals), DType::f64);
+    for (int threads : {1, 2}) {
+      frugal::Step step = frugal::compile_gradients(
+          [&] {
+            auto xv = frugal::persistent_var(xt, frugal::ValueKind::parameter, "x");
+            return frugal::sum(frugal::spmm(sm, xv) * frugal::persistent_var(r, frugal::ValueKind::state, "R"));
+          },
+          {}, {xt}, {}, {.threads = threads});
+      step.run();
+      std::vector<double> dx = doubles(step.grad(xt));
+      expect_close("large spmm dx, constant values", dx, want_dx.v, want_dx.shape, 1e-12);
+      CHECK(dx == two.dx);  // the same sums in the same order as the permuted reads
+    }
   }
 }
 

@@ -304,7 +304,8 @@ inline Csr gcn_adjacency(std::int64_t n, const EdgeList& edges) {
 }
 
 // The matrix as spmm's operand: structure, values (in value_dtype) and the
-// transpose's structure, as host tensors. Indices are i32 (half the memory
+// transpose's structure and values, as host tensors; a symmetric matrix
+// shares one set of tensors for both. Indices are i32 (half the memory
 // traffic of i64) unless index_dtype says i64 or the matrix is too large.
 inline SparseMatrix to_sparse(const Csr& a, DType value_dtype = DType::f32, DType index_dtype = DType::i32,
                               std::string name = "adj") {
@@ -338,9 +339,25 @@ inline SparseMatrix to_sparse(const Csr& a, DType value_dtype = DType::f32, DTyp
     if (value_dtype == DType::f32) s.values.data<float>()[p] = float(a.values[std::size_t(p)]);
     else s.values.data<double>()[p] = a.values[std::size_t(p)];
   }
+  s.t_perm = index_tensor(t.perm);
+  // A symmetric matrix is its own transpose: share the storage.
+  bool symmetric = a.rows == a.cols && t.ptr == a.row_ptr && t.idx == a.col;
+  for (std::int64_t q = 0; symmetric && q < nnz; ++q)
+    symmetric = a.values[std::size_t(t.perm[std::size_t(q)])] == a.values[std::size_t(q)];
+  if (symmetric) {
+    s.t_ptr = s.row_ptr;
+    s.t_idx = s.col;
+    s.t_values = s.values;
+    return s;
+  }
   s.t_ptr = Tensor::from(t.ptr, {a.cols + 1});
   s.t_idx = index_tensor(t.idx);
-  s.t_perm = index_tensor(t.perm);
+  s.t_values = Tensor({nnz}, value_dtype);
+  for (std::int64_t q = 0; q < nnz; ++q) {
+    double v = a.values[std::size_t(t.perm[std::size_t(q)])];
+    if (value_dtype == DType::f32) s.t_values.data<float>()[q] = float(v);
+    else s.t_values.data<double>()[q] = v;
+  }
   return s;
 }
 

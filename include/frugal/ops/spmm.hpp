@@ -12,7 +12,10 @@
 // transpose's structure, built once on the host: t_ptr (i64 [m+1]), t_idx
 // (the row in A of each transposed entry) and t_perm (its position in A's
 // values). dX is then a gather-only CSR product over Aᵀ, deterministic and
-// parallel over the rows of Aᵀ, reading A's values through t_perm.
+// parallel over the rows of Aᵀ, reading A's values through t_perm. When the
+// values are constants (a normalised adjacency), the host also stores them in
+// transposed order (t_values), and dX is the plain product over Aᵀ; for a
+// symmetric matrix that is the matrix itself, sharing its storage.
 #include <optional>
 
 #include "../graph/capture.hpp"
@@ -41,15 +44,16 @@ class SpmmPermuted;
 
 // Y [n, f] = A [n, m] · X [m, f].
 // Inputs: (row_ptr, col, values, x) or, with the transpose for the backward,
-// (row_ptr, col, values, x, t_ptr, t_idx, t_perm). The kernel reads only the
-// first four; the others are here so the backward can use them.
+// (row_ptr, col, values, x, t_ptr, t_idx, t_perm), optionally followed by
+// t_values (the values in transposed order, when they are constants). The
+// kernel reads only the first four; the others are for the backward.
 class Spmm final : public Op {
  public:
   std::string name() const override { return "spmm"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    if (in.size() != 4 && in.size() != 7)
-      fail<ShapeError>(name(), ": expects 4 inputs (row_ptr, col, values, x) or 7 (with t_ptr, t_idx, t_perm), got ",
-                       in.size());
+    if (in.size() != 4 && in.size() != 7 && in.size() != 8)
+      fail<ShapeError>(name(), ": expects 4 inputs (row_ptr, col, values, x), 7 (with t_ptr, t_idx, t_perm) or 8 ",
+                       "(with t_values), got ", in.size());
     std::int64_t nnz = check_csr(name(), "row_ptr", in[0], "col", in[1]);
     const TensorMeta &values = in[2], &x = in[3];
     expect_floating(name(), values);
@@ -58,7 +62,7 @@ class Spmm final : public Op {
     if (x.shape.rank() != 2)
       fail<ShapeError>(name(), ": the dense operand must be a matrix [m, f], got ", x.str());
     expect_same_dtype(name(), values, x);
-    if (in.size() == 7) {
+    if (in.size() >= 7) {
       std::int64_t tnnz = check_csr(name(), "t_ptr", in[4], "t_idx", in[5]);
       expect_index_vector(name(), "t_perm", in[6], false);
       if (in[4].shape[0] != x.shape[0] + 1)
@@ -68,6 +72,8 @@ class Spmm final : public Op {
         fail<ShapeError>(name(), ": the transpose's t_idx ", in[5].str(), " and t_perm ", in[6].str(),
                          " must match col ", in[1].str(), " in length and dtype");
     }
+    if (in.size() == 8 && (in[7].dtype != values.dtype || in[7].shape != values.shape))
+      fail<ShapeError>(name(), ": t_values ", in[7].str(), " must match values ", values.str());
     return {{x.dtype, Shape{in[0].shape[0] - 1, x.shape[1]}}};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
@@ -144,6 +150,9 @@ struct SparseVar {
   std::int64_t rows = 0, cols = 0;
   Var row_ptr, col, values;
   std::optional<Var> t_ptr, t_idx, t_perm;
+  // The values in transposed order, when they are constants: then dX needs
+  // no permuted reads.
+  std::optional<Var> t_values;
 
   std::int64_t nnz() const { return col.dim(0); }
   bool has_transpose() const { return t_ptr.has_value(); }
@@ -152,6 +161,7 @@ struct SparseVar {
   SparseVar with_values(Var v) const {
     SparseVar s = *this;
     s.values = v;
+    s.t_values.reset();
     return s;
   }
 };
@@ -159,7 +169,8 @@ struct SparseVar {
 // A sparse matrix the user holds: host tensors of the CSR structure, its
 // values and its transpose's structure (see data/graph.hpp for builders from
 // edge lists). Bound into a capture as persistent (non-trained) state, so it
-// sits outside the arena and is not copied per step.
+// sits outside the arena and is not copied per step. The values are
+// constants; for learnable edge weights use var().with_values(w).
 struct SparseMatrix {
   std::int64_t rows = 0, cols = 0;
   Tensor row_ptr;  // i64 [rows + 1]
@@ -168,6 +179,7 @@ struct SparseMatrix {
   Tensor t_ptr;    // i64 [cols + 1]       (optional: needed for dX)
   Tensor t_idx;    // col's dtype [nnz]
   Tensor t_perm;   // col's dtype [nnz]
+  Tensor t_values; // values' dtype [nnz], values in transposed order (optional)
   std::string name = "adj";
 
   std::int64_t nnz() const { return col.defined() ? col.numel() : 0; }
@@ -193,6 +205,10 @@ struct SparseMatrix {
       s.t_ptr = persistent_var(t_ptr, ValueKind::state, name + ".t_ptr");
       s.t_idx = persistent_var(t_idx, ValueKind::state, name + ".t_idx");
       s.t_perm = persistent_var(t_perm, ValueKind::state, name + ".t_perm");
+      // Constant values only: if the values were bound as a trained
+      // parameter, a transposed copy would go stale.
+      if (t_values.defined() && s.values.graph->value(s.values.id).kind != ValueKind::parameter)
+        s.t_values = persistent_var(t_values, ValueKind::state, name + ".t_values");
     }
     return s;
   }
@@ -207,21 +223,25 @@ inline Var spmm(const SparseVar& a, Var x) {
                      " (it must be [", a.cols, ", f])");
   std::vector<Var> in{a.row_ptr, a.col, a.values, x};
   if (a.has_transpose()) in.insert(in.end(), {*a.t_ptr, *a.t_idx, *a.t_perm});
+  if (a.has_transpose() && a.t_values) in.push_back(*a.t_values);
   return frugal::apply(std::make_shared<ops::Spmm>(), std::move(in)).at(0);
 }
 inline Var spmm(const SparseMatrix& a, Var x) { return spmm(a.var(), x); }
 
 inline std::vector<std::optional<Var>> ops::Spmm::backward(const BackwardArgs& args) const {
   auto in = args.inputs;
-  if (in.size() != 7)
-    fail("spmm: this product was captured without its sparse matrix's transpose structure (t_ptr, t_idx, t_perm), "
-         "so it cannot be differentiated; build the matrix with data::to_sparse(csr), which includes it, or set "
-         "SparseMatrix::t_ptr, t_idx and t_perm from data::transpose(csr)");
+  if (in.size() < 7)
+    fail("spmm: this product has no transpose structure (t_ptr, t_idx, t_perm): it was captured without one, or it "
+         "is itself spmm's backward, so it cannot be differentiated; build the matrix with data::to_sparse(csr), "
+         "which includes the transpose, or set SparseMatrix::t_ptr, t_idx and t_perm from "
+         "data::transpose_structure(csr)");
   std::vector<std::optional<Var>> g(in.size());
   if (!args.grad_outputs[0]) return g;
   Var dy = *args.grad_outputs[0];
-  // dX = Aᵀ dY, a gather over the rows of Aᵀ reading A's values through t_perm.
-  g[3] = apply1<SpmmPermuted>({in[4], in[5], in[2], dy, in[6]});
+  // dX = Aᵀ dY, a gather over the rows of Aᵀ: with A's values in transposed
+  // order when they are given, else reading them through t_perm.
+  g[3] = in.size() == 8 ? apply1<Spmm>({in[4], in[5], in[7], dy})
+                        : apply1<SpmmPermuted>({in[4], in[5], in[2], dy, in[6]});
   // dValues. When nothing trained depends on the values, autograd drops this
   // gradient and the planner never runs the node.
   g[2] = apply1<SpmmValuesGrad>({in[0], in[1], dy, in[3]});

@@ -113,7 +113,10 @@ std::int64_t rows_product(const std::int64_t* __restrict ptr, const I* __restric
   const std::int64_t row_bytes = f * std::int64_t(sizeof(T));
   auto w = [&](std::int64_t p) { return Permuted ? val[perm[p]] : val[p]; };
   auto ahead = [&](std::int64_t p) {
-    if (p < nnz) prefetch_row(x + std::int64_t(idx[p]) * f, row_bytes);
+    if (p < nnz) {
+      prefetch_row(x + std::int64_t(idx[p]) * f, row_bytes);
+      if constexpr (Permuted) __builtin_prefetch(val + perm[p], 0, 3);
+    }
   };
   for (std::int64_t i = b; i < e; ++i) {
     std::int64_t p = ptr[i];
