@@ -6,7 +6,7 @@
 // Build and run from the repository root (not part of the CMake build):
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/spmm_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/spmm_kernels
-//   /tmp/spmm_kernels [--threads 2] [--reps 40] [--steps 30] [--no-step] [--only NAME]
+//   /tmp/spmm_kernels [--threads 2] [--reps 40] [--steps 30] [--no-step] [--no-kernels] [--only NAME] [--profile]
 //
 // Each kernel is timed in rounds (every kernel once per round, so machine
 // noise hits them alike); the table shows the minimum and the median.
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,11 +56,70 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Milliseconds per op kind over one step: the plan's schedule run kernel by
+// kernel on a second arena, each kernel timed (medians over `steps`).
+void profile_step(const Step& step, const Tensor& x, const Tensor& y, int steps) {
+  const Graph& g = step.graph();
+  const Plan& plan = step.plan();
+  auto backend = make_backend("cpu");
+  std::vector<std::byte> arena(plan.arena_bytes + 4096);
+  auto address = [&](ValueId v) -> void* {
+    if (plan.offset_of[std::size_t(v)]) return arena.data() + *plan.offset_of[std::size_t(v)];
+    return g.value(v).external.raw();
+  };
+  struct Bound {
+    const Node* node;
+    std::vector<TensorRef> in, out;
+    void* ws = nullptr;
+    std::size_t ws_bytes = 0;
+    std::vector<double> ms;
+  };
+  std::vector<Bound> bound;
+  for (NodeId n : plan.schedule) {
+    const Node& node = g.node(n);
+    Bound b{&node, {}, {}};
+    for (ValueId i : node.inputs) b.in.push_back({address(i), g.value(i).meta.dtype, &g.value(i).meta.shape});
+    for (ValueId o : node.results()) b.out.push_back({address(o), g.value(o).meta.dtype, &g.value(o).meta.shape});
+    if (node.has_workspace) {
+      b.ws = address(node.outputs.back());
+      b.ws_bytes = g.value(node.outputs.back()).meta.nbytes();
+    }
+    bound.push_back(std::move(b));
+  }
+  // Inputs: the first two input values, in declaration order.
+  auto inputs = g.values_of_kind(ValueKind::input);
+  for (int s = 0; s < steps + 2; ++s) {
+    // Inputs die at their last reader, so they are staged every step.
+    std::memcpy(address(inputs[0]), x.raw(), x.nbytes());
+    std::memcpy(address(inputs[1]), y.raw(), y.nbytes());
+    for (auto& b : bound) {
+      auto t = Clock::now();
+      backend->kernel_for(*b.node->op)(*b.node->op, KernelArgs{b.in, b.out, std::uint64_t(s), b.ws, b.ws_bytes});
+      if (s >= 2) b.ms.push_back(ms_since(t));
+    }
+  }
+  std::map<std::string, std::pair<double, int>> by;
+  double total = 0;
+  for (auto& b : bound) {
+    std::string key = b.node->op->name() + " " + (b.out.empty() ? b.in[0].shape->str() : b.out[0].shape->str());
+    double m = median(b.ms);
+    by[key].first += m;
+    by[key].second += 1;
+    total += m;
+  }
+  std::vector<std::pair<double, std::string>> rows;
+  for (auto& [k, v] : by) rows.push_back({v.first, k + (v.second > 1 ? cat(" (x", v.second, ")") : std::string())});
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("\nper-op medians (sum %.2f ms):\n", total);
+  for (auto& [m, k] : rows)
+    if (m >= 0.05) std::printf("  %7.2f ms  %s\n", m, k.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 40, steps = 30;
-  bool step_bench = true;
+  bool step_bench = true, profile = false, kernel_bench = true;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -67,9 +127,11 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--no-step") step_bench = false;
+    else if (a == "--profile") profile = true;
+    else if (a == "--no-kernels") kernel_bench = false;
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--reps N] [--steps N] [--no-step] [--only NAME]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--reps N] [--steps N] [--no-step] [--no-kernels] [--only NAME] [--profile]\n", argv[0]);
       return 2;
     }
   }
@@ -113,8 +175,10 @@ int main(int argc, char** argv) {
     ks.push_back({"spmm dValues      f=" + std::to_string(f), bytes,
                   [&, va] { cpu::spmm_values_grad_kernel(vgrad_op, KernelArgs{va->in, va->out}); }, {}});
   }
+  if (!kernel_bench) ks.clear();
   if (!only.empty())
-    ks.erase(std::remove_if(ks.begin(), ks.end(), [&](const Kernel& k) { return k.name.find(only) == std::string::npos; }),
+    ks.erase(std::remove_if(ks.begin(), ks.end(),
+                            [&](const Kernel& k) { return k.name.find(only) == std::string::npos; }),
              ks.end());
   for (auto& k : ks) k.run();  // warm up
   for (int r = 0; r < reps; ++r)
@@ -123,7 +187,7 @@ int main(int argc, char** argv) {
       k.run();
       k.ms.push_back(ms_since(t));
     }
-  std::printf("\n| kernel | min ms | median ms | gathered GB/s (at min) |\n|---|---:|---:|---:|\n");
+  if (!ks.empty()) std::printf("\n| kernel | min ms | median ms | gathered GB/s (at min) |\n|---|---:|---:|---:|\n");
   for (auto& k : ks) {
     double mn = *std::min_element(k.ms.begin(), k.ms.end());
     std::printf("| %s | %.3f | %.3f | %.1f |\n", k.name.c_str(), mn, median(k.ms), k.gathered_bytes / mn / 1e6);
@@ -152,5 +216,6 @@ int main(int argc, char** argv) {
               (long long)fin, (long long)hidden, (long long)classes, median(ms),
               *std::min_element(ms.begin(), ms.end()), steps, first, last,
               format_bytes(step.plan().arena_bytes).c_str(), format_bytes(step.plan().persistent_bytes).c_str());
+  if (profile) profile_step(step, x, y, steps);
   return 0;
 }
