@@ -22,3 +22,5 @@
 #include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"
 #include "data/idx.hpp"
+#include "nn/graph_conv.hpp"
+#include "data/graph.hpp"

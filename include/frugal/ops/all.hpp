@@ -12,6 +12,7 @@
 #include "shape_ops.hpp"
 #include "softmax.hpp"
 #include "unary.hpp"
+#include "spmm.hpp"
 
 namespace frugal {
 

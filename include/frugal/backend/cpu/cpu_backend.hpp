@@ -15,6 +15,7 @@
 #include "reduce.hpp"
 #include "shape.hpp"
 #include "softmax.hpp"
+#include "spmm.hpp"
 
 namespace frugal::cpu {
 
