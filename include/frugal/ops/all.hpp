@@ -10,6 +10,7 @@
 #include "shape_ops.hpp"
 #include "softmax.hpp"
 #include "unary.hpp"
+#include "layer_norm.hpp"
 
 namespace frugal {
 

@@ -13,6 +13,7 @@
 #include "reduce.hpp"
 #include "shape.hpp"
 #include "softmax.hpp"
+#include "layer_norm.hpp"
 
 namespace frugal::cpu {
 
