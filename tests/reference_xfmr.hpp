@@ -35,4 +35,21 @@ inline Array layer_norm(const Array& x, const Array* w, const Array* b, double e
   return y;
 }
 
+// ---- embedding ----------------------------------------------------------
+
+// out[i..., :] = table[ids[i...], :]
+inline Array embedding(const Array& ids, const Array& table) {
+  require(table.shape.size() == 2, "embedding table must be 2-D");
+  const std::int64_t d = table.shape[1];
+  Dims os = ids.shape;
+  os.push_back(d);
+  Array y = zeros(os);
+  for (std::size_t i = 0; i < ids.v.size(); ++i) {
+    auto row = std::int64_t(ids.v[i]);
+    require(row >= 0 && row < table.shape[0], "embedding id out of range");
+    for (std::int64_t j = 0; j < d; ++j) y.v[i * std::size_t(d) + std::size_t(j)] = table.v[std::size_t(row * d + j)];
+  }
+  return y;
+}
+
 }  // namespace ref

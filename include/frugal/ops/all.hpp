@@ -11,6 +11,7 @@
 #include "softmax.hpp"
 #include "unary.hpp"
 #include "layer_norm.hpp"
+#include "embedding.hpp"
 
 namespace frugal {
 

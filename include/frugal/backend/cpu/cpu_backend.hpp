@@ -14,6 +14,7 @@
 #include "shape.hpp"
 #include "softmax.hpp"
 #include "layer_norm.hpp"
+#include "embedding.hpp"
 
 namespace frugal::cpu {
 
