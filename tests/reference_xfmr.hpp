@@ -52,4 +52,43 @@ inline Array embedding(const Array& ids, const Array& table) {
   return y;
 }
 
+// ---- dropout ------------------------------------------------------------
+
+// Philox4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as
+// easy as 1, 2, 3", SC'11), written from the paper: 10 rounds of
+// (c0, c1, c2, c3) -> (hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1,
+// lo(M0 c0)), the key bumped by the Weyl constants after each round.
+struct Philox4 {
+  std::uint32_t v[4];
+};
+inline Philox4 philox4x32_10(Philox4 c, std::uint32_t k0, std::uint32_t k1) {
+  const std::uint64_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
+  for (int round = 0; round < 10; ++round) {
+    const std::uint64_t p0 = m0 * c.v[0], p1 = m1 * c.v[2];
+    c = {{std::uint32_t(p1 >> 32) ^ c.v[1] ^ k0, std::uint32_t(p1), std::uint32_t(p0 >> 32) ^ c.v[3] ^ k1,
+          std::uint32_t(p0)}};
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}
+
+// The keep flag of element i at step `step` under `key`, as the dropout
+// contract states it: word i % 4 of the block at counter (words, low first)
+// (lo32(i/4), hi32(i/4), lo32(step), hi32(step)) under key (lo32, hi32) is
+// compared with floor(p * 2^32).
+inline bool dropout_keep(std::uint64_t key, std::uint64_t step, std::uint64_t i, double p) {
+  const std::uint64_t g = i / 4;
+  Philox4 b = philox4x32_10({{std::uint32_t(g), std::uint32_t(g >> 32), std::uint32_t(step), std::uint32_t(step >> 32)}},
+                            std::uint32_t(key), std::uint32_t(key >> 32));
+  return double(b.v[i % 4]) >= std::floor(p * 4294967296.0);
+}
+
+inline Array dropout(const Array& x, double p, std::uint64_t key, std::uint64_t step) {
+  Array y = zeros(x.shape);
+  for (std::size_t i = 0; i < x.v.size(); ++i)
+    y.v[i] = p < 1 && dropout_keep(key, step, i, p) ? x.v[i] / (1 - p) : 0.0;
+  return y;
+}
+
 }  // namespace ref

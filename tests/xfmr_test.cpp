@@ -163,3 +163,224 @@ TEST_CASE("the embedding gradient is the same bits on 1 and 2 threads", "[xfmr][
     if (ids.data<std::int32_t>()[i] == 3) want += r.data<float>()[i * 300 + 17];
   CHECK(std::abs(g1[3 * 300 + 17] - want) < 1e-4);
 }
+
+// ---- dropout ----------------------------------------------------------------
+
+namespace {
+
+// An f32 or f64 tensor of `shape` with entries in [0.1, 1) * sign.
+frugal::Tensor random_tensor(const ref::Dims& shape, DType dt, std::uint64_t seed) {
+  frugal::Rng rng(seed);
+  return to_tensor(draw_array(rng, x(shape)), dt);
+}
+
+ref::Array as_array(const frugal::Tensor& t) { return {t.shape().dims(), to_doubles(t)}; }
+
+// y = dropout(x) through frugal, at a given step counter.
+struct DropoutRun {
+  frugal::Tensor x;
+  frugal::Step step;
+  DropoutRun(frugal::Tensor input, double p, std::uint64_t key)
+      : x(std::move(input)),
+        step(frugal::compile_inference(
+            [this, p, key] {
+              return frugal::dropout_with_key(frugal::persistent_var(x, frugal::ValueKind::parameter, "x"), p, key);
+            },
+            {})) {}
+  std::vector<double> at(std::int64_t counter) {
+    step.set_steps_run(counter);
+    step.run();
+    return to_doubles(step.output(0));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the reference Philox matches the Random123 known-answer vectors, and frugal's Philox matches it",
+          "[xfmr][dropout]") {
+  // From Random123's kat_vectors (philox4x32_10).
+  auto a = ref::philox4x32_10({{0, 0, 0, 0}}, 0, 0);
+  CHECK(a.v[0] == 0x6627e8d5u);
+  CHECK(a.v[1] == 0xe169c58du);
+  CHECK(a.v[2] == 0xbc57ac4cu);
+  CHECK(a.v[3] == 0x9b00dbd8u);
+  auto b = ref::philox4x32_10({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  CHECK(b.v[0] == 0x408f276du);
+  CHECK(b.v[1] == 0x41c83b0eu);
+  CHECK(b.v[2] == 0xa20bc7c6u);
+  CHECK(b.v[3] == 0x6d5451fdu);
+  auto c = ref::philox4x32_10({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  CHECK(c.v[0] == 0xd16cfe09u);
+  CHECK(c.v[1] == 0x94fdccebu);
+  CHECK(c.v[2] == 0x5001e420u);
+  CHECK(c.v[3] == 0x24126ea1u);
+  // frugal's generator, with its (hi, lo) counter and 64-bit key layout.
+  frugal::Philox f(0x299f31d0a4093822ull);
+  auto fb = f(0x0370734413198a2eull, 0x85a308d3243f6a88ull);
+  CHECK(fb.v[0] == 0xd16cfe09u);
+  CHECK(fb.v[3] == 0x24126ea1u);
+}
+
+TEST_CASE("dropout forward matches the reference mask at several steps, f32 and f64", "[xfmr][dropout]") {
+  for (DType dt : {DType::f64, DType::f32}) {
+    for (double p : {0.1, 0.5, 0.9}) {
+      const std::uint64_t key = 0x1234abcd5678ull + std::uint64_t(p * 100);
+      DropoutRun run(random_tensor({7, 13}, dt, 3), p, key);  // 91 elements: a partial Philox block at the end
+      const ref::Array xa = as_array(run.x);
+      for (std::int64_t s : {0, 1, 7, 1000003}) {
+        INFO("p " << p << " step " << s << " " << frugal::dtype_name(dt));
+        ref::Array want = ref::dropout(xa, p, key, std::uint64_t(s));
+        expect_close("dropout forward", run.at(s), want.v, want.shape, dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol);
+      }
+    }
+  }
+}
+
+TEST_CASE("dropout: the same step draws the same mask, another step another mask", "[xfmr][dropout]") {
+  DropoutRun run(random_tensor({64, 64}, DType::f32, 4), 0.5, 99);
+  auto s3 = run.at(3), s4 = run.at(4), s3again = run.at(3);
+  CHECK(s3 == s3again);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < s3.size(); ++i) differ += (s3[i] == 0) != (s4[i] == 0);
+  // Independent masks at p = 0.5 disagree on half the elements: 2048 of 4096.
+  CHECK(differ > 1500);
+}
+
+TEST_CASE("a recomputed dropout (the same op applied again in the step) reproduces the mask", "[xfmr][dropout]") {
+  frugal::Tensor xt = random_tensor({40, 30}, DType::f32, 6);
+  frugal::Step step = frugal::compile_inference(
+      [&] {
+        Var xv = frugal::persistent_var(xt, frugal::ValueKind::parameter, "x");
+        auto op = std::make_shared<frugal::ops::Dropout>(0.3, 1234);
+        Var first = frugal::apply(op, {xv}).at(0);
+        Var again = frugal::apply(op, {xv}).at(0);  // what a recomputation runs
+        return std::vector<Var>{first, again};
+      },
+      {});
+  for (std::int64_t s : {0, 5}) {
+    step.set_steps_run(s);
+    step.run();
+    CHECK(to_doubles(step.output(0)) == to_doubles(step.output(1)));
+  }
+}
+
+TEST_CASE("dropout drops a fraction p of the elements, within a binomial bound", "[xfmr][dropout]") {
+  const std::int64_t n = 200000;
+  for (double p : {0.1, 0.3, 0.5, 0.8}) {
+    DropoutRun run(frugal::Tensor::from(std::vector<float>(std::size_t(n), 1.0f), {n}), p, 777);
+    for (std::int64_t s : {0, 1}) {
+      auto y = run.at(s);
+      std::int64_t dropped = 0, badly_scaled = 0;
+      for (double v : y) {
+        if (v == 0) ++dropped;
+        else if (v != double(float(1.0 / (1.0 - p)))) ++badly_scaled;  // the kept ones are scaled by 1/(1-p)
+      }
+      CHECK(badly_scaled == 0);
+      // Binomial(n, p): mean n p, sd sqrt(n p (1 - p)) <= 224 here. Six sd:
+      // a correct mask fails this with probability ~2e-9; a mask off by 1% of
+      // n (2000 elements) cannot pass it.
+      const double sd = std::sqrt(double(n) * p * (1 - p));
+      INFO("p " << p << " step " << s << ": dropped " << dropped << " of " << n << ", expected " << double(n) * p
+                << " +- " << 6 * sd);
+      CHECK(std::abs(double(dropped) - double(n) * p) <= 6 * sd);
+    }
+  }
+}
+
+TEST_CASE("dropout with p = 0, in evaluation, is the identity; p = 1 drops everything", "[xfmr][dropout]") {
+  frugal::Tensor xt = random_tensor({5, 6}, DType::f32, 8);
+  auto run = [&](std::function<Var(Var)> f) {
+    frugal::Step s = frugal::compile_inference(
+        [&] { return f(frugal::persistent_var(xt, frugal::ValueKind::parameter, "x")) * 1.0; }, {});
+    s.run();
+    return s.output(0).to_vector<float>();
+  };
+  const std::vector<float> xv = xt.to_vector<float>();
+  CHECK(run([](Var v) { return frugal::dropout(v, 0.0); }) == xv);
+  CHECK(run([](Var v) { return frugal::dropout(v, 0.7, false); }) == xv);
+  frugal::nn::Dropout layer(0.7);
+  layer.eval();
+  CHECK(run([&](Var v) { return layer(v); }) == xv);
+  layer.train();
+  CHECK(run([&](Var v) { return layer(v); }) != xv);
+  CHECK(run([](Var v) { return frugal::dropout(v, 1.0); }) == std::vector<float>(30, 0.0f));
+  std::string m = error_message<frugal::Error>([&] { run([](Var v) { return frugal::dropout(v, 1.5); }); });
+  CHECK_THAT(m, Contains("dropout") && Contains("1.5"));
+}
+
+TEST_CASE("dropout gradient: finite differences at a fixed step counter, and the forward's own mask",
+          "[xfmr][dropout]") {
+  // The harness's finite differences run the step many times, and each run
+  // advances the step counter (a new mask). So this test pins the counter
+  // with set_steps_run before every run.
+  const double p = 0.4;
+  const std::uint64_t key = 4242, at = 17;
+  for (DType dt : {DType::f64, DType::f32}) {
+    frugal::Tensor xt = random_tensor({6, 7}, dt, 10), rt = random_tensor({6, 7}, dt, 11);
+    frugal::Step step = frugal::compile_gradients(
+        [&] {
+          Var y = frugal::dropout_with_key(frugal::persistent_var(xt, frugal::ValueKind::parameter, "x"), p, key);
+          return frugal::sum(frugal::exp(y) * frugal::persistent_var(rt, frugal::ValueKind::state, "r"));
+        },
+        {}, {xt});
+    step.set_steps_run(std::int64_t(at));
+    step.run();
+    std::vector<double> g = to_doubles(step.grad(xt));
+    // d/dx sum(exp(y) r) = r exp(y) keep / (1 - p), with the reference mask.
+    ref::Array xa = as_array(xt), ra = as_array(rt), y = ref::dropout(xa, p, key, at);
+    std::vector<double> want(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i)
+      want[i] = ref::dropout_keep(key, at, i, p) ? ra.v[i] * std::exp(y.v[i]) / (1 - p) : 0.0;
+    expect_close(std::string("dropout grad vs mask ") + frugal::dtype_name(dt), g, want, xa.shape,
+                 dt == DType::f64 ? 1e-12 : 1e-5);
+    if (dt != DType::f64) continue;
+    std::vector<double> fd(g.size());
+    double* px = xt.data<double>();
+    for (std::size_t j = 0; j < fd.size(); ++j) {
+      const double orig = px[j];
+      px[j] = orig + kFdStep;
+      step.set_steps_run(std::int64_t(at));
+      step.run();
+      const double lp = step.last_loss_f64();
+      px[j] = orig - kFdStep;
+      step.set_steps_run(std::int64_t(at));
+      step.run();
+      const double lm = step.last_loss_f64();
+      px[j] = orig;
+      fd[j] = (lp - lm) / (2 * kFdStep);
+    }
+    expect_close("dropout grad f64 vs finite differences", g, fd, xa.shape, kF64GradTol);
+  }
+}
+
+TEST_CASE("dropout keys: two dropouts of a capture differ; the same seed gives the same keys", "[xfmr][dropout]") {
+  frugal::Tensor xt = random_tensor({32, 32}, DType::f32, 12);
+  auto keys_after_seed = [&](std::uint64_t seed) {
+    frugal::nn::manual_seed(seed);
+    frugal::Step s = frugal::compile_inference(
+        [&] {
+          Var v = frugal::persistent_var(xt, frugal::ValueKind::parameter, "x");
+          return std::vector<Var>{frugal::dropout(v, 0.5), frugal::dropout(v, 0.5)};
+        },
+        {});
+    s.run();
+    std::vector<std::uint64_t> keys;
+    for (const auto& n : s.graph().nodes())
+      if (auto* d = dynamic_cast<const frugal::ops::Dropout*>(n.op.get())) keys.push_back(d->key());
+    CHECK(to_doubles(s.output(0)) != to_doubles(s.output(1)));
+    return keys;
+  };
+  auto k1 = keys_after_seed(1), k1again = keys_after_seed(1), k2 = keys_after_seed(2);
+  REQUIRE(k1.size() == 2);
+  CHECK(k1[0] != k1[1]);
+  CHECK(k1 == k1again);
+  CHECK(k1 != k2);
+  // Choosing a key does not move the initialisation stream.
+  frugal::nn::manual_seed(5);
+  frugal::nn::Linear a(3, 3);
+  frugal::nn::manual_seed(5);
+  keys_after_seed(5);
+  frugal::nn::manual_seed(5);
+  frugal::nn::Linear b(3, 3);
+  CHECK(a.weight.to_vector<float>() == b.weight.to_vector<float>());
+}

@@ -18,6 +18,7 @@
 #include "nn/activation.hpp"
 #include "nn/linear.hpp"
 #include "nn/sequential.hpp"
+#include "nn/dropout.hpp"
 #include "optim/adamw.hpp"
 #include "optim/sgd.hpp"
 #include "data/idx.hpp"

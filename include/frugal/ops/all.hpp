@@ -12,6 +12,7 @@
 #include "unary.hpp"
 #include "layer_norm.hpp"
 #include "embedding.hpp"
+#include "dropout.hpp"
 
 namespace frugal {
 

@@ -15,6 +15,7 @@
 #include "softmax.hpp"
 #include "layer_norm.hpp"
 #include "embedding.hpp"
+#include "dropout.hpp"
 
 namespace frugal::cpu {
 
