@@ -91,4 +91,39 @@ inline Array dropout(const Array& x, double p, std::uint64_t key, std::uint64_t 
   return y;
 }
 
+// ---- causal attention -----------------------------------------------------
+
+// softmax(scale q k^T + mask) v over the last two axes, q [..., Tq, hd],
+// k [..., Tk, hd], v [..., Tk, hdv]; query i sees keys j <= i + Tk - Tq.
+inline Array causal_attention(const Array& q, const Array& k, const Array& v, double scale = 0) {
+  const std::size_t r = q.shape.size();
+  require(r >= 2 && k.shape.size() == r && v.shape.size() == r, "attention ranks");
+  const std::int64_t tq = q.shape[r - 2], hd = q.shape[r - 1], tk = k.shape[r - 2], hdv = v.shape[r - 1];
+  require(k.shape[r - 1] == hd && v.shape[r - 2] == tk && tq <= tk, "attention shapes");
+  if (scale <= 0) scale = 1.0 / std::sqrt(double(hd));
+  const std::int64_t batch = numel(Dims(q.shape.begin(), q.shape.end() - 2));
+  Dims os = q.shape;
+  os.back() = hdv;
+  Array o = zeros(os);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < tq; ++i) {
+      const std::int64_t last = i + tk - tq;
+      std::vector<double> s(std::size_t(last + 1));
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j <= last; ++j) {
+        double dot = 0;
+        for (std::int64_t c = 0; c < hd; ++c)
+          dot += q.v[std::size_t((b * tq + i) * hd + c)] * k.v[std::size_t((b * tk + j) * hd + c)];
+        s[std::size_t(j)] = scale * dot;
+        mx = std::max(mx, s[std::size_t(j)]);
+      }
+      double z = 0;
+      for (auto& e : s) z += (e = std::exp(e - mx));
+      for (std::int64_t j = 0; j <= last; ++j)
+        for (std::int64_t c = 0; c < hdv; ++c)
+          o.v[std::size_t((b * tq + i) * hdv + c)] += s[std::size_t(j)] / z * v.v[std::size_t((b * tk + j) * hdv + c)];
+    }
+  return o;
+}
+
 }  // namespace ref

@@ -384,3 +384,115 @@ TEST_CASE("dropout keys: two dropouts of a capture differ; the same seed gives t
   frugal::nn::Linear b(3, 3);
   CHECK(a.weight.to_vector<float>() == b.weight.to_vector<float>());
 }
+
+// ---- causal attention -------------------------------------------------------
+
+namespace {
+Case attn(std::string name, ref::Dims q, ref::Dims kv, std::int64_t hdv = -1, double f32_scale = 1) {
+  ref::Dims v = kv;
+  if (hdv > 0) v.back() = hdv;
+  Case c{std::move(name),
+         {wide(std::move(q)), wide(std::move(kv)), x(std::move(v))},
+         [](const V& t) { return frugal::causal_attention(t[0], t[1], t[2]); },
+         [](const A& a) { return ref::causal_attention(a[0], a[1], a[2]); }};
+  c.f32_scale = f32_scale;
+  return c;
+}
+
+// The same attention composed from existing frugal ops, as the peer writes
+// it: matmul, scale, an additive mask, softmax, matmul.
+Var composed_attention(Var q, Var k, Var v, Var mask) {
+  double scale = 1.0 / std::sqrt(double(q.dim(-1)));
+  return frugal::matmul(frugal::softmax(frugal::matmul(q, k, false, true) * scale + mask), v);
+}
+
+// [Tq, Tk]: 0 where query i may see key j (j <= i + Tk - Tq), a large
+// negative number elsewhere.
+frugal::Tensor causal_mask(std::int64_t tq, std::int64_t tk, DType dt) {
+  frugal::Tensor m({tq, tk}, dt);
+  for (std::int64_t i = 0; i < tq; ++i)
+    for (std::int64_t j = 0; j < tk; ++j) {
+      double val = j <= i + tk - tq ? 0.0 : -1e30;
+      if (dt == DType::f64) m.data<double>()[i * tk + j] = val;
+      else m.data<float>()[i * tk + j] = float(val);
+    }
+  return m;
+}
+}  // namespace
+
+TEST_CASE("causal_attention forward and backward against the reference and finite differences",
+          "[xfmr][attention]") {
+  check_op(attn("attention [1,1,4,3]", {1, 1, 4, 3}, {1, 1, 4, 3}));
+  check_op(attn("attention [2,3,5,4] odd T", {2, 3, 5, 4}, {2, 3, 5, 4}));
+  check_op(attn("attention [2,2,1,3] T=1", {2, 2, 1, 3}, {2, 2, 1, 3}));
+  check_op(attn("attention [1,2,6,5] odd hd", {1, 2, 6, 5}, {1, 2, 6, 5}));
+  check_op(attn("attention [3,7,1] rank 3, hd 1", {3, 7, 1}, {3, 7, 1}));
+  check_op(attn("attention [4,2] rank 2", {4, 2}, {4, 2}));
+  check_op(attn("attention [1,1,4,3] v head dim 5", {1, 1, 4, 3}, {1, 1, 4, 3}, 5));
+}
+
+TEST_CASE("causal_attention with fewer queries than keys aligns the mask to the end", "[xfmr][attention]") {
+  check_op(attn("attention q[1,2,3,4] kv[1,2,5,4]", {1, 2, 3, 4}, {1, 2, 5, 4}));
+  check_op(attn("attention q[2,1,1,3] kv[2,1,6,3] one query sees all", {2, 1, 1, 3}, {2, 1, 6, 3}));
+}
+
+TEST_CASE("causal_attention across several tiles (T > 64) against the reference and finite differences",
+          "[xfmr][attention]") {
+  // hd = 1 keeps the finite differences affordable at T = 70 and 130:
+  // 2, and 3, query and key tiles of 64, the last one partial.
+  check_op(attn("attention [1,1,70,1] two tiles", {1, 1, 70, 1}, {1, 1, 70, 1}));
+  check_op(attn("attention [1,130,1] three tiles", {1, 130, 1}, {1, 130, 1}));
+  check_op(attn("attention q[1,40,2] kv[1,100,2] tiles offset", {1, 40, 2}, {1, 100, 2}));
+}
+
+TEST_CASE("fused causal_attention equals the composed matmul-mask-softmax-matmul, forward and backward",
+          "[xfmr][attention]") {
+  struct Sizes {
+    std::int64_t b, h, tq, tk, hd;
+  };
+  for (Sizes z : {Sizes{2, 3, 150, 150, 16}, Sizes{1, 2, 65, 65, 7}, Sizes{2, 1, 33, 129, 8}, Sizes{1, 1, 1, 1, 3}}) {
+    for (DType dt : {DType::f64, DType::f32}) {
+      INFO("B " << z.b << " H " << z.h << " Tq " << z.tq << " Tk " << z.tk << " hd " << z.hd << " "
+                << frugal::dtype_name(dt));
+      frugal::Tensor q = random_tensor({z.b, z.h, z.tq, z.hd}, dt, 21), k = random_tensor({z.b, z.h, z.tk, z.hd}, dt, 22),
+                     v = random_tensor({z.b, z.h, z.tk, z.hd}, dt, 23), r = random_tensor({z.b, z.h, z.tq, z.hd}, dt, 24);
+      frugal::Tensor mask = causal_mask(z.tq, z.tk, dt);
+      auto run = [&](bool fused) {
+        frugal::Step s = frugal::compile_gradients(
+            [&] {
+              Var qv = frugal::persistent_var(q, frugal::ValueKind::parameter, "q");
+              Var kv = frugal::persistent_var(k, frugal::ValueKind::parameter, "k");
+              Var vv = frugal::persistent_var(v, frugal::ValueKind::parameter, "v");
+              Var o = fused ? frugal::causal_attention(qv, kv, vv)
+                            : composed_attention(qv, kv, vv, frugal::persistent_var(mask, frugal::ValueKind::state, "m"));
+              return frugal::sum(o * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
+            },
+            {}, {q, k, v}, {}, {.threads = 2});
+        s.run();
+        return std::vector<std::vector<double>>{{s.last_loss_f64()}, to_doubles(s.grad(q)), to_doubles(s.grad(k)),
+                                                to_doubles(s.grad(v))};
+      };
+      auto fused = run(true), composed = run(false);
+      const double tol = dt == DType::f64 ? 1e-12 : 2e-5;
+      const char* what[] = {"loss", "dq", "dk", "dv"};
+      for (int i = 0; i < 4; ++i)
+        expect_close(std::string("fused vs composed ") + what[i], fused[std::size_t(i)], composed[std::size_t(i)],
+                     {std::int64_t(fused[std::size_t(i)].size())}, i == 0 ? tol * 10 : tol);
+    }
+  }
+}
+
+TEST_CASE("causal_attention shape errors", "[xfmr][attention]") {
+  auto att = [](const V& v) { return frugal::causal_attention(v[0], v[1], v[2]); };
+  std::string m = capture_error({{1, 2, 5, 4}, {1, 2, 3, 4}, {1, 2, 3, 4}}, att);
+  CHECK_THAT(m, Contains("causal_attention") && Contains("[1, 2, 5, 4]") && Contains("[1, 2, 3, 4]") &&
+                    Contains("more queries (5) than keys (3)"));
+  m = capture_error({{1, 2, 3, 4}, {1, 2, 3, 5}, {1, 2, 3, 4}}, att);
+  CHECK_THAT(m, Contains("causal_attention") && Contains("head dimensions differ"));
+  m = capture_error({{1, 2, 3, 4}, {1, 3, 3, 4}, {1, 3, 3, 4}}, att);
+  CHECK_THAT(m, Contains("causal_attention") && Contains("leading"));
+  m = capture_error({{2, 3, 4}, {2, 3, 4}, {2, 4, 4}}, att);
+  CHECK_THAT(m, Contains("causal_attention") && Contains("[2, 4, 4]"));
+  m = capture_error({{4}, {4}, {4}}, att);
+  CHECK_THAT(m, Contains("causal_attention") && Contains("rank"));
+}

@@ -13,6 +13,7 @@
 #include "layer_norm.hpp"
 #include "embedding.hpp"
 #include "dropout.hpp"
+#include "attention.hpp"
 
 namespace frugal {
 

@@ -16,6 +16,7 @@
 #include "layer_norm.hpp"
 #include "embedding.hpp"
 #include "dropout.hpp"
+#include "attention.hpp"
 
 namespace frugal::cpu {
 
