@@ -126,4 +126,100 @@ inline Array causal_attention(const Array& q, const Array& k, const Array& v, do
   return o;
 }
 
+// ---- indexing -------------------------------------------------------------
+
+inline Array concat(const std::vector<Array>& xs, int axis) {
+  const std::size_t a = std::size_t(norm_axis(axis, int(xs.at(0).shape.size())));
+  Dims os = xs[0].shape;
+  os[a] = 0;
+  for (auto& x : xs) os[a] += x.shape[a];
+  Array y = zeros(os);
+  std::int64_t at = 0;
+  for (auto& x : xs) {
+    for (std::int64_t i = 0; i < numel(x.shape); ++i) {
+      Dims idx = unravel(i, x.shape);
+      idx[a] += at;
+      y.v[std::size_t(ravel(idx, os))] = x.v[std::size_t(i)];
+    }
+    at += x.shape[a];
+  }
+  return y;
+}
+
+// Python slicing of one axis: x[..., start:end:step, ...].
+inline Array slice(const Array& x, int axis, std::int64_t start, std::int64_t end, std::int64_t step = 1) {
+  const std::size_t a = std::size_t(norm_axis(axis, int(x.shape.size())));
+  const std::int64_t n = x.shape[a];
+  auto norm = [n](std::int64_t i) { return std::min(std::max(i < 0 ? i + n : i, std::int64_t(0)), n); };
+  std::vector<std::int64_t> picked;
+  for (std::int64_t i = norm(start); i < norm(end); i += step) picked.push_back(i);
+  Dims os = x.shape;
+  os[a] = std::int64_t(picked.size());
+  Array y = zeros(os);
+  for (std::int64_t i = 0; i < numel(os); ++i) {
+    Dims idx = unravel(i, os);
+    idx[a] = picked[std::size_t(idx[a])];
+    y.v[std::size_t(i)] = x.v[std::size_t(ravel(idx, x.shape))];
+  }
+  return y;
+}
+
+inline std::vector<Array> split(const Array& x, const std::vector<std::int64_t>& sizes, int axis) {
+  std::vector<Array> out;
+  std::int64_t at = 0;
+  for (std::int64_t s : sizes) {
+    out.push_back(slice(x, axis, at, at + s));
+    at += s;
+  }
+  return out;
+}
+
+inline Array index_select(const Array& x, int axis, const Array& ids) {
+  const std::size_t a = std::size_t(norm_axis(axis, int(x.shape.size())));
+  Dims os = x.shape;
+  os[a] = std::int64_t(ids.v.size());
+  Array y = zeros(os);
+  for (std::int64_t i = 0; i < numel(os); ++i) {
+    Dims idx = unravel(i, os);
+    idx[a] = std::int64_t(ids.v[std::size_t(idx[a])]);
+    y.v[std::size_t(i)] = x.v[std::size_t(ravel(idx, x.shape))];
+  }
+  return y;
+}
+
+inline Array index_add(const Array& base, int axis, const Array& ids, const Array& src) {
+  const std::size_t a = std::size_t(norm_axis(axis, int(base.shape.size())));
+  Array y = base;
+  for (std::int64_t i = 0; i < numel(src.shape); ++i) {
+    Dims idx = unravel(i, src.shape);
+    idx[a] = std::int64_t(ids.v[std::size_t(idx[a])]);
+    y.v[std::size_t(ravel(idx, base.shape))] += src.v[std::size_t(i)];
+  }
+  return y;
+}
+
+// out[idx] = x[idx with idx[axis] = ids[idx]]
+inline Array gather(const Array& x, int axis, const Array& ids) {
+  const std::size_t a = std::size_t(norm_axis(axis, int(x.shape.size())));
+  Array y = zeros(ids.shape);
+  for (std::int64_t i = 0; i < numel(ids.shape); ++i) {
+    Dims idx = unravel(i, ids.shape);
+    idx[a] = std::int64_t(ids.v[std::size_t(i)]);
+    y.v[std::size_t(i)] = x.v[std::size_t(ravel(idx, x.shape))];
+  }
+  return y;
+}
+
+// out = base; out[idx with idx[axis] = ids[idx]] += src[idx]
+inline Array scatter_add(const Array& base, int axis, const Array& ids, const Array& src) {
+  const std::size_t a = std::size_t(norm_axis(axis, int(base.shape.size())));
+  Array y = base;
+  for (std::int64_t i = 0; i < numel(ids.shape); ++i) {
+    Dims idx = unravel(i, ids.shape);
+    idx[a] = std::int64_t(ids.v[std::size_t(i)]);
+    y.v[std::size_t(ravel(idx, base.shape))] += src.v[std::size_t(i)];
+  }
+  return y;
+}
+
 }  // namespace ref

@@ -496,3 +496,312 @@ TEST_CASE("causal_attention shape errors", "[xfmr][attention]") {
   m = capture_error({{4}, {4}, {4}}, att);
   CHECK_THAT(m, Contains("causal_attention") && Contains("rank"));
 }
+
+// ---- indexing: concat and split ------------------------------------------------
+
+TEST_CASE("concat along any axis, forward and backward", "[xfmr][indexing]") {
+  check_op({"concat [2,3]+[4,3] axis 0",
+            {x({2, 3}), x({4, 3})},
+            [](const V& v) { return frugal::concat({v[0], v[1]}, 0); },
+            [](const A& a) { return ref::concat({a[0], a[1]}, 0); }});
+  check_op({"concat [2,1,3]+[2,4,3]+[2,2,3] axis 1",
+            {x({2, 1, 3}), x({2, 4, 3}), x({2, 2, 3})},
+            [](const V& v) { return frugal::concat({v[0], v[1], v[2]}, 1); },
+            [](const A& a) { return ref::concat({a[0], a[1], a[2]}, 1); }});
+  check_op({"concat [2,3]+[2,1] axis -1",
+            {x({2, 3}), x({2, 1})},
+            [](const V& v) { return frugal::concat({v[0], v[1]}, -1); },
+            [](const A& a) { return ref::concat({a[0], a[1]}, -1); }});
+  // One tensor twice: both gradients reach it.
+  check_op({"concat x with itself [3]",
+            {x({3})},
+            [](const V& v) { return frugal::concat({v[0], v[0]}, 0); },
+            [](const A& a) { return ref::concat({a[0], a[0]}, 0); }});
+  check_op({"concat with an empty piece [2,0]+[2,3]",
+            {x({2, 0}), x({2, 3})},
+            [](const V& v) { return frugal::concat({v[0], v[1]}, 1); },
+            [](const A& a) { return ref::concat({a[0], a[1]}, 1); }});
+}
+
+TEST_CASE("split into pieces, forward and backward, also with unused pieces", "[xfmr][indexing]") {
+  // Reordered so each piece's gradient lands somewhere else.
+  check_op({"split [7,2] sizes (3,1,3) axis 0, reordered",
+            {x({7, 2})},
+            [](const V& v) {
+              auto p = frugal::split(v[0], {3, 1, 3}, 0);
+              return frugal::concat({p[2], p[0] * 2.0, p[1]}, 0);
+            },
+            [](const A& a) {
+              auto p = ref::split(a[0], {3, 1, 3}, 0);
+              return ref::concat({p[2], ref::affine(p[0], 2, 0), p[1]}, 0);
+            }});
+  check_op({"split [2,5,3] sizes (2,3) axis 1",
+            {x({2, 5, 3})},
+            [](const V& v) {
+              auto p = frugal::split(v[0], {2, 3}, 1);
+              return frugal::concat({frugal::exp(p[1]), p[0]}, 1);
+            },
+            [](const A& a) {
+              auto p = ref::split(a[0], {2, 3}, 1);
+              return ref::concat({ref::exp(p[1]), p[0]}, 1);
+            }});
+  // Only the middle piece is used: the backward fills the others with zeros.
+  check_op({"split [3,6] sizes (2,3,1) axis -1, middle piece only",
+            {x({3, 6})},
+            [](const V& v) { return frugal::split(v[0], {2, 3, 1}, -1)[1] * 3.0; },
+            [](const A& a) { return ref::affine(ref::split(a[0], {2, 3, 1}, -1)[1], 3, 0); }});
+  check_op({"split [4] sizes (0,4)",
+            {x({4})},
+            [](const V& v) { return frugal::split(v[0], {0, 4}, 0)[1]; },
+            [](const A& a) { return ref::split(a[0], {0, 4}, 0)[1]; }});
+}
+
+// ---- indexing: slice -------------------------------------------------------------
+
+TEST_CASE("slice with Python's rules, forward and backward", "[xfmr][indexing]") {
+  struct S {
+    ref::Dims shape;
+    int axis;
+    std::int64_t start, end, step;
+  };
+  for (const S& c : {S{{6, 3}, 0, 1, 4, 1}, S{{6, 3}, 0, 0, 6, 2}, S{{2, 7, 2}, 1, -5, -1, 1}, S{{2, 7, 2}, 1, 1, 100, 3},
+                     S{{5}, 0, -100, 3, 1}, S{{3, 4}, -1, 3, 4, 1}, S{{3, 4}, 1, 2, 2, 1}, S{{2, 3, 4}, 2, 0, 4, 3},
+                     S{{4, 2}, 0, 3, 1, 1}}) {
+    const std::string name = "slice " + ref::str(c.shape) + " axis " + std::to_string(c.axis) + " [" +
+                             std::to_string(c.start) + ":" + std::to_string(c.end) + ":" + std::to_string(c.step) + "]";
+    check_op({name,
+              {x(c.shape)},
+              [c](const V& v) { return frugal::slice(v[0], c.axis, c.start, c.end, c.step) * 1.5; },
+              [c](const A& a) { return ref::affine(ref::slice(a[0], c.axis, c.start, c.end, c.step), 1.5, 0); }});
+  }
+}
+
+// ---- indexing: index_select and index_add ------------------------------------------
+
+TEST_CASE("index_select and index_add, forward and backward", "[xfmr][indexing]") {
+  check_op({"index_select [5,3] axis 0 ids[4] i64 with repeats",
+            {x({5, 3}), labels({4}, 2, DType::i64)},
+            [](const V& v) { return frugal::index_select(v[0], 0, v[1]); },
+            [](const A& a) { return ref::index_select(a[0], 0, a[1]); }});
+  check_op({"index_select [2,4,3] axis 1 ids[6] i32",
+            {x({2, 4, 3}), labels({6}, 4, DType::i32)},
+            [](const V& v) { return frugal::index_select(v[0], 1, v[1]); },
+            [](const A& a) { return ref::index_select(a[0], 1, a[1]); }});
+  check_op({"index_select [3,5] axis -1 ids[2]",
+            {x({3, 5}), labels({2}, 5, DType::i64)},
+            [](const V& v) { return frugal::index_select(v[0], -1, v[1]); },
+            [](const A& a) { return ref::index_select(a[0], -1, a[1]); }});
+  check_op({"index_add [4,3] axis 0 ids[5] src[5,3]",
+            {x({4, 3}), labels({5}, 4, DType::i64), x({5, 3})},
+            [](const V& v) { return frugal::index_add(v[0], 0, v[1], v[2]); },
+            [](const A& a) { return ref::index_add(a[0], 0, a[1], a[2]); }});
+  check_op({"index_add [2,3,2] axis 1 ids[4] i32 src[2,4,2]",
+            {x({2, 3, 2}), labels({4}, 3, DType::i32), x({2, 4, 2})},
+            [](const V& v) { return frugal::index_add(v[0], 1, v[1], v[2]); },
+            [](const A& a) { return ref::index_add(a[0], 1, a[1], a[2]); }});
+}
+
+// ---- indexing: gather and scatter_add ------------------------------------------------
+
+TEST_CASE("gather and scatter_add with torch semantics, forward and backward", "[xfmr][indexing]") {
+  check_op({"gather [3,4] axis 1 ids[3,2]",
+            {x({3, 4}), labels({3, 2}, 4, DType::i64)},
+            [](const V& v) { return frugal::gather(v[0], 1, v[1]); },
+            [](const A& a) { return ref::gather(a[0], 1, a[1]); }});
+  check_op({"gather [3,4] axis 0 ids[5,4] i32, repeats",
+            {x({3, 4}), labels({5, 4}, 3, DType::i32)},
+            [](const V& v) { return frugal::gather(v[0], 0, v[1]); },
+            [](const A& a) { return ref::gather(a[0], 0, a[1]); }});
+  // ids smaller than x off the axis: only a corner of x is read.
+  check_op({"gather [3,4,5] axis 1 ids[2,6,3]",
+            {x({3, 4, 5}), labels({2, 6, 3}, 4, DType::i64)},
+            [](const V& v) { return frugal::gather(v[0], 1, v[1]); },
+            [](const A& a) { return ref::gather(a[0], 1, a[1]); }});
+  check_op({"scatter_add [3,4] axis 1 ids[3,5]",
+            {x({3, 4}), labels({3, 5}, 4, DType::i64), x({3, 5})},
+            [](const V& v) { return frugal::scatter_add(v[0], 1, v[1], v[2]); },
+            [](const A& a) { return ref::scatter_add(a[0], 1, a[1], a[2]); }});
+  check_op({"scatter_add [4,3] axis 0 ids[6,2] i32",
+            {x({4, 3}), labels({6, 2}, 4, DType::i32), x({6, 2})},
+            [](const V& v) { return frugal::scatter_add(v[0], 0, v[1], v[2]); },
+            [](const A& a) { return ref::scatter_add(a[0], 0, a[1], a[2]); }});
+  check_op({"scatter_add [2,3,4] axis -1 ids[2,2,3]",
+            {x({2, 3, 4}), labels({2, 2, 3}, 4, DType::i64), x({2, 2, 3})},
+            [](const V& v) { return frugal::scatter_add(v[0], -1, v[1], v[2]); },
+            [](const A& a) { return ref::scatter_add(a[0], -1, a[1], a[2]); }});
+}
+
+TEST_CASE("indexing ops move integer tensors too", "[xfmr][indexing]") {
+  frugal::Tensor ids = frugal::Tensor::from(std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+  frugal::Tensor pick = frugal::Tensor::from(std::vector<std::int64_t>{2, 0}, {2});
+  frugal::Step s = frugal::compile_inference(
+      [&] {
+        Var t = frugal::persistent_var(ids, frugal::ValueKind::state, "ids");
+        Var p = frugal::persistent_var(pick, frugal::ValueKind::state, "pick");
+        auto parts = frugal::split(t, {1, 3}, 1);
+        return std::vector<Var>{frugal::slice(t, 1, 1, 4, 2), frugal::concat({parts[1], parts[0]}, 1),
+                                frugal::index_select(t, 0, p)};
+      },
+      {});
+  s.run();
+  CHECK(s.output(0).to_vector<std::int32_t>() == std::vector<std::int32_t>{1, 3, 5, 7, 9, 11});
+  CHECK(s.output(1).to_vector<std::int32_t>() == std::vector<std::int32_t>{1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8});
+  CHECK(s.output(2).to_vector<std::int32_t>() == std::vector<std::int32_t>{8, 9, 10, 11, 0, 1, 2, 3});
+}
+
+TEST_CASE("out-of-range indices are DataErrors naming the op, the id, its position and the range",
+          "[xfmr][indexing]") {
+  frugal::Tensor xt({3, 4}, DType::f32);
+  auto run = [&](const frugal::Tensor& ids, std::function<Var(Var, Var)> f) {
+    frugal::Step s = frugal::compile_gradients(
+        [&] {
+          return frugal::sum(f(frugal::persistent_var(xt, frugal::ValueKind::parameter, "x"),
+                               frugal::persistent_var(ids, frugal::ValueKind::state, "ids")));
+        },
+        {}, {xt});
+    return error_message<frugal::DataError>([&] { s.run(); });
+  };
+  frugal::Tensor v = frugal::Tensor::from(std::vector<std::int64_t>{0, 3, 1}, {3});
+  CHECK_THAT(run(v, [](Var a, Var i) { return frugal::index_select(a, 0, i); }),
+             Contains("index_select") && Contains("id 3") && Contains("position 1") && Contains("[0, 3)"));
+  frugal::Tensor neg = frugal::Tensor::from(std::vector<std::int32_t>{0, 1, -2, 1, 0, 0}, {3, 2});
+  CHECK_THAT(run(neg, [](Var a, Var i) { return frugal::gather(a, 1, i); }),
+             Contains("gather") && Contains("id -2") && Contains("position 2") && Contains("[1, 0]") &&
+                 Contains("[0, 4)"));
+  frugal::Tensor big = frugal::Tensor::from(std::vector<std::int32_t>{0, 1, 2, 3, 4, 0}, {2, 3});
+  CHECK_THAT(run(big, [](Var a, Var i) { return frugal::scatter_add(a, 0, i, frugal::slice(frugal::slice(a, 0, 0, 2), 1, 0, 3)); }),
+             Contains("scatter_add") && Contains("id 3") && Contains("position 3") && Contains("[0, 3)"));
+  frugal::Tensor v2 = frugal::Tensor::from(std::vector<std::int64_t>{0, 9}, {2});
+  CHECK_THAT(run(v2, [](Var a, Var i) { return frugal::index_add(a, 1, i, frugal::slice(a, 1, 0, 2)); }),
+             Contains("index_add") && Contains("id 9") && Contains("position 1") && Contains("[0, 4)"));
+}
+
+TEST_CASE("indexing shape errors name the op and the shapes", "[xfmr][indexing]") {
+  std::string m = capture_error({{2, 3}, {3, 3}}, [](const V& v) { return frugal::concat({v[0], v[1]}, 1); });
+  CHECK_THAT(m, Contains("concat") && Contains("[3, 3]") && Contains("[2, 3]"));
+  m = capture_error({{5, 2}}, [](const V& v) { return frugal::split(v[0], {2, 2}, 0)[0]; });
+  CHECK_THAT(m, Contains("split") && Contains("[5, 2]") && Contains("(2, 2)"));
+  m = capture_error({{5, 2}}, [](const V& v) { return frugal::slice(v[0], 2, 0, 1); });
+  CHECK_THAT(m, Contains("slice") && Contains("[5, 2]"));
+  m = capture_error({{5, 2}}, [](const V& v) { return frugal::slice(v[0], 0, 0, 4, 0); });
+  CHECK_THAT(m, Contains("slice") && Contains("step"));
+  m = capture_error({{3, 4}, {4, 2}}, [](const V& v) { return frugal::gather(v[0], 1, v[1]); },
+                    {DType::f32, DType::i64});
+  CHECK_THAT(m, Contains("gather") && Contains("[4, 2]") && Contains("[3, 4]"));
+  m = capture_error({{3, 4}, {2, 2}}, [](const V& v) { return frugal::index_select(v[0], 0, v[1]); },
+                    {DType::f32, DType::i64});
+  CHECK_THAT(m, Contains("index_select") && Contains("vector"));
+  m = capture_error({{3, 4}, {3, 2}, {3, 3}},
+                    [](const V& v) { return frugal::scatter_add(v[0], 1, v[1], v[2]); },
+                    {DType::f32, DType::i64, DType::f32});
+  CHECK_THAT(m, Contains("scatter_add") && Contains("[3, 3]") && Contains("[3, 2]"));
+}
+
+// ---- large cases: the multi-threaded kernel paths ---------------------------------
+
+namespace {
+// Forward only, f64 and f32 against the reference on 2 threads: these sizes
+// exceed the kernels' parallel grain, so the chunked OpenMP paths run.
+void check_forward_large(const Case& c) {
+  INFO("large op case: " << c.name);
+  frugal::Rng rng(seed_of(c.name));
+  Arrays vals;
+  for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
+  const ref::Array want = c.reference(vals);
+  for (DType dt : {DType::f64, DType::f32}) {
+    frugal::Tensor y = run_forward(c, vals, dt);
+    REQUIRE(y.shape().dims() == want.shape);
+    expect_close(c.name + " forward " + frugal::dtype_name(dt), to_doubles(y), want.v, want.shape,
+                 dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol * c.f32_scale);
+  }
+}
+
+// The gradients of sum(f(x...) * r) for the floating inputs, on `threads`.
+std::vector<std::vector<float>> grads_on(int threads, const Case& c) {
+  frugal::Rng rng(seed_of(c.name));
+  Arrays vals;
+  for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
+  std::vector<frugal::Tensor> ts = make_inputs(c, vals, DType::f32), wrt;
+  for (std::size_t i = 0; i < ts.size(); ++i)
+    if (!c.inputs[i].is_labels()) wrt.push_back(ts[i]);
+  frugal::Tensor r;
+  frugal::Step s = frugal::compile_gradients(
+      [&] {
+        Var y = c.build(bind_inputs(c, ts));
+        r = random_tensor(y.shape().dims(), DType::f32, 77);
+        return frugal::sum(y * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
+      },
+      {}, wrt, {}, {.threads = threads});
+  s.run();
+  std::vector<std::vector<float>> out;
+  for (auto& w : wrt) out.push_back(s.grad(w).to_vector<float>());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("large inputs take the multi-threaded paths and still match the references", "[xfmr][threads]") {
+  frugal::cpu::CpuBackend().set_threads(2);
+  check_forward_large({"layer_norm [300,200]",
+                       {wide({300, 200}), x({200}), x({200})},
+                       [](const V& v) { return frugal::layer_norm(v[0], v[1], v[2]); },
+                       [](const A& a) { return ref::layer_norm(a[0], &a[1], &a[2]); }});
+  check_forward_large({"embedding ids[40,30] table[50,100]",
+                       {labels({40, 30}, 50, DType::i64), x({50, 100})},
+                       [](const V& v) { return frugal::embedding(v[0], v[1]); },
+                       [](const A& a) { return ref::embedding(a[0], a[1]); }});
+  check_forward_large({"concat [100,150]+[100,170] axis 1",
+                       {x({100, 150}), x({100, 170})},
+                       [](const V& v) { return frugal::concat({v[0], v[1]}, 1); },
+                       [](const A& a) { return ref::concat({a[0], a[1]}, 1); }});
+  check_forward_large({"slice [300,200] 1:299:2",
+                       {x({300, 200})},
+                       [](const V& v) { return frugal::slice(v[0], 0, 1, 299, 2); },
+                       [](const A& a) { return ref::slice(a[0], 0, 1, 299, 2); }});
+  check_forward_large({"index_add [50,300] ids[400] src[400,300]",
+                       {x({50, 300}), labels({400}, 50, DType::i32), x({400, 300})},
+                       [](const V& v) { return frugal::index_add(v[0], 0, v[1], v[2]); },
+                       [](const A& a) { return ref::index_add(a[0], 0, a[1], a[2]); }});
+  check_forward_large({"gather [200,300] axis 1 ids[200,250]",
+                       {x({200, 300}), labels({200, 250}, 300, DType::i64)},
+                       [](const V& v) { return frugal::gather(v[0], 1, v[1]); },
+                       [](const A& a) { return ref::gather(a[0], 1, a[1]); }});
+  check_forward_large({"scatter_add [300,40] axis 0 ids[500,40]",
+                       {x({300, 40}), labels({500, 40}, 300, DType::i64), x({500, 40})},
+                       [](const V& v) { return frugal::scatter_add(v[0], 0, v[1], v[2]); },
+                       [](const A& a) { return ref::scatter_add(a[0], 0, a[1], a[2]); }});
+  Case at{"causal_attention [2,3,100,16]",
+          {wide({2, 3, 100, 16}), wide({2, 3, 100, 16}), x({2, 3, 100, 16})},
+          [](const V& t) { return frugal::causal_attention(t[0], t[1], t[2]); },
+          [](const A& a) { return ref::causal_attention(a[0], a[1], a[2]); }};
+  check_forward_large(at);
+}
+
+TEST_CASE("gradients are the same bits on 1 and 2 threads", "[xfmr][threads]") {
+  std::vector<Case> cases{
+      {"layer_norm [400,96]",
+       {wide({400, 96}), x({96}), x({96})},
+       [](const V& v) { return frugal::layer_norm(v[0], v[1], v[2]); },
+       nullptr},
+      {"causal_attention [2,4,130,32]",
+       {wide({2, 4, 130, 32}), wide({2, 4, 130, 32}), x({2, 4, 130, 32})},
+       [](const V& t) { return frugal::causal_attention(t[0], t[1], t[2]); },
+       nullptr},
+      {"index_select [300,200] axis 0 ids[500]",
+       {x({300, 200}), labels({500}, 300, DType::i64)},
+       [](const V& v) { return frugal::index_select(v[0], 0, v[1]); },
+       nullptr},
+      {"gather [200,300] axis 1 ids[200,250]",
+       {x({200, 300}), labels({200, 250}, 300, DType::i64)},
+       [](const V& v) { return frugal::gather(v[0], 1, v[1]); },
+       nullptr},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    auto g1 = grads_on(1, c), g2 = grads_on(2, c);
+    REQUIRE(g1.size() == g2.size());
+    for (std::size_t i = 0; i < g1.size(); ++i) {
+      REQUIRE(g1[i].size() == g2[i].size());
+      CHECK(std::memcmp(g1[i].data(), g2[i].data(), g1[i].size() * 4) == 0);
+    }
+  }
+}

@@ -14,6 +14,7 @@
 #include "embedding.hpp"
 #include "dropout.hpp"
 #include "attention.hpp"
+#include "indexing.hpp"
 
 namespace frugal {
 

@@ -17,6 +17,7 @@
 #include "embedding.hpp"
 #include "dropout.hpp"
 #include "attention.hpp"
+#include "indexing.hpp"
 
 namespace frugal::cpu {
 

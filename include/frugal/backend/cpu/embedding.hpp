@@ -11,14 +11,14 @@ namespace frugal::cpu {
 // Every id in [0, rows), checked before any thread starts: an exception must
 // not leave an OpenMP region, and nothing reads past the table.
 template <class I>
-void check_ids(const char* op, const TensorRef& ids, std::int64_t rows, const char* what = "rows") {
+void check_ids(const char* op, const TensorRef& ids, std::int64_t rows, const char* what = "table rows") {
   const I* p = ids.as<I>();
   const std::int64_t n = ids.numel();
   for (std::int64_t i = 0; i < n; ++i)
     if (p[i] < 0 || p[i] >= rows)
       fail<DataError>(op, ": id ", std::int64_t(p[i]), " at position ", i, " (index ",
                       ops::index_str(i, *ids.shape), " of ids ", ids.shape->str(), ") is outside the valid range [0, ",
-                      rows, ") of a table with ", rows, " ", what);
+                      rows, ") (", rows, " ", what, ")");
 }
 
 template <class Fn>
