@@ -222,4 +222,21 @@ inline Array scatter_add(const Array& base, int axis, const Array& ids, const Ar
   return y;
 }
 
+// ---- attention from a packed qkv -------------------------------------------
+
+// qkv [B, T, 3d] -> [B, T, d], as the GPT peer: view(B, T, 3, H, hd),
+// permute(2, 0, 3, 1, 4), attention per head, transpose back.
+inline Array causal_attention_from_qkv(const Array& qkv, std::int64_t heads) {
+  const std::int64_t B = qkv.shape[0], T = qkv.shape[1], d = qkv.shape[2] / 3, hd = d / heads;
+  Array t = permute(reshape(qkv, {B, T, 3, heads, hd}), {2, 0, 3, 1, 4});
+  const std::size_t part = std::size_t(B * heads * T * hd);
+  auto piece = [&](std::size_t i) {
+    Array p = zeros({B, heads, T, hd});
+    std::copy(t.v.begin() + std::ptrdiff_t(i * part), t.v.begin() + std::ptrdiff_t((i + 1) * part), p.v.begin());
+    return p;
+  };
+  Array y = causal_attention(piece(0), piece(1), piece(2));
+  return reshape(permute(y, {0, 2, 1, 3}), {B, T, d});
+}
+
 }  // namespace ref

@@ -174,7 +174,15 @@ frugal::Tensor random_tensor(const ref::Dims& shape, DType dt, std::uint64_t see
   return to_tensor(draw_array(rng, x(shape)), dt);
 }
 
-ref::Array as_array(const frugal::Tensor& t) { return {t.shape().dims(), to_doubles(t)}; }
+ref::Array as_array(const frugal::Tensor& t) {
+  if (t.dtype() == DType::i32 || t.dtype() == DType::i64) {
+    ref::Array a{t.shape().dims(), std::vector<double>(std::size_t(t.numel()))};
+    for (std::size_t i = 0; i < a.v.size(); ++i)
+      a.v[i] = t.dtype() == DType::i32 ? double(t.data<std::int32_t>()[i]) : double(t.data<std::int64_t>()[i]);
+    return a;
+  }
+  return {t.shape().dims(), to_doubles(t)};
+}
 
 // y = dropout(x) through frugal, at a given step counter.
 struct DropoutRun {
@@ -804,4 +812,228 @@ TEST_CASE("gradients are the same bits on 1 and 2 threads", "[xfmr][threads]") {
       CHECK(std::memcmp(g1[i].data(), g2[i].data(), g1[i].size() * 4) == 0);
     }
   }
+}
+
+// ---- nn layers -----------------------------------------------------------------------
+
+namespace {
+
+ref::Array param(const frugal::Tensor& t) { return as_array(t); }
+
+// The reference of an nn::Linear / nn::LayerNorm with the module's own weights.
+ref::Array lin(const ref::Array& x, const frugal::nn::Linear& l) {
+  const ref::Array w = param(l.weight);
+  if (!l.bias.defined()) return ref::linear(x, w);
+  const ref::Array b = param(l.bias);
+  return ref::linear(x, w, &b);
+}
+ref::Array lnorm(const ref::Array& x, const frugal::nn::LayerNorm& l) {
+  const ref::Array w = param(l.weight), b = param(l.bias);
+  return ref::layer_norm(x, &w, &b);
+}
+
+// Central differences of a module's loss for a few elements of each
+// parameter, against the analytic gradients. The module must be f64.
+void check_module_gradients(const std::string& what, frugal::nn::Module& m, frugal::Step& step,
+                            std::int64_t per_param = 6) {
+  step.run();
+  for (auto& [name, t] : m.named_parameters()) {
+    INFO(what << ": parameter " << name << " " << t.shape().str());
+    std::vector<double> g = to_doubles(step.grad(t));
+    double* p = t.data<double>();
+    std::vector<double> got, fd;
+    frugal::Rng pick(seed_of(name));
+    for (std::int64_t k = 0; k < std::min(per_param, t.numel()); ++k) {
+      const std::size_t j = k == 0 ? 0 : std::size_t(pick.below(std::uint64_t(t.numel())));
+      const double orig = p[j];
+      p[j] = orig + kFdStep;
+      step.run();
+      const double lp = step.last_loss_f64();
+      p[j] = orig - kFdStep;
+      step.run();
+      const double lm = step.last_loss_f64();
+      p[j] = orig;
+      got.push_back(g[j]);
+      fd.push_back((lp - lm) / (2 * kFdStep));
+    }
+    expect_close(what + " d/d" + name, got, fd, {std::int64_t(got.size())}, kF64GradTol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("causal_attention_from_qkv (the GPT head split) forward and backward", "[xfmr][nn]") {
+  check_op({"attention from qkv [2,5,12] 2 heads",
+            {wide({2, 5, 12})},
+            [](const V& v) { return frugal::nn::causal_attention_from_qkv(v[0], 2); },
+            [](const A& a) { return ref::causal_attention_from_qkv(a[0], 2); }});
+  check_op({"attention from qkv [1,3,9] 3 heads of 1",
+            {wide({1, 3, 9})},
+            [](const V& v) { return frugal::nn::causal_attention_from_qkv(v[0], 3); },
+            [](const A& a) { return ref::causal_attention_from_qkv(a[0], 3); }});
+}
+
+TEST_CASE("nn::LayerNorm, nn::Embedding, nn::MultiHeadAttention and nn::Mlp against references", "[xfmr][nn]") {
+  using namespace frugal::nn;
+  manual_seed(3);
+  LayerNorm ln(6, {.dtype = DType::f64});
+  Embedding emb(7, 6, {DType::f64});
+  MultiHeadAttention mha(6, 2, {.dtype = DType::f64});
+  Mlp mlp(6, 10, {.dtype = DType::f64});
+  // PyTorch's defaults: LayerNorm weight 1 and bias 0; Embedding ~ N(0, 1).
+  CHECK(ln.weight.to_vector<double>() == std::vector<double>(6, 1.0));
+  CHECK(ln.bias.to_vector<double>() == std::vector<double>(6, 0.0));
+  {
+    double mean = 0, sq = 0;
+    Embedding big(200, 50);
+    for (float v : big.weight.to_vector<float>()) mean += v, sq += double(v) * v;
+    mean /= 10000, sq /= 10000;
+    CHECK(std::abs(mean) < 0.05);  // sd of the mean of 10000 N(0,1): 0.01
+    CHECK(std::abs(sq - 1) < 0.06);
+  }
+  frugal::Tensor ids = frugal::Tensor::from(std::vector<std::int64_t>{1, 6, 0, 3, 3, 2, 5, 4}, {2, 4});
+  frugal::Tensor r = random_tensor({2, 4, 6}, DType::f64, 31);
+  frugal::Step step = frugal::compile_gradients(
+      [&] {
+        Var h = emb(frugal::persistent_var(ids, frugal::ValueKind::state, "ids"));
+        Var y = mlp(mha(ln(h)));
+        return frugal::sum(y * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
+      },
+      {}, [&] {
+        std::vector<frugal::Tensor> all;
+        for (frugal::nn::Module* m : std::initializer_list<frugal::nn::Module*>{&ln, &emb, &mha, &mlp})
+          for (auto& t : m->parameters()) all.push_back(t);
+        return all;
+      }());
+  step.run();
+  ref::Array h = ref::embedding(param(ids), param(emb.weight));
+  h = lnorm(h, ln);
+  ref::Array qkv = lin(h, mha.qkv);
+  h = lin(ref::causal_attention_from_qkv(qkv, 2), mha.proj);
+  h = lin(ref::gelu_erf(lin(h, mlp.fc)), mlp.fc_proj);
+  double want = 0;
+  for (std::size_t i = 0; i < h.v.size(); ++i) want += h.v[i] * param(r).v[i];
+  CHECK(std::abs(step.last_loss_f64() - want) < 1e-12 * (1 + std::abs(want)));
+  struct All : frugal::nn::Module {
+  } all;
+  all.register_module("ln", ln);
+  all.register_module("emb", emb);
+  all.register_module("mha", mha);
+  all.register_module("mlp", mlp);
+  check_module_gradients("layers", all, step);
+}
+
+TEST_CASE("nn::TransformerBlock is pre-norm attention and MLP with residuals", "[xfmr][nn]") {
+  using namespace frugal::nn;
+  manual_seed(4);
+  TransformerBlock block(8, 2, {.mlp_hidden = 12, .dtype = DType::f64});
+  frugal::Tensor xt = random_tensor({2, 5, 8}, DType::f64, 41), r = random_tensor({2, 5, 8}, DType::f64, 42);
+  frugal::Step step = frugal::compile_gradients(
+      [&] {
+        Var y = block(frugal::persistent_var(xt, frugal::ValueKind::state, "x"));
+        return frugal::sum(y * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
+      },
+      {}, block.parameters());
+  step.run();
+  ref::Array xa = param(xt);
+  ref::Array qkv = lin(lnorm(xa, block.ln1), block.attn.qkv);
+  xa = ref::add(xa, lin(ref::causal_attention_from_qkv(qkv, 2), block.attn.proj));
+  ref::Array m = lin(lnorm(xa, block.ln2), block.fc);
+  xa = ref::add(xa, lin(ref::gelu_erf(m), block.fc_proj));
+  double want = 0;
+  for (std::size_t i = 0; i < xa.v.size(); ++i) want += xa.v[i] * param(r).v[i];
+  CHECK(std::abs(step.last_loss_f64() - want) < 1e-12 * (1 + std::abs(want)));
+  check_module_gradients("block", block, step);
+}
+
+TEST_CASE("nn::Gpt has the peer's parameters, names and count", "[xfmr][nn][gpt]") {
+  frugal::nn::Gpt one({.vocab = 11, .context = 6, .layers = 1, .d_model = 8, .heads = 2});
+  std::vector<std::string> names;
+  for (auto& [n, t] : one.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"tok.weight", "pos.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias",
+                                          "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias",
+                                          "blocks.0.attn.proj.weight", "blocks.0.attn.proj.bias",
+                                          "blocks.0.ln2.weight", "blocks.0.ln2.bias", "blocks.0.fc.weight",
+                                          "blocks.0.fc.bias", "blocks.0.fc_proj.weight", "blocks.0.fc_proj.bias",
+                                          "ln_f.weight", "ln_f.bias", "head.weight"});
+  // The peer's gpt workload: sum(p.numel() for p in GPT().parameters()).
+  frugal::nn::Gpt peer;
+  CHECK(peer.num_parameters() == 3454464);
+}
+
+TEST_CASE("nn::Gpt forward matches the reference, and its gradients finite differences", "[xfmr][nn][gpt]") {
+  using namespace frugal::nn;
+  manual_seed(6);
+  const std::int64_t B = 2, T = 5, Vocab = 9, d = 8;
+  Gpt gpt({.vocab = Vocab, .context = 7, .layers = 2, .d_model = d, .heads = 2, .mlp_hidden = 10, .dtype = DType::f64});
+  frugal::Tensor idx({B, T}, DType::i32), tgt({B, T}, DType::i32);
+  frugal::Rng rng(9);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    idx.data<std::int32_t>()[i] = std::int32_t(rng.below(std::uint64_t(Vocab)));
+    tgt.data<std::int32_t>()[i] = std::int32_t(rng.below(std::uint64_t(Vocab)));
+  }
+  frugal::Step step = frugal::compile_gradients(
+      [&] {
+        return gpt.loss(frugal::persistent_var(idx, frugal::ValueKind::state, "idx"),
+                        frugal::persistent_var(tgt, frugal::ValueKind::state, "tgt"));
+      },
+      {}, gpt.parameters());
+  step.run();
+  // The reference: the peer's forward, step by step.
+  ref::Array x = ref::embedding(param(idx), param(gpt.tok.weight));
+  ref::Array pos = ref::slice(param(gpt.pos.weight), 0, 0, T);
+  x = ref::add(x, pos);
+  for (std::size_t b = 0; b < gpt.blocks.size(); ++b) {
+    auto& blk = static_cast<TransformerBlock&>(gpt.blocks[b]);
+    ref::Array qkv = lin(lnorm(x, blk.ln1), blk.attn.qkv);
+    x = ref::add(x, lin(ref::causal_attention_from_qkv(qkv, 2), blk.attn.proj));
+    ref::Array m = lin(lnorm(x, blk.ln2), blk.fc);
+    x = ref::add(x, lin(ref::gelu_erf(m), blk.fc_proj));
+  }
+  ref::Array logits = lin(lnorm(x, gpt.ln_f), gpt.head);
+  const double want = ref::cross_entropy(logits, param(tgt)).v[0];
+  CHECK(std::abs(step.last_loss_f64() - want) < 1e-12 * (1 + std::abs(want)));
+  check_module_gradients("gpt", gpt, step, 4);
+}
+
+TEST_CASE("a 2-layer GPT trains: the loss falls over 20 AdamW steps, and the audit meets the prediction",
+          "[xfmr][nn][gpt]") {
+  using namespace frugal;
+  nn::manual_seed(1);
+  const std::int64_t B = 4, T = 16, Vocab = 32;
+  nn::Gpt gpt({.vocab = Vocab, .context = T, .layers = 2, .d_model = 32, .heads = 4});
+  optim::AdamW opt(gpt.parameters(), {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
+  Step step = compile([&](Var idx, Var tgt) { return gpt.loss(idx, tgt); },
+                      {input<std::int32_t>({B, T}, "idx"), input<std::int32_t>({B, T}, "targets")}, opt, {},
+                      {.threads = 2});
+  Tensor idx({B, T}, DType::i32), tgt({B, T}, DType::i32);
+  Rng rng(2);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    idx.data<std::int32_t>()[i] = std::int32_t(rng.below(std::uint64_t(Vocab)));
+    tgt.data<std::int32_t>()[i] = std::int32_t(rng.below(std::uint64_t(Vocab)));
+  }
+  std::vector<float> losses;
+  for (int s = 0; s < 20; ++s) losses.push_back(step.run(idx, tgt));
+  INFO("losses: first " << losses.front() << ", last " << losses.back());
+  for (float l : losses) REQUIRE(std::isfinite(l));
+  CHECK(losses.front() > 0.8f * std::log(float(Vocab)));  // near chance at the start: log(32) = 3.47
+  CHECK(losses.back() < 0.7f * losses.front());           // memorising the one batch
+  for (std::size_t i = 5; i < losses.size(); ++i) CHECK(losses[i] < losses[i - 5]);
+  auto a = step.audit(idx, tgt);
+  INFO("audit: measured " << a.high_water << ", predicted " << a.predicted);
+  CHECK(a.high_water == a.predicted);
+  CHECK(a.canary_intact);
+  CHECK(step.verify().ok());
+}
+
+TEST_CASE("nn layer errors", "[xfmr][nn]") {
+  using namespace frugal::nn;
+  CHECK_THAT(error_message<frugal::ShapeError>([] { MultiHeadAttention m(10, 3); }), Contains("10") && Contains("3"));
+  CHECK_THAT(error_message<frugal::ShapeError>([] { LayerNorm m(0); }), Contains("LayerNorm"));
+  Gpt gpt({.vocab = 5, .context = 4, .layers = 1, .d_model = 4, .heads = 1});
+  frugal::Tensor idx({2, 6}, DType::i32);
+  std::string m = error_message<frugal::ShapeError>([&] {
+    auto s = frugal::compile_inference([&] { return gpt(frugal::persistent_var(idx, frugal::ValueKind::state, "i")); }, {});
+  });
+  CHECK_THAT(m, Contains("Gpt") && Contains("context 4") && Contains("[2, 6]"));
 }

@@ -375,7 +375,12 @@ inline std::vector<Var> split(Var x, std::vector<std::int64_t> sizes, int axis =
 // x[..., start:end:step, ...] on `axis`, with Python's rules for negative
 // and out-of-range bounds; step >= 1.
 inline Var slice(Var x, int axis, std::int64_t start, std::int64_t end, std::int64_t step = 1) {
-  return apply1<ops::Slice>({x}, axis, start, end, step);
+  auto op = std::make_shared<ops::Slice>(axis, start, end, step);
+  if (step == 1 && x.rank() > 0 && axis >= -x.rank() && axis < x.rank()) {
+    const std::int64_t n = x.dim(axis);
+    if (op->range(n).count == n) return x;  // the whole axis: nothing to copy
+  }
+  return frugal::apply(std::move(op), {x}).at(0);
 }
 
 // torch.index_select: the entries ids (a vector) picks along `axis`.
