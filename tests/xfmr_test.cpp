@@ -503,6 +503,8 @@ TEST_CASE("causal_attention shape errors", "[xfmr][attention]") {
   CHECK_THAT(m, Contains("causal_attention") && Contains("[2, 4, 4]"));
   m = capture_error({{4}, {4}, {4}}, att);
   CHECK_THAT(m, Contains("causal_attention") && Contains("rank"));
+  m = capture_error({{2, 5, 12}}, [](const V& v) { return frugal::causal_attention_qkv(v[0], 3); });
+  CHECK_THAT(m, Contains("causal_attention_qkv") && Contains("[2, 5, 12]") && Contains("3 heads"));
 }
 
 // ---- indexing: concat and split ------------------------------------------------
@@ -862,6 +864,60 @@ void check_module_gradients(const std::string& what, frugal::nn::Module& m, frug
 
 }  // namespace
 
+TEST_CASE("causal_attention_qkv on a packed projection, forward and backward", "[xfmr][attention]") {
+  check_op({"attention qkv [2,5,12] 2 heads",
+            {wide({2, 5, 12})},
+            [](const V& v) { return frugal::causal_attention_qkv(v[0], 2); },
+            [](const A& a) { return ref::causal_attention_from_qkv(a[0], 2); }});
+  check_op({"attention qkv [1,1,6] T=1, 1 head",
+            {wide({1, 1, 6})},
+            [](const V& v) { return frugal::causal_attention_qkv(v[0], 1); },
+            [](const A& a) { return ref::causal_attention_from_qkv(a[0], 1); }});
+  check_op({"attention qkv [1,67,6] two tiles, 2 heads of 1",
+            {wide({1, 67, 6})},
+            [](const V& v) { return frugal::causal_attention_qkv(v[0], 2); },
+            [](const A& a) { return ref::causal_attention_from_qkv(a[0], 2); }});
+  check_op({"attention qkv [2,7,15] odd T, head dim 5",
+            {wide({2, 7, 15})},
+            [](const V& v) { return frugal::causal_attention_qkv(v[0], 1); },
+            [](const A& a) { return ref::causal_attention_from_qkv(a[0], 1); }});
+}
+
+TEST_CASE("causal_attention_qkv equals permute + split + causal_attention, forward and backward, at size",
+          "[xfmr][attention]") {
+  for (DType dt : {DType::f64, DType::f32}) {
+    const std::int64_t B = 2, T = 150, H = 3, hd = 8;
+    frugal::Tensor qkv = random_tensor({B, T, 3 * H * hd}, dt, 51), r = random_tensor({B, T, H * hd}, dt, 52);
+    auto run = [&](bool fused) {
+      frugal::Step s = frugal::compile_gradients(
+          [&] {
+            Var x = frugal::persistent_var(qkv, frugal::ValueKind::parameter, "qkv");
+            Var y;
+            if (fused) {
+              y = frugal::causal_attention_qkv(x, H);
+            } else {
+              Var t = frugal::permute(frugal::reshape(x, {B, T, 3, H, hd}), {2, 0, 3, 1, 4});
+              auto p = frugal::split(t, {1, 1, 1}, 0);
+              auto heads = [&](Var v) { return frugal::reshape(v, {B, H, T, hd}); };
+              y = frugal::reshape(frugal::permute(frugal::causal_attention(heads(p[0]), heads(p[1]), heads(p[2])),
+                                                  {0, 2, 1, 3}),
+                                  {B, T, H * hd});
+            }
+            return frugal::sum(y * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
+          },
+          {}, {qkv}, {}, {.threads = 2});
+      s.run();
+      return std::pair{s.last_loss_f64(), to_doubles(s.grad(qkv))};
+    };
+    auto [lf, gf] = run(true);
+    auto [lc, gc] = run(false);
+    INFO(frugal::dtype_name(dt));
+    // The same arithmetic in the same order: equal bits.
+    CHECK(lf == lc);
+    CHECK(gf == gc);
+  }
+}
+
 TEST_CASE("causal_attention_from_qkv (the GPT head split) forward and backward", "[xfmr][nn]") {
   check_op({"attention from qkv [2,5,12] 2 heads",
             {wide({2, 5, 12})},
@@ -1036,4 +1092,20 @@ TEST_CASE("nn layer errors", "[xfmr][nn]") {
     auto s = frugal::compile_inference([&] { return gpt(frugal::persistent_var(idx, frugal::ValueKind::state, "i")); }, {});
   });
   CHECK_THAT(m, Contains("Gpt") && Contains("context 4") && Contains("[2, 6]"));
+}
+
+TEST_CASE("the attention kernel's f32 exp is within 2 ulp of exp, and exactly 0 far below", "[xfmr][attention]") {
+  double worst = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -87.0f + 87.5f * float(i) / 200000.0f;  // the softmax's range: x <= 0 (and a little above)
+    const double want = std::exp(double(x));
+    const double got = frugal::cpu::attn_exp(x);
+    worst = std::max(worst, std::abs(got - want) / want);
+  }
+  INFO("worst relative error " << worst);
+  CHECK(worst <= 2 * 1.1920929e-7);
+  CHECK(frugal::cpu::attn_exp(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(frugal::cpu::attn_exp(-100.0f) == 0.0f);
+  CHECK(frugal::cpu::attn_exp(0.0f) == 1.0f);
+  CHECK(std::isnan(frugal::cpu::attn_exp(std::numeric_limits<float>::quiet_NaN())));
 }

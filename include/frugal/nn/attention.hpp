@@ -10,24 +10,14 @@
 
 namespace frugal::nn {
 
-// qkv [B, T, 3d] (the q, k, v projections side by side) -> [B, T, d]: qkv
-// is viewed as [B, T, 3, H, hd] and permuted to [3, B, H, T, hd] (PyTorch's
-// view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)); its three parts are q, k
-// and v for causal_attention, whose [B, H, T, hd] result goes back to
-// [B, T, d] (transpose(1, 2).reshape(B, T, d)).
+// qkv [B, T, 3d] (the q, k, v projections side by side) -> [B, T, d]:
+// PyTorch's view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4), causal attention
+// per head, transpose(1, 2).reshape(B, T, d). The fused op reads q, k, v
+// and writes the result in these layouts directly, without permuted copies.
 inline Var causal_attention_from_qkv(Var qkv, std::int64_t heads) {
-  if (qkv.rank() != 3 || qkv.dim(2) % 3 != 0)
+  if (qkv.rank() != 3)
     fail<ShapeError>("causal_attention_from_qkv: qkv must be [batch, time, 3 * d_model], got ", qkv.meta().str());
-  const std::int64_t B = qkv.dim(0), T = qkv.dim(1), d = qkv.dim(2) / 3;
-  if (heads <= 0 || d % heads != 0)
-    fail<ShapeError>("causal_attention_from_qkv: d_model ", d, " is not a multiple of heads ", heads, " (qkv ",
-                     qkv.meta().str(), ")");
-  const std::int64_t hd = d / heads;
-  Var t = ops::permute(ops::reshape(qkv, {B, T, 3, heads, hd}), {2, 0, 3, 1, 4});
-  std::vector<Var> parts = split(t, {1, 1, 1}, 0);
-  auto head_major = [&](Var p) { return ops::reshape(p, {B, heads, T, hd}); };
-  Var y = causal_attention(head_major(parts[0]), head_major(parts[1]), head_major(parts[2]));
-  return ops::reshape(ops::permute(y, {0, 2, 1, 3}), {B, T, d});
+  return causal_attention_qkv(qkv, heads);
 }
 
 struct MultiHeadAttentionOptions {

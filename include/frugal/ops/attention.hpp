@@ -127,7 +127,112 @@ class CausalAttention final : public Op {
   double scale_;
 };
 
+// ---- the same attention on a packed qkv projection ----------------------------
+
+// qkv [..., T, 3d] holds q, k and v side by side, each split into `heads`
+// heads of hd = d / heads: the GPT layout, read as [..., T, 3, H, hd]. The
+// op is causal_attention over q, k, v of [..., H, T, hd] taken from that
+// view, with the output written back as [..., T, H * hd] = [..., T, d]
+// (PyTorch: view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4), attention,
+// transpose(1, 2).reshape(B, T, d)). The kernel reads and writes those
+// layouts in place, through strides: no permuted copies of q, k, v or o.
+struct QkvDims {
+  std::int64_t batch, heads, t, hd;
+  std::int64_t d() const { return heads * hd; }
+};
+
+inline QkvDims qkv_shape_dims(const Shape& qkv, std::int64_t heads) {
+  std::int64_t batch = 1;
+  for (int d = 0; d < qkv.rank() - 2; ++d) batch *= qkv[d];
+  return {batch, heads, qkv.dim(-2), qkv.dim(-1) / 3 / heads};
+}
+
+inline QkvDims qkv_dims(const std::string& op, const TensorMeta& qkv, std::int64_t heads) {
+  expect_floating(op, qkv);
+  if (qkv.shape.rank() < 2)
+    fail<ShapeError>(op, ": qkv must be [..., T, 3 * d_model], got ", qkv.str());
+  const std::int64_t w = qkv.shape.dim(-1);
+  if (heads <= 0 || w == 0 || w % (3 * heads) != 0)
+    fail<ShapeError>(op, ": the last dimension of qkv ", qkv.str(), " must be 3 * heads * head_dim with ", heads,
+                     " heads and head_dim >= 1");
+  return qkv_shape_dims(qkv.shape, heads);
+}
+
+inline std::vector<TensorMeta> qkv_outputs(const TensorMeta& qkv, const QkvDims& d) {
+  std::vector<std::int64_t> od = qkv.shape.dims(), ld(qkv.shape.dims().begin(), qkv.shape.dims().end() - 2);
+  od.back() = d.d();
+  ld.push_back(d.heads);
+  ld.push_back(d.t);
+  return {{qkv.dtype, Shape(od)}, {qkv.dtype, Shape(ld)}};
+}
+
+// Inputs (qkv, o, lse, do) -> dqkv.
+class CausalAttentionQkvGrad final : public Op {
+ public:
+  CausalAttentionQkvGrad(std::int64_t heads, double scale) : heads_(heads), scale_(scale) {}
+  std::int64_t heads() const { return heads_; }
+  double scale() const { return scale_; }
+  std::string name() const override { return "causal_attention_qkv_grad"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 4);
+    const QkvDims d = qkv_dims(name(), in[0], heads_);
+    const auto want = qkv_outputs(in[0], d);
+    if (in[1].shape != want[0].shape || in[3].shape != want[0].shape || in[2].shape != want[1].shape ||
+        in[1].dtype != in[0].dtype || in[2].dtype != in[0].dtype || in[3].dtype != in[0].dtype)
+      fail<ShapeError>(name(), ": o ", in[1].str(), ", lse ", in[2].str(), " and do ", in[3].str(),
+                       " do not match qkv ", in[0].str(), " with ", heads_, " heads");
+    return {in[0]};
+  }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    const QkvDims d = qkv_dims(name(), in[0], heads_);
+    const AttentionDims a{d.batch * d.heads, d.t, d.t, d.hd, d.hd};
+    return {2.0 * attention_pairs(a) * double(5 * d.hd),
+            double(in[0].nbytes() + in[1].nbytes() + in[2].nbytes() + in[3].nbytes() + out[0].nbytes())};
+  }
+
+ private:
+  std::int64_t heads_;
+  double scale_;
+};
+
+// Inputs (qkv [..., T, 3d]) -> (o [..., T, d], lse [..., H, T]).
+class CausalAttentionQkv final : public Op {
+ public:
+  // scale <= 0 means 1/sqrt(head_dim).
+  explicit CausalAttentionQkv(std::int64_t heads, double scale = 0) : heads_(heads), scale_(scale) {}
+  std::int64_t heads() const { return heads_; }
+  double scale_for(std::int64_t hd) const { return scale_ > 0 ? scale_ : 1.0 / std::sqrt(double(hd)); }
+  std::string name() const override { return "causal_attention_qkv"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 1);
+    return qkv_outputs(in[0], qkv_dims(name(), in[0], heads_));
+  }
+  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
+    if (!a.grad_outputs[0]) return {std::nullopt};
+    const std::int64_t hd = a.inputs[0].dim(-1) / 3 / heads_;
+    return {apply1<CausalAttentionQkvGrad>({a.inputs[0], a.outputs[0], a.outputs[1], *a.grad_outputs[0]}, heads_,
+                                           scale_for(hd))};
+  }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    const QkvDims d = qkv_dims(name(), in[0], heads_);
+    const AttentionDims a{d.batch * d.heads, d.t, d.t, d.hd, d.hd};
+    return {2.0 * attention_pairs(a) * double(2 * d.hd), double(in[0].nbytes() + out[0].nbytes() + out[1].nbytes())};
+  }
+
+ private:
+  std::int64_t heads_;
+  double scale_;
+};
+
 }  // namespace frugal::ops
+
+namespace frugal {
+// Causal self-attention over a packed projection: qkv [..., T, 3d] (q, k, v
+// side by side, each `heads` heads of d / heads) -> [..., T, d].
+inline Var causal_attention_qkv(Var qkv, std::int64_t heads, double scale = 0) {
+  return frugal::apply(std::make_shared<ops::CausalAttentionQkv>(heads, scale), {qkv}).at(0);
+}
+}  // namespace frugal
 
 namespace frugal {
 // Causal self-attention, fused: q [..., Tq, hd], k [..., Tk, hd],
