@@ -35,6 +35,12 @@ std::string capture_error(std::vector<ref::Dims> shapes, std::function<Var(const
   });
 }
 
+// A one-input case.
+Case unary(std::string name, In in, std::function<Var(Var)> build, std::function<ref::Array(const ref::Array&)> refn) {
+  return {std::move(name), {std::move(in)}, [build](const V& v) { return build(v[0]); },
+          [refn](const A& a) { return refn(a[0]); }};
+}
+
 }  // namespace
 
 // ---- layer_norm -------------------------------------------------------------
@@ -1094,18 +1100,40 @@ TEST_CASE("nn layer errors", "[xfmr][nn]") {
   CHECK_THAT(m, Contains("Gpt") && Contains("context 4") && Contains("[2, 6]"));
 }
 
-TEST_CASE("the attention kernel's f32 exp is within 2 ulp of exp, and exactly 0 far below", "[xfmr][attention]") {
+// ---- vectorised math: exp_poly, erf_poly, gelu_erf_poly --------------------------
+
+TEST_CASE("exp_poly is within 2 ulp of exp, exactly 0 far below, and keeps NaN", "[xfmr][gelu]") {
   double worst = 0;
   for (int i = 0; i <= 200000; ++i) {
-    const float x = -87.0f + 87.5f * float(i) / 200000.0f;  // the softmax's range: x <= 0 (and a little above)
+    const float x = -87.0f + 175.0f * float(i) / 200000.0f;
     const double want = std::exp(double(x));
-    const double got = frugal::cpu::attn_exp(x);
-    worst = std::max(worst, std::abs(got - want) / want);
+    worst = std::max(worst, std::abs(double(frugal::math::exp_poly(x)) - want) / want);
   }
   INFO("worst relative error " << worst);
   CHECK(worst <= 2 * 1.1920929e-7);
-  CHECK(frugal::cpu::attn_exp(-std::numeric_limits<float>::infinity()) == 0.0f);
-  CHECK(frugal::cpu::attn_exp(-100.0f) == 0.0f);
-  CHECK(frugal::cpu::attn_exp(0.0f) == 1.0f);
-  CHECK(std::isnan(frugal::cpu::attn_exp(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(frugal::math::exp_poly(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(frugal::math::exp_poly(-100.0f) == 0.0f);
+  CHECK(frugal::math::exp_poly(0.0f) == 1.0f);
+  CHECK(std::isnan(frugal::math::exp_poly(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(frugal::math::exp_poly(-1.5) == std::exp(-1.5));  // f64: libm
+}
+
+TEST_CASE("erf_poly is within 4.5e-7 of erf everywhere", "[xfmr][gelu]") {
+  double worst = 0;
+  for (int i = -1000000; i <= 1000000; ++i) {
+    const float x = float(i) * 6e-6f;
+    worst = std::max(worst, std::abs(double(frugal::math::erf_poly(x)) - std::erf(double(x))));
+  }
+  INFO("worst absolute error " << worst);
+  CHECK(worst <= 4.5e-7);
+  CHECK(frugal::math::erf_poly(0.0f) == 0.0f);
+  CHECK(frugal::math::erf_poly(-30.0f) == -1.0f);
+  CHECK(frugal::math::erf_poly(0.3) == std::erf(0.3));  // f64: libm
+}
+
+TEST_CASE("gelu_erf_poly is the exact GELU, forward and backward", "[xfmr][gelu]") {
+  check_op(unary("gelu_erf_poly [4,6]", x({4, 6}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
+  check_op(unary("gelu_erf_poly [3,7] wide", wide({3, 7}), [](Var v) { return frugal::gelu_erf_poly(v); },
+                 ref::gelu_erf));
+  check_op(unary("gelu_erf_poly [1]", x({1}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
 }

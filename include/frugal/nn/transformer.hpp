@@ -1,12 +1,18 @@
 #pragma once
 // The MLP and the pre-norm transformer block of a GPT.
-#include "../ops/unary.hpp"
+#include "../ops/gelu.hpp"
 #include "attention.hpp"
 #include "dropout.hpp"
 #include "layer_norm.hpp"
 #include "linear.hpp"
 
 namespace frugal::nn {
+
+// GELU, exact (erf) or the tanh form; the exact one through the vectorised
+// gelu_erf_poly.
+inline Var mlp_activation(Var x, bool approximate_gelu) {
+  return approximate_gelu ? gelu(x, true) : gelu_erf_poly(x);
+}
 
 struct MlpOptions {
   bool approximate_gelu = false;  // false: exact erf GELU (PyTorch's default); true: the tanh form
@@ -23,7 +29,7 @@ class Mlp : public Layer {
     register_module("fc", fc);
     register_module("fc_proj", fc_proj);
   }
-  Var forward(Var x) override { return dropout(fc_proj(gelu(fc(x), o_.approximate_gelu)), o_.dropout, is_training()); }
+  Var forward(Var x) override { return dropout(fc_proj(mlp_activation(fc(x), o_.approximate_gelu)), o_.dropout, is_training()); }
 
   Linear fc, fc_proj;
 
@@ -61,7 +67,7 @@ class TransformerBlock : public Layer {
   // x [B, T, d] -> [B, T, d]
   Var forward(Var x) override {
     x = x + attn(ln1(x));
-    return x + dropout(fc_proj(gelu(fc(ln2(x)), o_.approximate_gelu)), o_.dropout, is_training());
+    return x + dropout(fc_proj(mlp_activation(fc(ln2(x)), o_.approximate_gelu)), o_.dropout, is_training());
   }
 
   LayerNorm ln1;

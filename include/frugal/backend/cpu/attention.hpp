@@ -20,11 +20,11 @@
 // Every task's work is fixed by the shapes alone: the same bits for any
 // thread count and wherever the operands sit.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 
 #include "../../ops/attention.hpp"
+#include "../../ops/gelu.hpp"
 #include "blas.hpp"
 #include "kernel_table.hpp"
 #include "parallel.hpp"
@@ -35,27 +35,12 @@ namespace frugal::cpu {
 inline constexpr std::int64_t kAttnBq = 64;  // query rows per tile
 inline constexpr std::int64_t kAttnBk = 64;  // keys per tile
 
-// exp for the softmax: in f32 a branch-free polynomial the compiler
-// vectorises (Cody-Waite reduction by ln 2, Cephes' degree-6 expf
-// polynomial, the exponent built in the bits; within 2 ulp of expf, exactly
-// 0 below the smallest normal's logarithm), in f64 libm's exp. Scalar and
-// vector lanes compute the same bits.
-inline float attn_exp(float x) {
-  const float lo = -87.33654475f, hi = 88.37626266f;
-  const float xc = std::min(std::max(x, lo), hi);
-  const float r = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  const float g = (xc - r * 0.693359375f) - r * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * g + 1.3981999507e-3f;
-  p = p * g + 8.3334519073e-3f;
-  p = p * g + 4.1665795894e-2f;
-  p = p * g + 1.6666665459e-1f;
-  p = p * g + 5.0000001201e-1f;
-  p = p * g * g + g + 1.0f;
-  const float scale = std::bit_cast<float>(std::int32_t(r) * (1 << 23) + (127 << 23));
-  return x < lo ? 0.0f : p * scale;
+// exp for the softmax: math::exp_poly, which the compiler vectorises in f32
+// (libm's exp in f64).
+template <class T>
+inline T attn_exp(T x) {
+  return math::exp_poly(x);
 }
-inline double attn_exp(double x) { return math::exp_(x); }
 
 // Where one (batch, head) of q, k, v or o lies: element (b, h, t, c) at
 // base + b * batch + h * head + t * row + c. Covers [B, H, T, hd] tensors

@@ -18,6 +18,7 @@
 #include "dropout.hpp"
 #include "attention.hpp"
 #include "indexing.hpp"
+#include "gelu.hpp"
 
 namespace frugal::cpu {
 
