@@ -32,7 +32,7 @@
 
 namespace frugal::cpu {
 
-inline constexpr std::int64_t kAttnBq = 64;  // query rows per tile
+inline constexpr std::int64_t kAttnBq = 32;  // query rows per tile
 inline constexpr std::int64_t kAttnBk = 64;  // keys per tile
 
 // exp for the softmax: math::exp_poly, which the compiler vectorises in f32
