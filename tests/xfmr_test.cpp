@@ -1137,3 +1137,20 @@ TEST_CASE("gelu_erf_poly is the exact GELU, forward and backward", "[xfmr][gelu]
                  ref::gelu_erf));
   check_op(unary("gelu_erf_poly [1]", x({1}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
 }
+
+TEST_CASE("layer_norm and dropout written in place over a dying input give the same results", "[xfmr][inplace]") {
+  // (x * 1) dies at the op, so the planner may hand its buffer to the output.
+  frugal::Tensor xt = random_tensor({6, 10}, DType::f32, 61);
+  auto run = [&](bool inplace, std::function<Var(Var)> f) {
+    frugal::CompileOptions o;
+    o.plan.inplace = inplace;
+    frugal::Step s = frugal::compile_inference(
+        [&] { return f(frugal::persistent_var(xt, frugal::ValueKind::parameter, "x") * 1.0); }, {}, {}, o);
+    s.run();
+    return s.output(0).to_vector<float>();
+  };
+  auto ln = [](Var v) { return frugal::layer_norm(v); };
+  auto dr = [](Var v) { return frugal::dropout_with_key(v, 0.5, 3); };
+  CHECK(run(true, ln) == run(false, ln));
+  CHECK(run(true, dr) == run(false, dr));
+}
