@@ -10,10 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <frugal/frugal.hpp>
 #include <string>
 #include <vector>
-
-#include <frugal/frugal.hpp>
 
 using namespace frugal;
 

@@ -16,11 +16,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <frugal/frugal.hpp>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <frugal/frugal.hpp>
 
 using namespace frugal;
 
@@ -43,10 +42,14 @@ int main(int argc, char** argv) {
   bool profile = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--warmup" && i + 1 < argc) warmup = std::atoi(argv[++i]);
-    else if (a == "--profile") profile = true;
+    if (a == "--threads" && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--warmup" && i + 1 < argc)
+      warmup = std::atoi(argv[++i]);
+    else if (a == "--profile")
+      profile = true;
     else {
       std::fprintf(stderr, "usage: gpt_step [--threads N] [--steps N] [--warmup N] [--profile]\n");
       return 2;
@@ -79,13 +82,15 @@ int main(int argc, char** argv) {
     cpu.push_back(cpu_ms() - c0);
   }
   const double median = median_of(ms), fastest = *std::min_element(ms.begin(), ms.end());
-  std::printf("gpt step (peer workload), %d threads: median %.1f ms, min %.1f ms, median CPU time %.1f ms over %d "
-              "steps; %lld parameters; arena %.1f MiB; loss %.4f -> %.4f\n",
-              threads, median, fastest, median_of(cpu), steps, (long long)gpt.num_parameters(),
-              double(step.arena_bytes()) / (1 << 20), first, last);
-  std::printf("RESULT {\"workload\": \"gpt\", \"threads\": %d, \"ms_step_median\": %.3f, \"ms_step_min\": %.3f, "
-              "\"cpu_ms_step_median\": %.3f, \"loss_first\": %.6f, \"loss_last\": %.6f}\n",
-              threads, median, fastest, median_of(cpu), first, last);
+  std::printf(
+      "gpt step (peer workload), %d threads: median %.1f ms, min %.1f ms, median CPU time %.1f ms over %d "
+      "steps; %lld parameters; arena %.1f MiB; loss %.4f -> %.4f\n",
+      threads, median, fastest, median_of(cpu), steps, (long long)gpt.num_parameters(),
+      double(step.arena_bytes()) / (1 << 20), first, last);
+  std::printf(
+      "RESULT {\"workload\": \"gpt\", \"threads\": %d, \"ms_step_median\": %.3f, \"ms_step_min\": %.3f, "
+      "\"cpu_ms_step_median\": %.3f, \"loss_first\": %.6f, \"loss_last\": %.6f}\n",
+      threads, median, fastest, median_of(cpu), first, last);
 
   if (profile) {
     // Time every kernel of the plan on its own, by op name and phase.
@@ -112,10 +117,10 @@ int main(int argc, char** argv) {
         const double t0 = threads == 1 ? cpu_ms(CLOCK_THREAD_CPUTIME_ID) : 0;
         auto w0 = std::chrono::steady_clock::now();
         k(*node.op, KernelArgs{in, out, 0, ws, wsb});
-        const double t = (threads == 1 ? cpu_ms(CLOCK_THREAD_CPUTIME_ID) - t0
-                                       : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0)
-                                             .count()) /
-                         reps;
+        const double t =
+            (threads == 1 ? cpu_ms(CLOCK_THREAD_CPUTIME_ID) - t0
+                          : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count()) /
+            reps;
         by_op[std::string(phase_name(node.phase)) + " " + node.op->name()] += t;
         total += t;
       }

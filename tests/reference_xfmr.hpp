@@ -79,15 +79,15 @@ inline Philox4 philox4x32_10(Philox4 c, std::uint32_t k0, std::uint32_t k1) {
 // compared with floor(p * 2^32).
 inline bool dropout_keep(std::uint64_t key, std::uint64_t step, std::uint64_t i, double p) {
   const std::uint64_t g = i / 4;
-  Philox4 b = philox4x32_10({{std::uint32_t(g), std::uint32_t(g >> 32), std::uint32_t(step), std::uint32_t(step >> 32)}},
-                            std::uint32_t(key), std::uint32_t(key >> 32));
+  Philox4 b =
+      philox4x32_10({{std::uint32_t(g), std::uint32_t(g >> 32), std::uint32_t(step), std::uint32_t(step >> 32)}},
+                    std::uint32_t(key), std::uint32_t(key >> 32));
   return double(b.v[i % 4]) >= std::floor(p * 4294967296.0);
 }
 
 inline Array dropout(const Array& x, double p, std::uint64_t key, std::uint64_t step) {
   Array y = zeros(x.shape);
-  for (std::size_t i = 0; i < x.v.size(); ++i)
-    y.v[i] = p < 1 && dropout_keep(key, step, i, p) ? x.v[i] / (1 - p) : 0.0;
+  for (std::size_t i = 0; i < x.v.size(); ++i) y.v[i] = p < 1 && dropout_keep(key, step, i, p) ? x.v[i] / (1 - p) : 0.0;
   return y;
 }
 

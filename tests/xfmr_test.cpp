@@ -37,7 +37,9 @@ std::string capture_error(std::vector<ref::Dims> shapes, std::function<Var(const
 
 // A one-input case.
 Case unary(std::string name, In in, std::function<Var(Var)> build, std::function<ref::Array(const ref::Array&)> refn) {
-  return {std::move(name), {std::move(in)}, [build](const V& v) { return build(v[0]); },
+  return {std::move(name),
+          {std::move(in)},
+          [build](const V& v) { return build(v[0]); },
           [refn](const A& a) { return refn(a[0]); }};
 }
 
@@ -136,11 +138,10 @@ TEST_CASE("an out-of-range embedding id is a DataError naming the op, the id, it
 }
 
 TEST_CASE("embedding shape errors", "[xfmr][embedding]") {
-  std::string m = capture_error({{4}, {5}}, [](const V& v) { return frugal::embedding(v[0], v[1]); },
-                                {DType::i32, DType::f32});
+  std::string m =
+      capture_error({{4}, {5}}, [](const V& v) { return frugal::embedding(v[0], v[1]); }, {DType::i32, DType::f32});
   CHECK_THAT(m, Contains("embedding") && Contains("[5]") && Contains("[4]"));
-  m = capture_error({{4}, {5, 3}}, [](const V& v) { return frugal::embedding(v[0], v[1]); },
-                    {DType::f32, DType::f32});
+  m = capture_error({{4}, {5, 3}}, [](const V& v) { return frugal::embedding(v[0], v[1]); }, {DType::f32, DType::f32});
   CHECK_THAT(m, Contains("embedding") && Contains("i32 or i64") && Contains("[4]"));
 }
 
@@ -244,7 +245,8 @@ TEST_CASE("dropout forward matches the reference mask at several steps, f32 and 
       for (std::int64_t s : {0, 1, 7, 1000003}) {
         INFO("p " << p << " step " << s << " " << frugal::dtype_name(dt));
         ref::Array want = ref::dropout(xa, p, key, std::uint64_t(s));
-        expect_close("dropout forward", run.at(s), want.v, want.shape, dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol);
+        expect_close("dropout forward", run.at(s), want.v, want.shape,
+                     dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol);
       }
     }
   }
@@ -286,8 +288,10 @@ TEST_CASE("dropout drops a fraction p of the elements, within a binomial bound",
       auto y = run.at(s);
       std::int64_t dropped = 0, badly_scaled = 0;
       for (double v : y) {
-        if (v == 0) ++dropped;
-        else if (v != double(float(1.0 / (1.0 - p)))) ++badly_scaled;  // the kept ones are scaled by 1/(1-p)
+        if (v == 0)
+          ++dropped;
+        else if (v != double(float(1.0 / (1.0 - p))))
+          ++badly_scaled;  // the kept ones are scaled by 1/(1-p)
       }
       CHECK(badly_scaled == 0);
       // Binomial(n, p): mean n p, sd sqrt(n p (1 - p)) <= 224 here. Six sd:
@@ -427,15 +431,16 @@ frugal::Tensor causal_mask(std::int64_t tq, std::int64_t tk, DType dt) {
   for (std::int64_t i = 0; i < tq; ++i)
     for (std::int64_t j = 0; j < tk; ++j) {
       double val = j <= i + tk - tq ? 0.0 : -1e30;
-      if (dt == DType::f64) m.data<double>()[i * tk + j] = val;
-      else m.data<float>()[i * tk + j] = float(val);
+      if (dt == DType::f64)
+        m.data<double>()[i * tk + j] = val;
+      else
+        m.data<float>()[i * tk + j] = float(val);
     }
   return m;
 }
 }  // namespace
 
-TEST_CASE("causal_attention forward and backward against the reference and finite differences",
-          "[xfmr][attention]") {
+TEST_CASE("causal_attention forward and backward against the reference and finite differences", "[xfmr][attention]") {
   check_op(attn("attention [1,1,4,3]", {1, 1, 4, 3}, {1, 1, 4, 3}));
   check_op(attn("attention [2,3,5,4] odd T", {2, 3, 5, 4}, {2, 3, 5, 4}));
   check_op(attn("attention [2,2,1,3] T=1", {2, 2, 1, 3}, {2, 2, 1, 3}));
@@ -468,8 +473,10 @@ TEST_CASE("fused causal_attention equals the composed matmul-mask-softmax-matmul
     for (DType dt : {DType::f64, DType::f32}) {
       INFO("B " << z.b << " H " << z.h << " Tq " << z.tq << " Tk " << z.tk << " hd " << z.hd << " "
                 << frugal::dtype_name(dt));
-      frugal::Tensor q = random_tensor({z.b, z.h, z.tq, z.hd}, dt, 21), k = random_tensor({z.b, z.h, z.tk, z.hd}, dt, 22),
-                     v = random_tensor({z.b, z.h, z.tk, z.hd}, dt, 23), r = random_tensor({z.b, z.h, z.tq, z.hd}, dt, 24);
+      frugal::Tensor q = random_tensor({z.b, z.h, z.tq, z.hd}, dt, 21),
+                     k = random_tensor({z.b, z.h, z.tk, z.hd}, dt, 22),
+                     v = random_tensor({z.b, z.h, z.tk, z.hd}, dt, 23),
+                     r = random_tensor({z.b, z.h, z.tq, z.hd}, dt, 24);
       frugal::Tensor mask = causal_mask(z.tq, z.tk, dt);
       auto run = [&](bool fused) {
         frugal::Step s = frugal::compile_gradients(
@@ -477,14 +484,15 @@ TEST_CASE("fused causal_attention equals the composed matmul-mask-softmax-matmul
               Var qv = frugal::persistent_var(q, frugal::ValueKind::parameter, "q");
               Var kv = frugal::persistent_var(k, frugal::ValueKind::parameter, "k");
               Var vv = frugal::persistent_var(v, frugal::ValueKind::parameter, "v");
-              Var o = fused ? frugal::causal_attention(qv, kv, vv)
-                            : composed_attention(qv, kv, vv, frugal::persistent_var(mask, frugal::ValueKind::state, "m"));
+              Var o = fused
+                          ? frugal::causal_attention(qv, kv, vv)
+                          : composed_attention(qv, kv, vv, frugal::persistent_var(mask, frugal::ValueKind::state, "m"));
               return frugal::sum(o * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
             },
             {}, {q, k, v}, {}, {.threads = 2});
         s.run();
-        return std::vector<std::vector<double>>{{s.last_loss_f64()}, to_doubles(s.grad(q)), to_doubles(s.grad(k)),
-                                                to_doubles(s.grad(v))};
+        return std::vector<std::vector<double>>{
+            {s.last_loss_f64()}, to_doubles(s.grad(q)), to_doubles(s.grad(k)), to_doubles(s.grad(v))};
       };
       auto fused = run(true), composed = run(false);
       const double tol = dt == DType::f64 ? 1e-12 : 2e-5;
@@ -518,25 +526,45 @@ TEST_CASE("causal_attention shape errors", "[xfmr][attention]") {
 TEST_CASE("concat along any axis, forward and backward", "[xfmr][indexing]") {
   check_op({"concat [2,3]+[4,3] axis 0",
             {x({2, 3}), x({4, 3})},
-            [](const V& v) { return frugal::concat({v[0], v[1]}, 0); },
-            [](const A& a) { return ref::concat({a[0], a[1]}, 0); }});
+            [](const V& v) {
+              return frugal::concat({v[0], v[1]}, 0);
+            },
+            [](const A& a) {
+              return ref::concat({a[0], a[1]}, 0);
+            }});
   check_op({"concat [2,1,3]+[2,4,3]+[2,2,3] axis 1",
             {x({2, 1, 3}), x({2, 4, 3}), x({2, 2, 3})},
-            [](const V& v) { return frugal::concat({v[0], v[1], v[2]}, 1); },
-            [](const A& a) { return ref::concat({a[0], a[1], a[2]}, 1); }});
+            [](const V& v) {
+              return frugal::concat({v[0], v[1], v[2]}, 1);
+            },
+            [](const A& a) {
+              return ref::concat({a[0], a[1], a[2]}, 1);
+            }});
   check_op({"concat [2,3]+[2,1] axis -1",
             {x({2, 3}), x({2, 1})},
-            [](const V& v) { return frugal::concat({v[0], v[1]}, -1); },
-            [](const A& a) { return ref::concat({a[0], a[1]}, -1); }});
+            [](const V& v) {
+              return frugal::concat({v[0], v[1]}, -1);
+            },
+            [](const A& a) {
+              return ref::concat({a[0], a[1]}, -1);
+            }});
   // One tensor twice: both gradients reach it.
   check_op({"concat x with itself [3]",
             {x({3})},
-            [](const V& v) { return frugal::concat({v[0], v[0]}, 0); },
-            [](const A& a) { return ref::concat({a[0], a[0]}, 0); }});
+            [](const V& v) {
+              return frugal::concat({v[0], v[0]}, 0);
+            },
+            [](const A& a) {
+              return ref::concat({a[0], a[0]}, 0);
+            }});
   check_op({"concat with an empty piece [2,0]+[2,3]",
             {x({2, 0}), x({2, 3})},
-            [](const V& v) { return frugal::concat({v[0], v[1]}, 1); },
-            [](const A& a) { return ref::concat({a[0], a[1]}, 1); }});
+            [](const V& v) {
+              return frugal::concat({v[0], v[1]}, 1);
+            },
+            [](const A& a) {
+              return ref::concat({a[0], a[1]}, 1);
+            }});
 }
 
 TEST_CASE("split into pieces, forward and backward, also with unused pieces", "[xfmr][indexing]") {
@@ -564,12 +592,20 @@ TEST_CASE("split into pieces, forward and backward, also with unused pieces", "[
   // Only the middle piece is used: the backward fills the others with zeros.
   check_op({"split [3,6] sizes (2,3,1) axis -1, middle piece only",
             {x({3, 6})},
-            [](const V& v) { return frugal::split(v[0], {2, 3, 1}, -1)[1] * 3.0; },
-            [](const A& a) { return ref::affine(ref::split(a[0], {2, 3, 1}, -1)[1], 3, 0); }});
+            [](const V& v) {
+              return frugal::split(v[0], {2, 3, 1}, -1)[1] * 3.0;
+            },
+            [](const A& a) {
+              return ref::affine(ref::split(a[0], {2, 3, 1}, -1)[1], 3, 0);
+            }});
   check_op({"split [4] sizes (0,4)",
             {x({4})},
-            [](const V& v) { return frugal::split(v[0], {0, 4}, 0)[1]; },
-            [](const A& a) { return ref::split(a[0], {0, 4}, 0)[1]; }});
+            [](const V& v) {
+              return frugal::split(v[0], {0, 4}, 0)[1];
+            },
+            [](const A& a) {
+              return ref::split(a[0], {0, 4}, 0)[1];
+            }});
 }
 
 // ---- indexing: slice -------------------------------------------------------------
@@ -580,9 +616,9 @@ TEST_CASE("slice with Python's rules, forward and backward", "[xfmr][indexing]")
     int axis;
     std::int64_t start, end, step;
   };
-  for (const S& c : {S{{6, 3}, 0, 1, 4, 1}, S{{6, 3}, 0, 0, 6, 2}, S{{2, 7, 2}, 1, -5, -1, 1}, S{{2, 7, 2}, 1, 1, 100, 3},
-                     S{{5}, 0, -100, 3, 1}, S{{3, 4}, -1, 3, 4, 1}, S{{3, 4}, 1, 2, 2, 1}, S{{2, 3, 4}, 2, 0, 4, 3},
-                     S{{4, 2}, 0, 3, 1, 1}}) {
+  for (const S& c : {S{{6, 3}, 0, 1, 4, 1}, S{{6, 3}, 0, 0, 6, 2}, S{{2, 7, 2}, 1, -5, -1, 1},
+                     S{{2, 7, 2}, 1, 1, 100, 3}, S{{5}, 0, -100, 3, 1}, S{{3, 4}, -1, 3, 4, 1}, S{{3, 4}, 1, 2, 2, 1},
+                     S{{2, 3, 4}, 2, 0, 4, 3}, S{{4, 2}, 0, 3, 1, 1}}) {
     const std::string name = "slice " + ref::str(c.shape) + " axis " + std::to_string(c.axis) + " [" +
                              std::to_string(c.start) + ":" + std::to_string(c.end) + ":" + std::to_string(c.step) + "]";
     check_op({name,
@@ -665,8 +701,7 @@ TEST_CASE("indexing ops move integer tensors too", "[xfmr][indexing]") {
   CHECK(s.output(2).to_vector<std::int32_t>() == std::vector<std::int32_t>{8, 9, 10, 11, 0, 1, 2, 3});
 }
 
-TEST_CASE("out-of-range indices are DataErrors naming the op, the id, its position and the range",
-          "[xfmr][indexing]") {
+TEST_CASE("out-of-range indices are DataErrors naming the op, the id, its position and the range", "[xfmr][indexing]") {
   frugal::Tensor xt({3, 4}, DType::f32);
   auto run = [&](const frugal::Tensor& ids, std::function<Var(Var, Var)> f) {
     frugal::Step s = frugal::compile_gradients(
@@ -681,12 +716,14 @@ TEST_CASE("out-of-range indices are DataErrors naming the op, the id, its positi
   CHECK_THAT(run(v, [](Var a, Var i) { return frugal::index_select(a, 0, i); }),
              Contains("index_select") && Contains("id 3") && Contains("position 1") && Contains("[0, 3)"));
   frugal::Tensor neg = frugal::Tensor::from(std::vector<std::int32_t>{0, 1, -2, 1, 0, 0}, {3, 2});
-  CHECK_THAT(run(neg, [](Var a, Var i) { return frugal::gather(a, 1, i); }),
-             Contains("gather") && Contains("id -2") && Contains("position 2") && Contains("[1, 0]") &&
-                 Contains("[0, 4)"));
+  CHECK_THAT(
+      run(neg, [](Var a, Var i) { return frugal::gather(a, 1, i); }),
+      Contains("gather") && Contains("id -2") && Contains("position 2") && Contains("[1, 0]") && Contains("[0, 4)"));
   frugal::Tensor big = frugal::Tensor::from(std::vector<std::int32_t>{0, 1, 2, 3, 4, 0}, {2, 3});
-  CHECK_THAT(run(big, [](Var a, Var i) { return frugal::scatter_add(a, 0, i, frugal::slice(frugal::slice(a, 0, 0, 2), 1, 0, 3)); }),
-             Contains("scatter_add") && Contains("id 3") && Contains("position 3") && Contains("[0, 3)"));
+  CHECK_THAT(
+      run(big,
+          [](Var a, Var i) { return frugal::scatter_add(a, 0, i, frugal::slice(frugal::slice(a, 0, 0, 2), 1, 0, 3)); }),
+      Contains("scatter_add") && Contains("id 3") && Contains("position 3") && Contains("[0, 3)"));
   frugal::Tensor v2 = frugal::Tensor::from(std::vector<std::int64_t>{0, 9}, {2});
   CHECK_THAT(run(v2, [](Var a, Var i) { return frugal::index_add(a, 1, i, frugal::slice(a, 1, 0, 2)); }),
              Contains("index_add") && Contains("id 9") && Contains("position 1") && Contains("[0, 4)"));
@@ -707,8 +744,7 @@ TEST_CASE("indexing shape errors name the op and the shapes", "[xfmr][indexing]"
   m = capture_error({{3, 4}, {2, 2}}, [](const V& v) { return frugal::index_select(v[0], 0, v[1]); },
                     {DType::f32, DType::i64});
   CHECK_THAT(m, Contains("index_select") && Contains("vector"));
-  m = capture_error({{3, 4}, {3, 2}, {3, 3}},
-                    [](const V& v) { return frugal::scatter_add(v[0], 1, v[1], v[2]); },
+  m = capture_error({{3, 4}, {3, 2}, {3, 3}}, [](const V& v) { return frugal::scatter_add(v[0], 1, v[1], v[2]); },
                     {DType::f32, DType::i64, DType::f32});
   CHECK_THAT(m, Contains("scatter_add") && Contains("[3, 3]") && Contains("[3, 2]"));
 }
@@ -767,8 +803,12 @@ TEST_CASE("large inputs take the multi-threaded paths and still match the refere
                        [](const A& a) { return ref::embedding(a[0], a[1]); }});
   check_forward_large({"concat [100,150]+[100,170] axis 1",
                        {x({100, 150}), x({100, 170})},
-                       [](const V& v) { return frugal::concat({v[0], v[1]}, 1); },
-                       [](const A& a) { return ref::concat({a[0], a[1]}, 1); }});
+                       [](const V& v) {
+                         return frugal::concat({v[0], v[1]}, 1);
+                       },
+                       [](const A& a) {
+                         return ref::concat({a[0], a[1]}, 1);
+                       }});
   check_forward_large({"slice [300,200] 1:299:2",
                        {x({300, 200})},
                        [](const V& v) { return frugal::slice(v[0], 0, 1, 299, 2); },
@@ -905,9 +945,9 @@ TEST_CASE("causal_attention_qkv equals permute + split + causal_attention, forwa
               Var t = frugal::permute(frugal::reshape(x, {B, T, 3, H, hd}), {2, 0, 3, 1, 4});
               auto p = frugal::split(t, {1, 1, 1}, 0);
               auto heads = [&](Var v) { return frugal::reshape(v, {B, H, T, hd}); };
-              y = frugal::reshape(frugal::permute(frugal::causal_attention(heads(p[0]), heads(p[1]), heads(p[2])),
-                                                  {0, 2, 1, 3}),
-                                  {B, T, H * hd});
+              y = frugal::reshape(
+                  frugal::permute(frugal::causal_attention(heads(p[0]), heads(p[1]), heads(p[2])), {0, 2, 1, 3}),
+                  {B, T, H * hd});
             }
             return frugal::sum(y * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
           },
@@ -961,7 +1001,8 @@ TEST_CASE("nn::LayerNorm, nn::Embedding, nn::MultiHeadAttention and nn::Mlp agai
         Var y = mlp(mha(ln(h)));
         return frugal::sum(y * frugal::persistent_var(r, frugal::ValueKind::state, "r"));
       },
-      {}, [&] {
+      {},
+      [&] {
         std::vector<frugal::Tensor> all;
         for (frugal::nn::Module* m : std::initializer_list<frugal::nn::Module*>{&ln, &emb, &mha, &mlp})
           for (auto& t : m->parameters()) all.push_back(t);
@@ -1012,12 +1053,11 @@ TEST_CASE("nn::Gpt has the peer's parameters, names and count", "[xfmr][nn][gpt]
   frugal::nn::Gpt one({.vocab = 11, .context = 6, .layers = 1, .d_model = 8, .heads = 2});
   std::vector<std::string> names;
   for (auto& [n, t] : one.named_parameters()) names.push_back(n);
-  CHECK(names == std::vector<std::string>{"tok.weight", "pos.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias",
-                                          "blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias",
-                                          "blocks.0.attn.proj.weight", "blocks.0.attn.proj.bias",
-                                          "blocks.0.ln2.weight", "blocks.0.ln2.bias", "blocks.0.fc.weight",
-                                          "blocks.0.fc.bias", "blocks.0.fc_proj.weight", "blocks.0.fc_proj.bias",
-                                          "ln_f.weight", "ln_f.bias", "head.weight"});
+  CHECK(names == std::vector<std::string>{
+                     "tok.weight", "pos.weight", "blocks.0.ln1.weight", "blocks.0.ln1.bias", "blocks.0.attn.qkv.weight",
+                     "blocks.0.attn.qkv.bias", "blocks.0.attn.proj.weight", "blocks.0.attn.proj.bias",
+                     "blocks.0.ln2.weight", "blocks.0.ln2.bias", "blocks.0.fc.weight", "blocks.0.fc.bias",
+                     "blocks.0.fc_proj.weight", "blocks.0.fc_proj.bias", "ln_f.weight", "ln_f.bias", "head.weight"});
   // The peer's gpt workload: sum(p.numel() for p in GPT().parameters()).
   frugal::nn::Gpt peer;
   CHECK(peer.num_parameters() == 3454464);
@@ -1065,9 +1105,9 @@ TEST_CASE("a 2-layer GPT trains: the loss falls over 20 AdamW steps, and the aud
   const std::int64_t B = 4, T = 16, Vocab = 32;
   nn::Gpt gpt({.vocab = Vocab, .context = T, .layers = 2, .d_model = 32, .heads = 4});
   optim::AdamW opt(gpt.parameters(), {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1});
-  Step step = compile([&](Var idx, Var tgt) { return gpt.loss(idx, tgt); },
-                      {input<std::int32_t>({B, T}, "idx"), input<std::int32_t>({B, T}, "targets")}, opt, {},
-                      {.threads = 2});
+  Step step =
+      compile([&](Var idx, Var tgt) { return gpt.loss(idx, tgt); },
+              {input<std::int32_t>({B, T}, "idx"), input<std::int32_t>({B, T}, "targets")}, opt, {}, {.threads = 2});
   Tensor idx({B, T}, DType::i32), tgt({B, T}, DType::i32);
   Rng rng(2);
   for (std::int64_t i = 0; i < B * T; ++i) {
@@ -1095,7 +1135,8 @@ TEST_CASE("nn layer errors", "[xfmr][nn]") {
   Gpt gpt({.vocab = 5, .context = 4, .layers = 1, .d_model = 4, .heads = 1});
   frugal::Tensor idx({2, 6}, DType::i32);
   std::string m = error_message<frugal::ShapeError>([&] {
-    auto s = frugal::compile_inference([&] { return gpt(frugal::persistent_var(idx, frugal::ValueKind::state, "i")); }, {});
+    auto s =
+        frugal::compile_inference([&] { return gpt(frugal::persistent_var(idx, frugal::ValueKind::state, "i")); }, {});
   });
   CHECK_THAT(m, Contains("Gpt") && Contains("context 4") && Contains("[2, 6]"));
 }
@@ -1132,10 +1173,12 @@ TEST_CASE("erf_poly is within 4.5e-7 of erf everywhere", "[xfmr][gelu]") {
 }
 
 TEST_CASE("gelu_erf_poly is the exact GELU, forward and backward", "[xfmr][gelu]") {
-  check_op(unary("gelu_erf_poly [4,6]", x({4, 6}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
-  check_op(unary("gelu_erf_poly [3,7] wide", wide({3, 7}), [](Var v) { return frugal::gelu_erf_poly(v); },
-                 ref::gelu_erf));
-  check_op(unary("gelu_erf_poly [1]", x({1}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
+  check_op(unary(
+      "gelu_erf_poly [4,6]", x({4, 6}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
+  check_op(unary(
+      "gelu_erf_poly [3,7] wide", wide({3, 7}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
+  check_op(unary(
+      "gelu_erf_poly [1]", x({1}), [](Var v) { return frugal::gelu_erf_poly(v); }, ref::gelu_erf));
 }
 
 TEST_CASE("layer_norm and dropout written in place over a dying input give the same results", "[xfmr][inplace]") {

@@ -11,8 +11,10 @@ inline void embedding_default_init(Tensor& weight) {
   auto fill = [&](auto* p) {
     for (std::int64_t i = 0; i < weight.numel(); ++i) p[i] = decltype(+*p)(init_rng().normal());
   };
-  if (weight.dtype() == DType::f64) fill(weight.data<double>());
-  else fill(weight.data<float>());
+  if (weight.dtype() == DType::f64)
+    fill(weight.data<double>());
+  else
+    fill(weight.data<float>());
 }
 
 struct EmbeddingOptions {
@@ -23,8 +25,7 @@ struct EmbeddingOptions {
 class Embedding : public Layer {
  public:
   Embedding(std::int64_t num, std::int64_t dim, EmbeddingOptions o = {}) : num_(num), dim_(dim) {
-    if (num <= 0 || dim <= 0)
-      fail<ShapeError>("nn::Embedding: sizes must be positive, got num=", num, " dim=", dim);
+    if (num <= 0 || dim <= 0) fail<ShapeError>("nn::Embedding: sizes must be positive, got num=", num, " dim=", dim);
     weight = register_parameter("weight", Tensor({num, dim}, o.dtype));
     embedding_default_init(weight);
   }

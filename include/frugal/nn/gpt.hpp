@@ -27,7 +27,10 @@ struct GptConfig {
 class Gpt : public Module {
  public:
   explicit Gpt(GptConfig c = {})
-      : c_(c), tok(c.vocab, c.d_model, {c.dtype}), pos(c.context, c.d_model, {c.dtype}), ln_f(c.d_model, {.dtype = c.dtype}),
+      : c_(c),
+        tok(c.vocab, c.d_model, {c.dtype}),
+        pos(c.context, c.d_model, {c.dtype}),
+        ln_f(c.d_model, {.dtype = c.dtype}),
         head(c.d_model, c.vocab, {.bias = false, .dtype = c.dtype}) {
     ops::check_dropout_p(c.dropout);
     register_module("tok", tok);

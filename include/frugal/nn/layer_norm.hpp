@@ -19,8 +19,10 @@ class LayerNorm : public Layer {
     if (o.elementwise_affine) {
       weight = register_parameter("weight", Tensor({d}, o.dtype));
       auto ones = [&](auto* p) { std::fill(p, p + d, 1); };
-      if (o.dtype == DType::f64) ones(weight.data<double>());
-      else ones(weight.data<float>());
+      if (o.dtype == DType::f64)
+        ones(weight.data<double>());
+      else
+        ones(weight.data<float>());
       if (o.bias) bias = register_parameter("bias", Tensor({d}, o.dtype));  // zeros
     }
   }

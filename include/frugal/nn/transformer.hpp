@@ -10,9 +10,7 @@ namespace frugal::nn {
 
 // GELU, exact (erf) or the tanh form; the exact one through the vectorised
 // gelu_erf_poly.
-inline Var mlp_activation(Var x, bool approximate_gelu) {
-  return approximate_gelu ? gelu(x, true) : gelu_erf_poly(x);
-}
+inline Var mlp_activation(Var x, bool approximate_gelu) { return approximate_gelu ? gelu(x, true) : gelu_erf_poly(x); }
 
 struct MlpOptions {
   bool approximate_gelu = false;  // false: exact erf GELU (PyTorch's default); true: the tanh form
@@ -29,7 +27,9 @@ class Mlp : public Layer {
     register_module("fc", fc);
     register_module("fc_proj", fc_proj);
   }
-  Var forward(Var x) override { return dropout(fc_proj(mlp_activation(fc(x), o_.approximate_gelu)), o_.dropout, is_training()); }
+  Var forward(Var x) override {
+    return dropout(fc_proj(mlp_activation(fc(x), o_.approximate_gelu)), o_.dropout, is_training());
+  }
 
   Linear fc, fc_proj;
 

@@ -81,8 +81,8 @@ class CausalAttentionGrad final : public Op {
     const TensorMeta o{in[0].dtype, Shape(od)}, lse{in[0].dtype, Shape(attention_lse_dims(in[0].shape))};
     if (in[3].shape != o.shape || in[5].shape != o.shape || in[4].shape != lse.shape || in[3].dtype != o.dtype ||
         in[4].dtype != o.dtype || in[5].dtype != o.dtype)
-      fail<ShapeError>(name(), ": o ", in[3].str(), ", lse ", in[4].str(), " and do ", in[5].str(),
-                       " do not match q ", in[0].str(), " and v ", in[2].str());
+      fail<ShapeError>(name(), ": o ", in[3].str(), ", lse ", in[4].str(), " and do ", in[5].str(), " do not match q ",
+                       in[0].str(), " and v ", in[2].str());
     return {in[0], in[1], in[2]};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
@@ -149,8 +149,7 @@ inline QkvDims qkv_shape_dims(const Shape& qkv, std::int64_t heads) {
 
 inline QkvDims qkv_dims(const std::string& op, const TensorMeta& qkv, std::int64_t heads) {
   expect_floating(op, qkv);
-  if (qkv.shape.rank() < 2)
-    fail<ShapeError>(op, ": qkv must be [..., T, 3 * d_model], got ", qkv.str());
+  if (qkv.shape.rank() < 2) fail<ShapeError>(op, ": qkv must be [..., T, 3 * d_model], got ", qkv.str());
   const std::int64_t w = qkv.shape.dim(-1);
   if (heads <= 0 || w == 0 || w % (3 * heads) != 0)
     fail<ShapeError>(op, ": the last dimension of qkv ", qkv.str(), " must be 3 * heads * head_dim with ", heads,

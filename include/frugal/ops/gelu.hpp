@@ -24,9 +24,7 @@ FRUGAL_HD float select_bits(bool c, float a, float b) {
   return r;
 }
 // min(max(x, lo), hi); NaN stays NaN.
-FRUGAL_HD float clamp_bits(float x, float lo, float hi) {
-  return select_bits(x < lo, lo, select_bits(x > hi, hi, x));
-}
+FRUGAL_HD float clamp_bits(float x, float lo, float hi) { return select_bits(x < lo, lo, select_bits(x > hi, hi, x)); }
 
 // erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (and +-1 beyond, where erf rounds
 // to +-1 in f32): the rational approximation Eigen and XLA use for f32.
@@ -76,10 +74,12 @@ FRUGAL_HD double exp_poly(double x) { return exp_(x); }
 struct GeluErfPoly {
   static constexpr const char* name = "gelu";
   static constexpr bool uses_x = true, uses_y = false;
-  template <class T> FRUGAL_HD T operator()(T x) const {
+  template <class T>
+  FRUGAL_HD T operator()(T x) const {
     return T(0.5) * x * (T(1) + erf_poly(x * T(0.7071067811865476)));
   }
-  template <class T> FRUGAL_HD T grad(T x, T, T dy) const {
+  template <class T>
+  FRUGAL_HD T grad(T x, T, T dy) const {
     const T cdf = T(0.5) * (T(1) + erf_poly(x * T(0.7071067811865476)));
     const T pdf = exp_poly(T(-0.5) * x * x) * T(0.3989422804014327);
     return dy * (cdf + x * pdf);

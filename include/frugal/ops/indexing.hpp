@@ -195,8 +195,8 @@ class Slice final : public SliceBase {
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     const Var x = a.inputs[0];
-    return {apply1<SliceGrad>({*a.grad_outputs[0]}, axis_, start_, end_, step_,
-                              x.dim(x.shape().normalize_axis(axis_)))};
+    return {
+        apply1<SliceGrad>({*a.grad_outputs[0]}, axis_, start_, end_, step_, x.dim(x.shape().normalize_axis(axis_)))};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     (void)in;
@@ -237,8 +237,8 @@ class IndexAdd final : public Op {
     const TensorMeta& base = in[0];
     expect_same_dtype(name(), base, src);
     if (base.shape.rank() != src.shape.rank() || with_dim(base.shape, axis, src.shape[axis]) != src.shape)
-      fail<ShapeError>(name(), ": source ", src.str(), " does not fit base ", base.str(),
-                       " (all dimensions but axis ", axis_, " must agree)");
+      fail<ShapeError>(name(), ": source ", src.str(), " does not fit base ", base.str(), " (all dimensions but axis ",
+                       axis_, " must agree)");
     return {base};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;

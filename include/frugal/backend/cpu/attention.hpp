@@ -141,8 +141,7 @@ void attention_backward(HeadView<const T> q, HeadView<const T> k, HeadView<const
       }
       for (std::int64_t i0 = 0; i0 < d.tq; i0 += kAttnBq) {
         const std::int64_t nq = std::min(kAttnBq, d.tq - i0);
-        for (std::int64_t r = 0; r < nq; ++r)
-          delta[r] = row_dot(dO + (i0 + r) * dout.row, O + (i0 + r) * o.row, d.hdv);
+        for (std::int64_t r = 0; r < nq; ++r) delta[r] = row_dot(dO + (i0 + r) * dout.row, O + (i0 + r) * o.row, d.hdv);
         const std::int64_t keys = i0 + nq + off;
         for (std::int64_t j0 = 0; j0 < keys; j0 += kAttnBk) {
           const std::int64_t nk = std::min(kAttnBk, keys - j0);
@@ -198,11 +197,11 @@ inline void attention_grad_kernel(const ops::CausalAttentionGrad& op, const Kern
     using T = decltype(tag);
     const ops::AttentionDims d = ops::attention_shape_dims(*a.in[0].shape, *a.in[1].shape, *a.in[2].shape);
     const AttnShape s{d.batch, 1, d.tq, d.tk, d.hd, d.hdv};
-    attention_backward<T>(dense_view(a.in[0].as<const T>(), d.tq, d.hd), dense_view(a.in[1].as<const T>(), d.tk, d.hd),
-                          dense_view(a.in[2].as<const T>(), d.tk, d.hdv), dense_view(a.in[3].as<const T>(), d.tq, d.hdv),
-                          a.in[4].as<const T>(), dense_view(a.in[5].as<const T>(), d.tq, d.hdv),
-                          dense_view(a.out[0].as<T>(), d.tq, d.hd), dense_view(a.out[1].as<T>(), d.tk, d.hd),
-                          dense_view(a.out[2].as<T>(), d.tk, d.hdv), s, T(op.scale()));
+    attention_backward<T>(
+        dense_view(a.in[0].as<const T>(), d.tq, d.hd), dense_view(a.in[1].as<const T>(), d.tk, d.hd),
+        dense_view(a.in[2].as<const T>(), d.tk, d.hdv), dense_view(a.in[3].as<const T>(), d.tq, d.hdv),
+        a.in[4].as<const T>(), dense_view(a.in[5].as<const T>(), d.tq, d.hdv), dense_view(a.out[0].as<T>(), d.tq, d.hd),
+        dense_view(a.out[1].as<T>(), d.tk, d.hd), dense_view(a.out[2].as<T>(), d.tk, d.hdv), s, T(op.scale()));
   });
 }
 
@@ -228,8 +227,7 @@ inline void attention_qkv_kernel(const ops::CausalAttentionQkv& op, const Kernel
     const ops::QkvDims d = ops::qkv_shape_dims(*a.in[0].shape, op.heads());
     const auto in = qkv_views(a.in[0].as<const T>(), d);
     const AttnShape s{d.batch, d.heads, d.t, d.t, d.hd, d.hd};
-    attention_forward<T>(in.q, in.k, in.v, heads_view(a.out[0].as<T>(), d), a.out[1].as<T>(), s,
-                         T(op.scale_for(d.hd)));
+    attention_forward<T>(in.q, in.k, in.v, heads_view(a.out[0].as<T>(), d), a.out[1].as<T>(), s, T(op.scale_for(d.hd)));
   });
 }
 
@@ -245,10 +243,9 @@ inline void attention_qkv_grad_kernel(const ops::CausalAttentionQkvGrad& op, con
   });
 }
 
-inline const bool attention_registered =
-    kernels().add<ops::CausalAttention>(attention_kernel) &&
-    kernels().add<ops::CausalAttentionGrad>(attention_grad_kernel) &&
-    kernels().add<ops::CausalAttentionQkv>(attention_qkv_kernel) &&
-    kernels().add<ops::CausalAttentionQkvGrad>(attention_qkv_grad_kernel);
+inline const bool attention_registered = kernels().add<ops::CausalAttention>(attention_kernel) &&
+                                         kernels().add<ops::CausalAttentionGrad>(attention_grad_kernel) &&
+                                         kernels().add<ops::CausalAttentionQkv>(attention_qkv_kernel) &&
+                                         kernels().add<ops::CausalAttentionQkvGrad>(attention_qkv_grad_kernel);
 
 }  // namespace frugal::cpu

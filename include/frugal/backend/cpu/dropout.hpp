@@ -31,8 +31,8 @@ inline void dropout_kernel(const ops::DropoutOp& op, const KernelArgs& a) {
   });
 }
 
-inline const bool dropout_registered =
-    kernels().add<ops::Dropout>([](const ops::Dropout& op, const KernelArgs& a) { dropout_kernel(op, a); }) &&
-    kernels().add<ops::DropoutGrad>([](const ops::DropoutGrad& op, const KernelArgs& a) { dropout_kernel(op, a); });
+inline const bool dropout_registered = kernels().add<ops::Dropout>([](const ops::Dropout& op, const KernelArgs& a) {
+  dropout_kernel(op, a);
+}) && kernels().add<ops::DropoutGrad>([](const ops::DropoutGrad& op, const KernelArgs& a) { dropout_kernel(op, a); });
 
 }  // namespace frugal::cpu

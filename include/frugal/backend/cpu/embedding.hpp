@@ -16,15 +16,17 @@ void check_ids(const char* op, const TensorRef& ids, std::int64_t rows, const ch
   const std::int64_t n = ids.numel();
   for (std::int64_t i = 0; i < n; ++i)
     if (p[i] < 0 || p[i] >= rows)
-      fail<DataError>(op, ": id ", std::int64_t(p[i]), " at position ", i, " (index ",
-                      ops::index_str(i, *ids.shape), " of ids ", ids.shape->str(), ") is outside the valid range [0, ",
-                      rows, ") (", rows, " ", what, ")");
+      fail<DataError>(op, ": id ", std::int64_t(p[i]), " at position ", i, " (index ", ops::index_str(i, *ids.shape),
+                      " of ids ", ids.shape->str(), ") is outside the valid range [0, ", rows, ") (", rows, " ", what,
+                      ")");
 }
 
 template <class Fn>
 void dispatch_ids(DType t, Fn&& fn) {
-  if (t == DType::i32) fn(std::int32_t{});
-  else fn(std::int64_t{});
+  if (t == DType::i32)
+    fn(std::int32_t{});
+  else
+    fn(std::int64_t{});
 }
 
 inline void embedding_kernel(const ops::Embedding&, const KernelArgs& a) {
@@ -77,7 +79,7 @@ inline void embedding_grad_kernel(const ops::EmbeddingGrad& op, const KernelArgs
   });
 }
 
-inline const bool embedding_registered = kernels().add<ops::Embedding>(embedding_kernel) &&
-                                         kernels().add<ops::EmbeddingGrad>(embedding_grad_kernel);
+inline const bool embedding_registered =
+    kernels().add<ops::Embedding>(embedding_kernel) && kernels().add<ops::EmbeddingGrad>(embedding_grad_kernel);
 
 }  // namespace frugal::cpu

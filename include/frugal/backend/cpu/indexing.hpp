@@ -58,8 +58,10 @@ inline void concat_kernel(const ops::Concat& op, const KernelArgs& a) {
       for_each_piece(op.pieces(), a.in, axis, [&](std::size_t, int input, std::int64_t at, std::int64_t n) {
         unsigned char* dst = detail::wbytes(a.out[0]) + std::size_t(o) * row + std::size_t(at * v.inner) * es;
         const std::size_t len = std::size_t(n * v.inner) * es;
-        if (input < 0) std::memset(dst, 0, len);
-        else std::memcpy(dst, detail::bytes(a.in[std::size_t(input)]) + std::size_t(o) * len, len);
+        if (input < 0)
+          std::memset(dst, 0, len);
+        else
+          std::memcpy(dst, detail::bytes(a.in[std::size_t(input)]) + std::size_t(o) * len, len);
       });
   });
 }
@@ -156,8 +158,10 @@ inline void index_add_kernel(const ops::IndexAdd& op, const KernelArgs& a) {
         const std::int64_t o = t / blocks, c0 = (t % blocks) * kCols, w = std::min(kCols, v.inner - c0);
         for (std::int64_t i = 0; i < v.n; ++i) {
           T* dst = y + (o * v.n + i) * v.inner + c0;
-          if (base) std::copy(base + (o * v.n + i) * v.inner + c0, base + (o * v.n + i) * v.inner + c0 + w, dst);
-          else std::fill(dst, dst + w, T(0));
+          if (base)
+            std::copy(base + (o * v.n + i) * v.inner + c0, base + (o * v.n + i) * v.inner + c0 + w, dst);
+          else
+            std::fill(dst, dst + w, T(0));
         }
         for (std::int64_t k = 0; k < m; ++k) {
           T* dst = y + (o * v.n + detail::id_at(ids, k)) * v.inner + c0;
@@ -193,9 +197,9 @@ inline std::int64_t line_offset(std::int64_t line, const Shape& ids_shape, int a
 // with every other index fixed.
 template <std::size_t ES>
 void gather_typed(int axis, const KernelArgs& a) {
-  using E = std::conditional_t<ES == 1, std::uint8_t,
-                               std::conditional_t<ES == 2, std::uint16_t,
-                                                  std::conditional_t<ES == 4, std::uint32_t, std::uint64_t>>>;
+  using E = std::conditional_t<
+      ES == 1, std::uint8_t,
+      std::conditional_t<ES == 2, std::uint16_t, std::conditional_t<ES == 4, std::uint32_t, std::uint64_t>>>;
   const Shape &xs = *a.in[0].shape, &is = *a.in[1].shape;
   check_rank(xs, "gather");
   const Strides xst = strides_of(xs), ist = strides_of(is);
@@ -216,10 +220,14 @@ inline void gather_kernel(const ops::Gather& op, const KernelArgs& a) {
   const int axis = a.in[0].shape->normalize_axis(op.axis());
   detail::check_index("gather", a.in[1], (*a.in[0].shape)[axis], "entries along the axis");
   switch (dtype_size(a.in[0].dtype)) {
-    case 1: return gather_typed<1>(axis, a);
-    case 2: return gather_typed<2>(axis, a);
-    case 4: return gather_typed<4>(axis, a);
-    default: return gather_typed<8>(axis, a);
+    case 1:
+      return gather_typed<1>(axis, a);
+    case 2:
+      return gather_typed<2>(axis, a);
+    case 4:
+      return gather_typed<4>(axis, a);
+    default:
+      return gather_typed<8>(axis, a);
   }
 }
 

@@ -24,10 +24,11 @@ void layer_norm_rows(const T* x, const T* __restrict w, const T* __restrict b, T
       const T* xr = x + r * d;
       T* yr = y + r * d;
       const T mu = row_sum(xr, d) / T(d);
-      const T var = lane_sum<T>(d, [xr, mu](std::int64_t j) {
-                      T c = xr[j] - mu;
-                      return c * c;
-                    }) /
+      const T var = lane_sum<T>(d,
+                                [xr, mu](std::int64_t j) {
+                                  T c = xr[j] - mu;
+                                  return c * c;
+                                }) /
                     T(d);
       const T rs = T(1) / std::sqrt(var + eps);
       mean[r] = mu;
@@ -125,7 +126,7 @@ inline void layer_norm_grad_kernel(const ops::LayerNormGrad& op, const KernelArg
   });
 }
 
-inline const bool layer_norm_registered = kernels().add<ops::LayerNorm>(layer_norm_kernel) &&
-                                          kernels().add<ops::LayerNormGrad>(layer_norm_grad_kernel);
+inline const bool layer_norm_registered =
+    kernels().add<ops::LayerNorm>(layer_norm_kernel) && kernels().add<ops::LayerNormGrad>(layer_norm_grad_kernel);
 
 }  // namespace frugal::cpu
