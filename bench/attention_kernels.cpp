@@ -2,7 +2,7 @@
 // mask, softmax, matmul) at the peer GPT's shape: forward + backward of
 // sum(attention(q, k, v) * r), timed as whole compiled steps.
 //
-//   g++ -std=c++20 -O3 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+//   g++ -std=c++20 -O3 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/attention_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/attention_kernels
 //   /tmp/attention_kernels [B H T hd threads steps [fused|composed]]
 #include <algorithm>

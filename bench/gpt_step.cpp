@@ -6,7 +6,7 @@
 // kernel separately, so slightly more than a plain step; thread CPU time
 // with --threads 1, wall time otherwise).
 //
-//   g++ -std=c++20 -O3 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+//   g++ -std=c++20 -O3 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/gpt_step.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/gpt_step
 //   /tmp/gpt_step [--threads 2] [--steps 30] [--warmup 3] [--profile]
 #include <time.h>
