@@ -1197,3 +1197,27 @@ TEST_CASE("layer_norm and dropout written in place over a dying input give the s
   CHECK(run(true, ln) == run(false, ln));
   CHECK(run(true, dr) == run(false, dr));
 }
+
+TEST_CASE("two GPT trainings with the same seed, dropout on, give identical bits", "[xfmr][nn][gpt]") {
+  using namespace frugal;
+  auto train = [](std::vector<float>& losses, std::vector<float>& params) {
+    nn::manual_seed(12);
+    nn::Gpt gpt({.vocab = 24, .context = 12, .layers = 2, .d_model = 32, .heads = 2, .dropout = 0.1});
+    optim::AdamW opt(gpt.parameters(), {.lr = 3e-3});
+    Step step = compile([&](Var idx, Var tgt) { return gpt.loss(idx, tgt); },
+                        {input<std::int64_t>({3, 12}), input<std::int64_t>({3, 12})}, opt, {}, {.threads = 2});
+    Tensor idx({3, 12}, DType::i64), tgt({3, 12}, DType::i64);
+    for (std::int64_t i = 0; i < 36; ++i)
+      idx.data<std::int64_t>()[i] = (i * 5) % 24, tgt.data<std::int64_t>()[i] = (i * 7) % 24;
+    for (int s = 0; s < 8; ++s) losses.push_back(step.run(idx, tgt));
+    for (auto& t : gpt.parameters())
+      for (float v : t.to_vector<float>()) params.push_back(v);
+  };
+  std::vector<float> l1, p1, l2, p2;
+  train(l1, p1);
+  train(l2, p2);
+  CHECK(l1.front() != l1.back());
+  CHECK(std::memcmp(l1.data(), l2.data(), l1.size() * 4) == 0);
+  REQUIRE(p1.size() == p2.size());
+  CHECK(std::memcmp(p1.data(), p2.data(), p1.size() * 4) == 0);
+}
