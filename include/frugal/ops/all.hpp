@@ -13,6 +13,12 @@
 #include "softmax.hpp"
 #include "unary.hpp"
 #include "spmm.hpp"
+#include "layer_norm.hpp"
+#include "embedding.hpp"
+#include "dropout.hpp"
+#include "attention.hpp"
+#include "indexing.hpp"
+#include "gelu.hpp"
 
 namespace frugal {
 

@@ -16,6 +16,12 @@
 #include "shape.hpp"
 #include "softmax.hpp"
 #include "spmm.hpp"
+#include "layer_norm.hpp"
+#include "embedding.hpp"
+#include "dropout.hpp"
+#include "attention.hpp"
+#include "indexing.hpp"
+#include "gelu.hpp"
 
 namespace frugal::cpu {
 

@@ -1,0 +1,38 @@
+#pragma once
+// Dropout and its backward: one kernel, the mask regenerated from
+// (key, step, element) by Philox, one block per four elements.
+#include "../../ops/dropout.hpp"
+#include "kernel_table.hpp"
+#include "parallel.hpp"
+
+namespace frugal::cpu {
+
+// y may be x (in place): element i is read before it is written.
+inline void dropout_kernel(const ops::DropoutOp& op, const KernelArgs& a) {
+  dispatch_float(a.in[0].dtype, op.name().c_str(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = a.in[0].as<T>();
+    T* y = a.out[0].as<T>();
+    const std::int64_t n = a.in[0].numel();
+    if (op.p() >= 1) {  // everything dropped; 1 / (1 - p) would be infinite
+      parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, T(0)); });
+      return;
+    }
+    const ops::DropoutMask mask(op.key(), op.p());
+    const T scale = T(1.0 / (1.0 - op.p()));
+    const std::uint64_t step = a.step;
+    parallel_for((n + 3) / 4, 64, [&](std::int64_t g0, std::int64_t g1) {
+      for (std::int64_t g = g0; g < g1; ++g) {
+        const Philox::Block bits = mask.bits(step, std::uint64_t(g));
+        const std::int64_t i0 = 4 * g, w = std::min<std::int64_t>(4, n - i0);
+        for (std::int64_t l = 0; l < w; ++l) y[i0 + l] = mask.keep(bits.v[l]) ? x[i0 + l] * scale : T(0);
+      }
+    });
+  });
+}
+
+inline const bool dropout_registered = kernels().add<ops::Dropout>([](const ops::Dropout& op, const KernelArgs& a) {
+  dropout_kernel(op, a);
+}) && kernels().add<ops::DropoutGrad>([](const ops::DropoutGrad& op, const KernelArgs& a) { dropout_kernel(op, a); });
+
+}  // namespace frugal::cpu
