@@ -10,6 +10,9 @@
 #include "shape_ops.hpp"
 #include "softmax.hpp"
 #include "unary.hpp"
+#include "conv.hpp"
+#include "batch_norm.hpp"
+#include "pool.hpp"
 
 namespace frugal {
 

@@ -13,6 +13,9 @@
 #include "reduce.hpp"
 #include "shape.hpp"
 #include "softmax.hpp"
+#include "conv.hpp"
+#include "batch_norm.hpp"
+#include "pool.hpp"
 
 namespace frugal::cpu {
 
