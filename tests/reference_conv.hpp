@@ -46,6 +46,37 @@ inline Array conv2d(const Array& x, const Array& w, const Array* b, const Conv2d
   return y;
 }
 
+// The convolution's adjoints, from the same sum: for y = conv2d(x, w),
+//   dx[n, ci, iy, ix] = sum of w[co, c, i, j] * dy[n, co, oh, ow]
+//   dw[co, c, i, j]   = sum of x[n, ci, iy, ix] * dy[n, co, oh, ow]
+// over every term of the forward sum that pairs them.
+inline void conv2d_backward(const Array& x, const Array& w, const Array& dy, const Conv2dParams& p, Array& dx,
+                            Array& dw) {
+  const std::int64_t N = x.shape[0], Cin = x.shape[1], H = x.shape[2], W = x.shape[3];
+  const std::int64_t Cout = w.shape[0], Cg = w.shape[1], KH = w.shape[2], KW = w.shape[3];
+  const std::int64_t Ho = dy.shape[2], Wo = dy.shape[3], out_per_group = Cout / p.groups;
+  dx = zeros(x.shape);
+  dw = zeros(w.shape);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t co = 0; co < Cout; ++co) {
+      const std::int64_t g = co / out_per_group;
+      for (std::int64_t oh = 0; oh < Ho; ++oh)
+        for (std::int64_t ow = 0; ow < Wo; ++ow) {
+          const double d = dy.v[std::size_t(((n * Cout + co) * Ho + oh) * Wo + ow)];
+          for (std::int64_t c = 0; c < Cg; ++c)
+            for (std::int64_t i = 0; i < KH; ++i)
+              for (std::int64_t j = 0; j < KW; ++j) {
+                const std::int64_t iy = oh * p.sh - p.ph + i * p.dh, ix = ow * p.sw - p.pw + j * p.dw;
+                if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+                const std::size_t wi = std::size_t(((co * Cg + c) * KH + i) * KW + j);
+                const std::size_t xi = std::size_t(((n * Cin + g * Cg + c) * H + iy) * W + ix);
+                dx.v[xi] += w.v[wi] * d;
+                dw.v[wi] += x.v[xi] * d;
+              }
+        }
+    }
+}
+
 // Sum over the same terms of |w| * |x| (the scale of a convolution's
 // rounding error), shaped like conv2d's output.
 inline Array conv2d_abs(const Array& x, const Array& w, const Conv2dParams& p) {
