@@ -38,8 +38,34 @@ class Module {
   Tensor& register_parameter(std::string name, Tensor t) {
     for (auto& [n, _] : params_)
       if (n == name) fail("module '", qualified_name(), "' already has a parameter named '", name, "'");
+    for (auto& [n, _] : buffers_)
+      if (n == name) fail("module '", qualified_name(), "' already has a buffer named '", name, "'");
     params_.push_back({std::move(name), std::move(t)});
     return params_.back().second;
+  }
+
+  // A buffer is persistent state the model keeps but the optimizer does not
+  // train (BatchNorm's running statistics). Ops may update it in place.
+  Tensor& register_buffer(std::string name, Tensor t) {
+    for (auto& [n, _] : buffers_)
+      if (n == name) fail("module '", qualified_name(), "' already has a buffer named '", name, "'");
+    for (auto& [n, _] : params_)
+      if (n == name) fail("module '", qualified_name(), "' already has a parameter named '", name, "'");
+    buffers_.push_back({std::move(name), std::move(t)});
+    return buffers_.back().second;
+  }
+
+  // Buffers of this module and all below it, depth first, named like
+  // PyTorch's state_dict keys ("bn1.running_mean").
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    collect_buffers("", out);
+    return out;
+  }
+  std::vector<Tensor> buffers() const {
+    std::vector<Tensor> out;
+    for (auto& [_, t] : named_buffers()) out.push_back(t);
+    return out;
   }
 
   // Parameters of this module and all below it, depth first, named like
@@ -83,14 +109,29 @@ class Module {
       }
     fail("module '", qualified_name(), "': tensor is not one of its registered parameters");
   }
+  // The Var of one of this module's buffers in the current capture: a state
+  // value, bound to the buffer's storage, that ops may read or update.
+  Var buffer_var(const Tensor& t) const {
+    for (auto& [n, b] : buffers_)
+      if (b.raw() == t.raw()) {
+        std::string q = qualified_name();
+        return persistent_var(t, ValueKind::state, q.empty() ? n : q + "." + n);
+      }
+    fail("module '", qualified_name(), "': tensor is not one of its registered buffers");
+  }
 
  private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
     for (auto& [n, t] : params_) out.push_back({prefix + n, t});
     for (auto& [n, c] : children_) c->collect(prefix + n + ".", out);
   }
+  void collect_buffers(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const {
+    for (auto& [n, t] : buffers_) out.push_back({prefix + n, t});
+    for (auto& [n, c] : children_) c->collect_buffers(prefix + n + ".", out);
+  }
 
   std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, Module*>> children_;
   std::vector<std::shared_ptr<Module>> owned_;
   Module* parent_ = nullptr;

@@ -19,6 +19,9 @@
 #include "attention.hpp"
 #include "indexing.hpp"
 #include "gelu.hpp"
+#include "conv.hpp"
+#include "batch_norm.hpp"
+#include "pool.hpp"
 
 namespace frugal {
 

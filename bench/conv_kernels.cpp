@@ -1,0 +1,232 @@
+// Times frugal's CPU convolution kernels on the convolutions of ResNet-18
+// for CIFAR (batch 32, 3x32x32, the peer's torch_bench.py model): forward,
+// data gradient and weight gradient per layer shape, and the sum over the
+// whole network (each shape times how often it occurs).
+//
+//   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
+//       bench/conv_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/conv_kernels
+//   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--compare]
+//
+// --images N forces N images per GEMM chunk (default: frugal's policy).
+// --compare also times the other way to split the work: one image per
+// thread inside a parallel region (private column buffers, single-threaded
+// BLAS per image), which needs scratch per thread.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "frugal/backend/cpu/conv.hpp"
+#include "frugal/core/rng.hpp"
+
+using namespace frugal;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Layer {
+  const char* name;
+  std::int64_t cin, h, cout, k, stride, pad, count;
+  bool needs_dx;  // the stem's input (the images) needs no gradient
+};
+
+// ResNet-18 (CIFAR): stem, then [2,2,2,2] BasicBlocks of widths 64..512.
+const Layer kLayers[] = {
+    {"stem 3->64 3x3 @32", 3, 32, 64, 3, 1, 1, 1, false},
+    {"l1 64->64 3x3 @32", 64, 32, 64, 3, 1, 1, 4, true},
+    {"l2 64->128 3x3 s2 @32", 64, 32, 128, 3, 2, 1, 1, true},
+    {"l2 sc 64->128 1x1 s2", 64, 32, 128, 1, 2, 0, 1, true},
+    {"l2 128->128 3x3 @16", 128, 16, 128, 3, 1, 1, 3, true},
+    {"l3 128->256 3x3 s2 @16", 128, 16, 256, 3, 2, 1, 1, true},
+    {"l3 sc 128->256 1x1 s2", 128, 16, 256, 1, 2, 0, 1, true},
+    {"l3 256->256 3x3 @8", 256, 8, 256, 3, 1, 1, 3, true},
+    {"l4 256->512 3x3 s2 @8", 256, 8, 512, 3, 2, 1, 1, true},
+    {"l4 sc 256->512 1x1 s2", 256, 8, 512, 1, 2, 0, 1, true},
+    {"l4 512->512 3x3 @4", 512, 4, 512, 3, 1, 1, 3, true},
+};
+
+template <class Fn>
+double time_ms(int reps, Fn&& fn) {
+  fn();  // warm up: pages touched, BLAS buffers allocated
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> random_vec(std::int64_t n, std::uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& e : v) e = float(r.uniform(-1, 1));
+  return v;
+}
+
+struct Buf {
+  std::byte* p = nullptr;
+  explicit Buf(std::size_t n) : p(static_cast<std::byte*>(std::aligned_alloc(256, std::max<std::size_t>(256, (n + 255) / 256 * 256)))) {
+    std::memset(p, 0, std::max<std::size_t>(n, 1));
+  }
+  ~Buf() { std::free(p); }
+};
+
+// The alternative split: images over threads, one private column buffer per
+// thread, BLAS single-threaded inside the parallel region.
+struct PerImage {
+  const ops::ConvGeometry& g;
+  std::vector<std::vector<float>> col, dwp;
+  explicit PerImage(const ops::ConvGeometry& geo, int threads) : g(geo) {
+    col.assign(std::size_t(threads), std::vector<float>(std::size_t(g.k() * g.hw_out())));
+    dwp.assign(std::size_t(threads), std::vector<float>(std::size_t(g.cout * g.k())));
+  }
+  void cols(const float* x, float* c, std::int64_t b) {
+    cpu::conv_detail::im2col(x, c, g, b, g.hw_out(), 0, 0, g.k(), 0, g.ho);
+  }
+  void forward(const float* x, const float* w, float* y) {
+#pragma omp parallel
+    {
+      float* c = col[std::size_t(omp_get_thread_num())].data();
+#pragma omp for schedule(static)
+      for (std::int64_t b = 0; b < g.n; ++b) {
+        cols(x, c, b);
+        cpu::gemm(false, false, g.cout, g.hw_out(), g.k(), 1.f, w, g.k(), c, g.hw_out(), 0.f,
+                  y + b * g.cout * g.hw_out(), g.hw_out());
+      }
+    }
+  }
+  void backward_data(const float* dy, const float* w, float* dx) {
+#pragma omp parallel
+    {
+      float* c = col[std::size_t(omp_get_thread_num())].data();
+#pragma omp for schedule(static)
+      for (std::int64_t b = 0; b < g.n; ++b) {
+        cpu::gemm(true, false, g.k(), g.hw_out(), g.cout, 1.f, w, g.k(), dy + b * g.cout * g.hw_out(), g.hw_out(), 0.f,
+                  c, g.hw_out());
+        // col2im of one image, single-threaded (we are inside a parallel region).
+        for (std::int64_t ci = 0; ci < g.cin; ++ci) {
+          float* out = dx + (b * g.cin + ci) * g.hw();
+          std::fill(out, out + g.hw(), 0.f);
+          for (std::int64_t i = 0; i < g.kh; ++i)
+            for (std::int64_t j = 0; j < g.kw; ++j) {
+              const float* src = c + ((ci * g.kh + i) * g.kw + j) * g.hw_out();
+              std::int64_t offh = i * g.dh - g.ph, offw = j * g.dw - g.pw, lo, hi;
+              cpu::conv_detail::tap_range(offw, g.sw, g.w, g.wo, lo, hi);
+              for (std::int64_t oh = 0; oh < g.ho; ++oh) {
+                std::int64_t iy = oh * g.sh + offh;
+                if (iy < 0 || iy >= g.h) continue;
+                for (std::int64_t ow = lo; ow < hi; ++ow) out[iy * g.w + ow * g.sw + offw] += src[oh * g.wo + ow];
+              }
+            }
+        }
+      }
+    }
+  }
+  void backward_weight(const float* x, const float* dy, float* dw) {
+    int used = 1;
+#pragma omp parallel
+    {
+      int t = omp_get_thread_num();
+      float* c = col[std::size_t(t)].data();
+      float* acc = dwp[std::size_t(t)].data();
+      std::int64_t nt = omp_get_num_threads(), b0 = g.n * t / nt, b1 = g.n * (t + 1) / nt;
+      for (std::int64_t b = b0; b < b1; ++b) {
+        cols(x, c, b);
+        cpu::gemm(false, true, g.cout, g.k(), g.hw_out(), 1.f, dy + b * g.cout * g.hw_out(), g.hw_out(), c,
+                  g.hw_out(), b == b0 ? 0.f : 1.f, acc, g.k());
+      }
+#pragma omp single
+      used = int(nt);
+    }
+    std::int64_t n = g.cout * g.k();
+    std::copy(dwp[0].begin(), dwp[0].end(), dw);
+    for (int t = 1; t < used; ++t)
+      for (std::int64_t i = 0; i < n; ++i) dw[i] += dwp[std::size_t(t)][std::size_t(i)];
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, reps = 7;
+  std::int64_t images = 0, batch = 32;
+  bool compare = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--images" && i + 1 < argc) images = std::atoll(argv[++i]);
+    else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
+    else if (a == "--compare") compare = true;
+    else {
+      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--compare]\n");
+      return 2;
+    }
+  }
+  omp_set_num_threads(threads);
+  cpu::set_blas_threads(threads);
+  std::printf("ResNet-18 CIFAR convolutions, batch %lld, %d threads, median of %d; ms per call\n", (long long)batch,
+              threads, reps);
+  std::printf("%-24s %5s %7s %7s %7s %7s | %7s %7s %7s\n", "layer", "count", "imgs", "fwd", "bwd-dat", "bwd-wt",
+              "GF/s f", "GF/s d", "GF/s w");
+  double sum_f = 0, sum_d = 0, sum_w = 0, alt_f = 0, alt_d = 0, alt_w = 0, flops_total = 0;
+  for (const Layer& L : kLayers) {
+    Shape xs{batch, L.cin, L.h, L.h}, ws{L.cout, L.cin, L.k, L.k};
+    Conv2dOptions o{.stride = L.stride, .padding = L.pad};
+    auto g = ops::conv_geometry("bench", xs, ws, o);
+    auto x = random_vec(xs.numel(), 1), w = random_vec(ws.numel(), 2);
+    auto dy = random_vec(g.n * g.cout * g.hw_out(), 3);
+    std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
+    auto sf = ops::conv_scratch(g, DType::f32, ops::ConvPass::forward, images);
+    auto sd = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_data, images);
+    auto sw = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_weight, images);
+    Buf bf(sf.bytes()), bd(sd.bytes()), bw(sw.bytes());
+    auto carve = [](const ops::ConvScratch& s, Buf& b) {
+      KernelArgs a;
+      a.workspace = b.p;
+      a.workspace_bytes = s.bytes();
+      return cpu::conv_detail::carve<float>(s, a, "bench");
+    };
+    auto wf = carve(sf, bf), wd = carve(sd, bd), ww = carve(sw, bw);
+    double tf = time_ms(reps, [&] { cpu::conv2d_forward<float>(g, sf, wf, x.data(), w.data(), nullptr, y.data()); });
+    double td = L.needs_dx ? time_ms(reps, [&] { cpu::conv2d_backward_data<float>(g, sd, wd, dy.data(), w.data(), dx.data()); }) : 0;
+    double tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<float>(g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); });
+    double gf = g.flops() / 1e6;
+    std::printf("%-24s %5lld %7lld %7.2f %7.2f %7.2f | %7.1f %7.1f %7.1f\n", L.name, (long long)L.count,
+                (long long)sf.images, tf, td, tw, gf / tf, td > 0 ? gf / td : 0.0, gf / tw);
+    sum_f += tf * double(L.count);
+    sum_d += td * double(L.count);
+    sum_w += tw * double(L.count);
+    flops_total += g.flops() * double(L.count) * (L.needs_dx ? 3 : 2);
+    if (compare) {
+      PerImage alt(g, threads);
+      std::vector<float> y2(y.size()), dx2(dx.size()), dw2(dw.size());
+      double af = time_ms(reps, [&] { alt.forward(x.data(), w.data(), y2.data()); });
+      double ad = L.needs_dx ? time_ms(reps, [&] { alt.backward_data(dy.data(), w.data(), dx2.data()); }) : 0;
+      double aw = time_ms(reps, [&] { alt.backward_weight(x.data(), dy.data(), dw2.data()); });
+      double diff = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) diff = std::max(diff, double(std::abs(y[i] - y2[i])));
+      for (std::size_t i = 0; i < dx.size() && L.needs_dx; ++i) diff = std::max(diff, double(std::abs(dx[i] - dx2[i])));
+      for (std::size_t i = 0; i < dw.size(); ++i) diff = std::max(diff, double(std::abs(dw[i] - dw2[i])) / 100);
+      std::printf("%-24s %5s %7s %7.2f %7.2f %7.2f | %7.1f %7.1f %7.1f  (per-image threads; max diff %.1e)\n", "",
+                  "", "1/thr", af, ad, aw, gf / af, ad > 0 ? gf / ad : 0.0, gf / aw, diff);
+      alt_f += af * double(L.count);
+      alt_d += ad * double(L.count);
+      alt_w += aw * double(L.count);
+    }
+  }
+  double total = sum_f + sum_d + sum_w;
+  std::printf("\nwhole network: forward %.1f ms, backward-data %.1f ms, backward-weight %.1f ms; total %.1f ms "
+              "(%.1f GFLOP, %.1f GF/s)\n",
+              sum_f, sum_d, sum_w, total, flops_total / 1e9, flops_total / 1e6 / total);
+  if (compare)
+    std::printf("per-image threads:  forward %.1f ms, backward-data %.1f ms, backward-weight %.1f ms; total %.1f ms\n",
+                alt_f, alt_d, alt_w, alt_f + alt_d + alt_w);
+}

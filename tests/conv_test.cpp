@@ -1,0 +1,718 @@
+// Convolution, batch normalisation and pooling: every op forward (f32 and
+// f64 against the float64 references in reference_conv.hpp) and backward
+// (against central finite differences) through op_harness.hpp; the kernels'
+// chunked and multi-threaded paths; bf16/f16 storage; the errors; the nn
+// layers and ResNets, and a ResNet training step.
+#include <omp.h>
+
+#include <cstring>
+
+#include "op_harness.hpp"
+#include "reference_conv.hpp"
+
+using namespace optest;
+using frugal::DType;
+using frugal::Var;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// ---- conv2d cases ------------------------------------------------------------
+
+struct ConvCase {
+  std::string name;
+  ref::Dims x, w;
+  frugal::Conv2dOptions o;
+  bool bias = false;
+  double f32_scale = 1;
+};
+
+ref::Conv2dParams ref_params(const frugal::Conv2dOptions& o) {
+  return {o.stride.h, o.stride.w, o.padding.h, o.padding.w, o.dilation.h, o.dilation.w, o.groups};
+}
+
+Case conv_case(const ConvCase& c) {
+  std::vector<In> in{x(c.x), x(c.w)};
+  if (c.bias) in.push_back(x({c.w[0]}));
+  auto o = c.o;
+  bool bias = c.bias;
+  return {"conv2d " + c.name, in,
+          [o, bias](const Vars& v) {
+            return frugal::conv2d(v[0], v[1], bias ? std::optional<Var>(v[2]) : std::nullopt, o);
+          },
+          [o, bias](const Arrays& a) { return ref::conv2d(a[0], a[1], bias ? &a[2] : nullptr, ref_params(o)); },
+          c.f32_scale};
+}
+
+}  // namespace
+
+TEST_CASE("conv2d forward and backward against the reference and finite differences", "[conv]") {
+  // f32 tolerance: the cases sum at most 36 products of size <= 1, so f32
+  // rounding stays below 36 * 6e-8 ~ 2e-6, within the harness's 1e-5.
+  const ConvCase cases[] = {
+      {"3x3 pad 1 with bias [2,3,5,5]*[4,3,3,3]", {2, 3, 5, 5}, {4, 3, 3, 3}, {.padding = 1}, true},
+      {"3x3 no padding [2,2,5,4]*[3,2,3,3]", {2, 2, 5, 4}, {3, 2, 3, 3}, {}, false},
+      {"3x3 stride 2 pad 1 [2,2,6,5]*[3,2,3,3]", {2, 2, 6, 5}, {3, 2, 3, 3}, {.stride = 2, .padding = 1}, false},
+      {"one image [1,3,5,5]*[2,3,3,3] pad 1", {1, 3, 5, 5}, {2, 3, 3, 3}, {.padding = 1}, true},
+      {"1x1 pointwise [2,4,3,3]*[5,4,1,1]", {2, 4, 3, 3}, {5, 4, 1, 1}, {}, true},
+      {"1x1 pointwise one image [1,4,3,3]*[3,4,1,1]", {1, 4, 3, 3}, {3, 4, 1, 1}, {}, false},
+      {"1x1 stride 2 (projection shortcut) [2,3,5,5]*[4,3,1,1]", {2, 3, 5, 5}, {4, 3, 1, 1}, {.stride = 2}, false},
+      {"dilation 2 [1,2,7,7]*[2,2,3,3] pad 2", {1, 2, 7, 7}, {2, 2, 3, 3}, {.padding = 2, .dilation = 2}, false},
+      {"groups 2 [2,4,4,4]*[6,2,3,3] pad 1", {2, 4, 4, 4}, {6, 2, 3, 3}, {.padding = 1, .groups = 2}, true},
+      {"depthwise groups 3 [2,3,5,5]*[3,1,3,3] pad 1", {2, 3, 5, 5}, {3, 1, 3, 3}, {.padding = 1, .groups = 3}, false},
+      {"asymmetric 2x3 stride (2,1) pad (0,1)", {2, 2, 5, 6}, {3, 2, 2, 3}, {.stride = {2, 1}, .padding = {0, 1}}, true},
+      {"kernel covers the input: 1x1 output", {2, 2, 3, 3}, {2, 2, 3, 3}, {}, false},
+      {"padding wider than the input [1,1,2,2]*[2,1,3,3] pad 2", {1, 1, 2, 2}, {2, 1, 3, 3}, {.padding = 2}, false},
+      {"stride larger than the kernel [2,2,7,7]*[2,2,2,2] stride 3", {2, 2, 7, 7}, {2, 2, 2, 2}, {.stride = 3}, false},
+      {"several chunks, a shorter last one [3,1,16,16]*[2,1,3,3] pad 1", {3, 1, 16, 16}, {2, 1, 3, 3}, {.padding = 1}, true},
+  };
+  for (const auto& c : cases) check_op(conv_case(c));
+}
+
+// ---- conv2d kernels: chunking, threads, determinism ----------------------------
+
+namespace {
+
+std::vector<float> random_floats(std::int64_t n, std::uint64_t seed) {
+  frugal::Rng r(seed);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& e : v) e = float(r.uniform(-1, 1));
+  return v;
+}
+
+ref::Array as_array(const std::vector<float>& v, ref::Dims shape) {
+  ref::Array a{std::move(shape), {}};
+  a.v.assign(v.begin(), v.end());
+  return a;
+}
+
+// |got - want| <= 2 k 2^-24 * sum|w||x| + 1e-6: the standard bound for a
+// sum of k products rounded in f32 (k 2^-24 relative to the sum of the
+// magnitudes), doubled for col2im's and the chunks' extra additions.
+void expect_f32_close(const std::string& what, const std::vector<float>& got, const ref::Array& want,
+                      const ref::Array& scale, std::int64_t k) {
+  REQUIRE(got.size() == want.v.size());
+  std::size_t bad = 0, worst = 0;
+  double worst_ratio = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    double bound = 2.0 * double(k) * std::ldexp(1.0, -24) * scale.v[i] + 1e-6;
+    double r = std::abs(double(got[i]) - want.v[i]) / bound;
+    if (!(r <= 1)) ++bad;
+    if (!(r <= worst_ratio)) worst_ratio = r, worst = i;
+  }
+  INFO(what << ": " << bad << " elements out of bound; worst at " << worst << " got " << got[worst] << " want "
+            << want.v[worst] << " (" << worst_ratio << " x the bound)");
+  CHECK(bad == 0);
+}
+
+struct Workspace {
+  std::vector<std::byte> bytes;
+  frugal::KernelArgs args(const frugal::ops::ConvScratch& s) {
+    bytes.assign(s.bytes() + 256, std::byte{0});
+    frugal::KernelArgs a;
+    auto p = reinterpret_cast<std::uintptr_t>(bytes.data());
+    a.workspace = bytes.data() + ((256 - p % 256) % 256);
+    a.workspace_bytes = s.bytes();
+    return a;
+  }
+};
+
+struct ThreadCount {
+  int saved = omp_get_max_threads();
+  explicit ThreadCount(int n) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("conv2d kernels give the reference result for every chunk size and thread count", "[conv][threads]") {
+  using namespace frugal;
+  // Each large enough (> 4 MFLOP) that the kernels take their parallel path.
+  struct Shape4 {
+    const char* name;
+    ref::Dims x, w;
+    Conv2dOptions o;
+  };
+  const Shape4 shapes[] = {
+      {"3x3 pad 1 [5,16,16,16]*[16,16,3,3]", {5, 16, 16, 16}, {16, 16, 3, 3}, {.padding = 1}},
+      {"3x3 stride 2 groups 2 [5,32,16,16]*[64,16,3,3]", {5, 32, 16, 16}, {64, 16, 3, 3}, {.stride = 2, .padding = 1, .groups = 2}},
+      {"1x1 [5,64,16,16]*[32,64,1,1]", {5, 64, 16, 16}, {32, 64, 1, 1}, {}},
+  };
+  for (const auto& sh : shapes) {
+    const Shape xs(sh.x), ws(sh.w);
+    const auto g = ops::conv_geometry("test", xs, ws, sh.o);
+    auto x = random_floats(xs.numel(), 1), w = random_floats(ws.numel(), 2);
+    auto dy = random_floats(g.n * g.cout * g.hw_out(), 3);
+    const ref::Array xa = as_array(x, sh.x), wa = as_array(w, sh.w), dya = as_array(dy, {g.n, g.cout, g.ho, g.wo});
+    const auto p = ref_params(sh.o);
+    const ref::Array want_y = ref::conv2d(xa, wa, nullptr, p), scale_y = ref::conv2d_abs(xa, wa, p);
+    ref::Array want_dx, want_dw, scale_dx, scale_dw;
+    ref::conv2d_backward(xa, wa, dya, p, want_dx, want_dw);
+    {
+      ref::Array ax = xa, aw = wa, ady = dya;
+      for (auto* arr : {&ax, &aw, &ady})
+        for (auto& e : arr->v) e = std::abs(e);
+      ref::conv2d_backward(ax, aw, ady, p, scale_dx, scale_dw);
+    }
+    for (int threads : {1, 2, 3}) {
+      ThreadCount tc(threads);
+      for (std::int64_t images : {std::int64_t(1), std::int64_t(2), std::int64_t(3), std::int64_t(5)}) {
+        const std::string what = cat(sh.name, ", ", threads, " threads, ", images, " images per chunk");
+        Workspace wf, wd, ww;
+        auto sf = ops::conv_scratch(g, DType::f32, ops::ConvPass::forward, images);
+        auto sd = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_data, images);
+        auto sw = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_weight, images);
+        auto af = wf.args(sf), ad = wd.args(sd), aw = ww.args(sw);
+        std::vector<float> y(want_y.v.size()), dx(x.size()), dw(w.size()), y2(y.size()), dw2(dw.size());
+        cpu::conv2d_forward<float>(g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
+                                   y.data());
+        cpu::conv2d_backward_data<float>(g, sd, cpu::conv_detail::carve<float>(sd, ad, "t"), dy.data(), w.data(),
+                                         dx.data());
+        cpu::conv2d_backward_weight<float>(g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(), dy.data(),
+                                           dw.data(), nullptr);
+        expect_f32_close(what + " forward", y, want_y, scale_y, g.k());
+        expect_f32_close(what + " data gradient", dx, want_dx, scale_dx, g.cout_g() * g.kh * g.kw);
+        expect_f32_close(what + " weight gradient", dw, want_dw, scale_dw, g.n * g.hw_out());
+        // Same inputs, same thread count: the same bits.
+        cpu::conv2d_forward<float>(g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
+                                   y2.data());
+        cpu::conv2d_backward_weight<float>(g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(), dy.data(),
+                                           dw2.data(), nullptr);
+        INFO(what);
+        CHECK(std::memcmp(y.data(), y2.data(), y.size() * 4) == 0);
+        CHECK(std::memcmp(dw.data(), dw2.data(), dw.size() * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("conv2d's scratch is planned: the step's audit matches its prediction", "[conv][plan]") {
+  using namespace frugal;
+  nn::manual_seed(2);
+  nn::Conv2d conv(4, 8, 3, {.padding = 1});
+  Step s = compile_gradients([&](Var x) { return sum(relu(conv(x))); }, {input<float>({3, 4, 16, 16})},
+                             conv.parameters());
+  std::vector<std::string> with_scratch;
+  for (NodeId n : s.plan().schedule)
+    if (s.graph().node(n).has_workspace) with_scratch.push_back(s.graph().node(n).op->name());
+  // The input needs no gradient, so the data-gradient op is captured but never planned.
+  CHECK(with_scratch == std::vector<std::string>{"conv2d", "conv2d_backward_weight"});
+  Tensor x({3, 4, 16, 16});
+  auto xv = random_floats(x.numel(), 5);
+  std::memcpy(x.data<float>(), xv.data(), xv.size() * 4);
+  auto a = s.audit(x);
+  CHECK(a.canary_intact);
+  CHECK(a.high_water == a.predicted);
+  CHECK(s.verify().ok());
+}
+
+// ---- bf16 / f16 storage --------------------------------------------------------
+
+namespace {
+
+template <class H>
+frugal::Tensor half_tensor(const std::vector<float>& v, const frugal::Shape& s) {
+  frugal::Tensor t(s, frugal::dtype_of<H>());
+  for (std::size_t i = 0; i < v.size(); ++i) t.data<H>()[i] = H(v[i]);
+  return t;
+}
+
+template <class H>
+std::vector<float> rounded(const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = float(H(v[i]));
+  return out;
+}
+
+template <class H>
+std::vector<float> floats_of(const frugal::Tensor& t) {
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(t.data<H>()[i]);
+  return out;
+}
+
+std::vector<float> f32_values(const frugal::Tensor& t) { return t.to_vector<float>(); }
+
+frugal::Tensor f32_tensor(const std::vector<float>& v, const frugal::Shape& s) {
+  frugal::Tensor t(s, DType::f32);
+  std::memcpy(t.data<float>(), v.data(), v.size() * 4);
+  return t;
+}
+
+// Runs op on the given tensors (bound as parameters) and returns its outputs.
+std::vector<frugal::Tensor> run_op(std::function<std::vector<Var>(const Vars&)> build,
+                                   const std::vector<frugal::Tensor>& ts) {
+  frugal::Step s = frugal::compile_inference(
+      [&] {
+        Vars vs;
+        for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
+        return build(vs);
+      },
+      {});
+  s.run();
+  std::vector<frugal::Tensor> out;
+  for (std::size_t i = 0;; ++i) {
+    try {
+      out.push_back(s.output(i).clone());
+    } catch (const std::out_of_range&) {
+      break;
+    }
+  }
+  return out;
+}
+
+// The half path widens the same (rounded) inputs to f32, runs the same f32
+// GEMMs in the same order as the f32 path, and rounds each result once. So
+// against the f32 op on the rounded inputs the only difference is that one
+// rounding: |y_half - y_f32| <= u |y_f32| with u the unit roundoff (2^-8 for
+// bf16's 8-bit significand, 2^-11 for f16's 11 bits), plus 2^-25 absolute
+// for results in f16's subnormal range (spacing 2^-24).
+void expect_one_rounding(const std::string& what, const std::vector<float>& half, const std::vector<float>& f32,
+                         double u) {
+  REQUIRE(half.size() == f32.size());
+  std::size_t bad = 0, worst = 0;
+  for (std::size_t i = 0; i < half.size(); ++i) {
+    double bound = u * std::abs(double(f32[i])) + std::ldexp(1.0, -25);
+    if (!(std::abs(double(half[i]) - double(f32[i])) <= bound)) {
+      if (!bad) worst = i;
+      ++bad;
+    }
+  }
+  INFO(what << ": " << bad << " of " << half.size() << " elements differ by more than one rounding; first at " << worst
+            << ": " << half[worst] << " vs f32 " << f32[worst]);
+  CHECK(bad == 0);
+}
+
+template <class H>
+void check_half_conv(const char* type, double u) {
+  using namespace frugal;
+  struct C {
+    const char* name;
+    Shape x, w;
+    Conv2dOptions o;
+  };
+  const C cases[] = {
+      {"3x3 pad 1, one chunk [3,4,6,6]*[5,4,3,3]", {3, 4, 6, 6}, {5, 4, 3, 3}, {.padding = 1}},
+      {"one image per chunk [2,2,24,24]*[3,2,3,3]", {2, 2, 24, 24}, {3, 2, 3, 3}, {.padding = 1}},
+      {"stride 2 groups 2 [2,4,7,7]*[4,2,3,3]", {2, 4, 7, 7}, {4, 2, 3, 3}, {.stride = 2, .padding = 1, .groups = 2}},
+      {"1x1 [2,6,5,5]*[4,6,1,1]", {2, 6, 5, 5}, {4, 6, 1, 1}, {}},
+  };
+  for (const auto& c : cases) {
+    const auto g = ops::conv_geometry("test", c.x, c.w, c.o);
+    const Shape ys{g.n, g.cout, g.ho, g.wo};
+    auto x = rounded<H>(random_floats(c.x.numel(), 11)), w = rounded<H>(random_floats(c.w.numel(), 12));
+    auto b = rounded<H>(random_floats(g.cout, 13)), dy = rounded<H>(random_floats(ys.numel(), 14));
+    const std::string what = cat(type, " conv2d ", c.name);
+    auto o = c.o;
+    auto fwd = [&](const Vars& v) { return std::vector<Var>{conv2d(v[0], v[1], v[2], o)}; };
+    auto bwd_data = [&](const Vars& v) {
+      return std::vector<Var>{apply1<ops::Conv2dBackwardData>({v[0], v[1]}, o, c.x)};
+    };
+    auto bwd_weight = [&](const Vars& v) {
+      return frugal::apply(std::make_shared<ops::Conv2dBackwardWeight>(o, c.w, true), {v[0], v[1]});
+    };
+    auto y16 = run_op(fwd, {half_tensor<H>(x, c.x), half_tensor<H>(w, c.w), half_tensor<H>(b, {g.cout})});
+    auto y32 = run_op(fwd, {f32_tensor(x, c.x), f32_tensor(w, c.w), f32_tensor(b, {g.cout})});
+    REQUIRE(y16[0].dtype() == dtype_of<H>());
+    expect_one_rounding(what + " forward", floats_of<H>(y16[0]), f32_values(y32[0]), u);
+    auto dx16 = run_op(bwd_data, {half_tensor<H>(dy, ys), half_tensor<H>(w, c.w)});
+    auto dx32 = run_op(bwd_data, {f32_tensor(dy, ys), f32_tensor(w, c.w)});
+    expect_one_rounding(what + " data gradient", floats_of<H>(dx16[0]), f32_values(dx32[0]), u);
+    auto dw16 = run_op(bwd_weight, {half_tensor<H>(x, c.x), half_tensor<H>(dy, ys)});
+    auto dw32 = run_op(bwd_weight, {f32_tensor(x, c.x), f32_tensor(dy, ys)});
+    expect_one_rounding(what + " weight gradient", floats_of<H>(dw16[0]), f32_values(dw32[0]), u);
+    expect_one_rounding(what + " bias gradient", floats_of<H>(dw16[1]), f32_values(dw32[1]), u);
+    // And the f32 result itself is right: the reference on the same rounded inputs.
+    const auto p = ref_params(c.o);
+    ref::Array ba = as_array(b, {g.cout});
+    expect_f32_close(what + " f32 forward vs reference", f32_values(y32[0]),
+                     ref::conv2d(as_array(x, c.x.dims()), as_array(w, c.w.dims()), &ba, p),
+                     ref::conv2d_abs(as_array(x, c.x.dims()), as_array(w, c.w.dims()), p), g.k() + 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("conv2d with bf16 and f16 storage rounds the f32 result once", "[conv][half]") {
+  check_half_conv<frugal::BFloat16>("bf16", std::ldexp(1.0, -8));
+  check_half_conv<frugal::Half>("f16", std::ldexp(1.0, -11));
+}
+
+// ---- batch norm -----------------------------------------------------------------
+
+namespace {
+
+Case bn_train_case(std::string name, ref::Dims xs) {
+  const std::int64_t c = xs[1];
+  return {"batch_norm2d train " + std::move(name),
+          {x(xs), x({c}), x({c})},
+          [](const Vars& v) { return frugal::batch_norm2d_train(v[0], v[1], v[2]).y; },
+          [](const Arrays& a) { return ref::batch_norm_train(a[0], a[1], a[2]); },
+          // The backward subtracts means of size ~|dy|: a few f32 roundings more.
+          4};
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm2d in training mode: forward and backward", "[bn]") {
+  check_op(bn_train_case("[2,3,4,4]", {2, 3, 4, 4}));
+  check_op(bn_train_case("[4,2,1,1] (one value per plane)", {4, 2, 1, 1}));
+  check_op(bn_train_case("[1,2,3,3] (one image)", {1, 2, 3, 3}));
+  check_op(bn_train_case("[3,1,2,5] (one channel)", {3, 1, 2, 5}));
+  check_op(bn_train_case("[2,2,1,2] (two values per channel)", {1, 2, 1, 2}));
+}
+
+TEST_CASE("batch_norm2d in eval mode: forward and backward with running statistics", "[bn]") {
+  using namespace frugal;
+  Tensor rm = Tensor::from(std::vector<double>{0.25, -0.5, 0.125}, Shape{3});
+  Tensor rv = Tensor::from(std::vector<double>{0.5, 1.5, 2.0}, Shape{3});
+  Tensor rm32 = Tensor::from(std::vector<float>{0.25f, -0.5f, 0.125f}, Shape{3});
+  Tensor rv32 = Tensor::from(std::vector<float>{0.5f, 1.5f, 2.0f}, Shape{3});
+  ref::Array rma{{3}, {0.25, -0.5, 0.125}}, rva{{3}, {0.5, 1.5, 2.0}};
+  check_op({"batch_norm2d eval [2,3,3,4]",
+            {x({2, 3, 3, 4}), x({3}), x({3})},
+            [&](const Vars& v) {
+              bool f64 = v[0].dtype() == DType::f64;
+              Var m = persistent_var(f64 ? rm : rm32, ValueKind::state, "running_mean");
+              Var s = persistent_var(f64 ? rv : rv32, ValueKind::state, "running_var");
+              return batch_norm2d(v[0], m, s, v[1], v[2], /*training=*/false);
+            },
+            [&](const Arrays& a) { return ref::batch_norm_eval(a[0], a[1], a[2], rma, rva); }});
+}
+
+TEST_CASE("batch norm's running statistics follow PyTorch's rule, once per run", "[bn]") {
+  using namespace frugal;
+  // momentum 0.1; the running variance takes the unbiased batch variance.
+  auto xv = random_floats(2 * 3 * 2 * 2, 21);
+  Tensor x = f32_tensor(xv, {2, 3, 2, 2});
+  Tensor gamma = Tensor::from(std::vector<float>{1, 2, 3}, Shape{3}), beta({3});
+  Tensor rm = Tensor::from(std::vector<float>{0.5f, -1.f, 0.f}, Shape{3});
+  Tensor rv = Tensor::from(std::vector<float>{1.f, 2.f, 0.5f}, Shape{3});
+  Step s = compile_inference(
+      [&] {
+        Var xs = persistent_var(x, ValueKind::parameter, "x");
+        return batch_norm2d(xs, persistent_var(rm, ValueKind::state, "rm"), persistent_var(rv, ValueKind::state, "rv"),
+                            persistent_var(gamma, ValueKind::parameter, "g"),
+                            persistent_var(beta, ValueKind::parameter, "b"), true);
+      },
+      {});
+  // Exactly one node writes the statistics, and it is not the normalising op.
+  int writers = 0;
+  for (NodeId n : s.plan().schedule) {
+    const auto& node = s.graph().node(n);
+    if (!node.op->mutated_inputs().empty()) {
+      ++writers;
+      CHECK(node.op->name() == "batch_norm_update_stats");
+    }
+    if (node.op->name() == "batch_norm2d") CHECK(node.op->mutated_inputs().empty());
+  }
+  CHECK(writers == 1);
+  std::vector<double> mean, var;
+  ref::channel_stats(as_array(xv, {2, 3, 2, 2}), mean, var);
+  std::vector<double> em{0.5, -1, 0}, ev{1, 2, 0.5};
+  for (int run = 0; run < 3; ++run) {
+    s.run();
+    for (int c = 0; c < 3; ++c) {
+      em[std::size_t(c)] = 0.9 * em[std::size_t(c)] + 0.1 * mean[std::size_t(c)];
+      ev[std::size_t(c)] = 0.9 * ev[std::size_t(c)] + 0.1 * var[std::size_t(c)] * 8.0 / 7.0;
+      INFO("run " << run << " channel " << c);
+      CHECK(rm.data<float>()[c] == Approx(em[std::size_t(c)]).margin(1e-6));
+      CHECK(rv.data<float>()[c] == Approx(ev[std::size_t(c)]).margin(1e-6));
+    }
+  }
+}
+
+// ---- pooling ------------------------------------------------------------------------
+
+namespace {
+
+Case max_pool_case(std::string name, ref::Dims xs, frugal::Size2 k, std::optional<frugal::Size2> s, frugal::Size2 p) {
+  frugal::Size2 st = s.value_or(k);
+  ref::Pool2dParams rp{k.h, k.w, st.h, st.w, p.h, p.w};
+  return {"max_pool2d " + std::move(name),
+          {x(std::move(xs))},
+          [=](const Vars& v) { return frugal::max_pool2d(v[0], k, s, p); },
+          [=](const Arrays& a) { return ref::max_pool2d(a[0], rp); }};
+}
+
+Case avg_pool_case(std::string name, ref::Dims xs, frugal::Size2 k, std::optional<frugal::Size2> s, frugal::Size2 p,
+                   bool include_pad) {
+  frugal::Size2 st = s.value_or(k);
+  ref::Pool2dParams rp{k.h, k.w, st.h, st.w, p.h, p.w};
+  return {"avg_pool2d " + std::move(name),
+          {x(std::move(xs))},
+          [=](const Vars& v) { return frugal::avg_pool2d(v[0], k, s, p, include_pad); },
+          [=](const Arrays& a) { return ref::avg_pool2d(a[0], rp, include_pad); }};
+}
+
+}  // namespace
+
+TEST_CASE("max_pool2d forward and backward", "[pool]") {
+  check_op(max_pool_case("2x2 [2,2,4,4] (stride = kernel)", {2, 2, 4, 4}, 2, std::nullopt, 0));
+  check_op(max_pool_case("3x3 stride 2 pad 1 [1,2,5,5]", {1, 2, 5, 5}, 3, 2, 1));
+  check_op(max_pool_case("3x3 stride 1 pad 1, overlapping [1,2,4,4]", {1, 2, 4, 4}, 3, 1, 1));
+  check_op(max_pool_case("2x3 stride (1,2) [2,1,5,6]", {2, 1, 5, 6}, {2, 3}, frugal::Size2{1, 2}, 0));
+  check_op(max_pool_case("2x2 odd size drops the last row [1,2,5,5]", {1, 2, 5, 5}, 2, 2, 0));
+  check_op(max_pool_case("1x1 is the identity [1,2,3,3]", {1, 2, 3, 3}, 1, 1, 0));
+}
+
+TEST_CASE("max_pool2d pads with -inf, lets the first maximum win ties, and propagates NaN", "[pool]") {
+  using namespace frugal;
+  // All -5 with padding: the padding never wins.
+  Tensor neg({1, 1, 3, 3});
+  for (int i = 0; i < 9; ++i) neg.data<float>()[i] = -5;
+  auto y = run_op([](const Vars& v) { return std::vector<Var>{max_pool2d(v[0], 3, 1, 1)}; }, {neg});
+  for (float v : y[0].to_vector<float>()) CHECK(v == -5);
+  // Ties: a constant input sends each window's gradient to its first input
+  // position in row-major window order, as PyTorch does.
+  Tensor flat({1, 1, 4, 4});
+  for (int i = 0; i < 16; ++i) flat.data<float>()[i] = 1;
+  Tensor ones({1, 1, 4, 4});
+  for (int i = 0; i < 16; ++i) ones.data<float>()[i] = 1;
+  auto dx = run_op([](const Vars& v) { return std::vector<Var>{apply1<ops::MaxPool2dBackward>({v[0], v[1]}, Pool2dOptions{3, 1, 1})}; },
+                   {flat, ones});
+  std::vector<float> want(16, 0);
+  for (int oh = 0; oh < 4; ++oh)
+    for (int ow = 0; ow < 4; ++ow) want[std::size_t(std::max(oh - 1, 0) * 4 + std::max(ow - 1, 0))] += 1;
+  CHECK(dx[0].to_vector<float>() == want);
+  // NaN wins its windows.
+  Tensor nan({1, 1, 2, 4});
+  for (int i = 0; i < 8; ++i) nan.data<float>()[i] = float(i);
+  nan.data<float>()[1] = std::nanf("");
+  auto yn = run_op([](const Vars& v) { return std::vector<Var>{max_pool2d(v[0], 2)}; }, {nan})[0].to_vector<float>();
+  CHECK(std::isnan(yn[0]));
+  CHECK(yn[1] == 7);
+}
+
+TEST_CASE("avg_pool2d forward and backward, with and without counting the padding", "[pool]") {
+  check_op(avg_pool_case("2x2 [2,2,4,4]", {2, 2, 4, 4}, 2, std::nullopt, 0, true));
+  check_op(avg_pool_case("3x3 stride 2 pad 1 include_pad [1,2,5,5]", {1, 2, 5, 5}, 3, 2, 1, true));
+  check_op(avg_pool_case("3x3 stride 2 pad 1 exclude_pad [1,2,5,5]", {1, 2, 5, 5}, 3, 2, 1, false));
+  check_op(avg_pool_case("3x3 stride 1 pad 1 overlapping [2,1,4,3]", {2, 1, 4, 3}, 3, 1, 1, true));
+  check_op(avg_pool_case("2x3 stride (2,1) pad (1,1) exclude_pad [1,2,4,5]", {1, 2, 4, 5}, {2, 3}, frugal::Size2{2, 1},
+                         frugal::Size2{1, 1}, false));
+}
+
+TEST_CASE("global_avg_pool2d forward and backward", "[pool]") {
+  for (ref::Dims s : {ref::Dims{2, 3, 4, 4}, ref::Dims{3, 2, 1, 1}, ref::Dims{1, 4, 2, 5}})
+    check_op({"global_avg_pool2d " + ref::str(s),
+              {x(s)},
+              [](const Vars& v) { return frugal::global_avg_pool2d(v[0]); },
+              [](const Arrays& a) { return ref::global_avg_pool2d(a[0]); }});
+}
+
+// ---- errors ------------------------------------------------------------------------
+
+namespace {
+
+std::string shape_error(std::function<Var(const Vars&)> build, std::vector<frugal::Tensor> ts) {
+  return error_message<frugal::ShapeError>([&] {
+    auto step = frugal::compile_inference(
+        [&] {
+          Vars vs;
+          for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
+          return build(vs);
+        },
+        {});
+  });
+}
+
+frugal::Tensor T(frugal::Shape s, DType dt = DType::f32) { return frugal::Tensor(std::move(s), dt); }
+
+}  // namespace
+
+TEST_CASE("bad shapes raise a ShapeError naming the op and the shapes", "[conv][bn][pool][errors]") {
+  using namespace frugal;
+  auto conv = [](Conv2dOptions o = {}) {
+    return [o](const Vars& v) { return conv2d(v[0], v[1], v.size() > 2 ? std::optional<Var>(v[2]) : std::nullopt, o); };
+  };
+  CHECK_THAT(shape_error(conv(), {T({2, 3, 5}), T({4, 3, 3, 3})}),
+             Contains("conv2d") && Contains("[2, 3, 5]") && Contains("[N, C, H, W]"));
+  CHECK_THAT(shape_error(conv(), {T({2, 3, 5, 5}), T({4, 2, 3, 3})}),
+             Contains("conv2d") && Contains("[2, 3, 5, 5]") && Contains("[4, 2, 3, 3]") && Contains("in_channels/groups = 3"));
+  CHECK_THAT(shape_error(conv({.groups = 2}), {T({2, 3, 5, 5}), T({4, 1, 3, 3})}),
+             Contains("in_channels 3 is not divisible by groups 2"));
+  CHECK_THAT(shape_error(conv(), {T({1, 1, 2, 2}), T({1, 1, 3, 3})}),
+             Contains("conv2d") && Contains("[1, 1, 2, 2]") && Contains("smaller than the dilated kernel (3 x 3)"));
+  CHECK_THAT(shape_error(conv(), {T({1, 2, 4, 4}), T({3, 2, 3, 3}), T({2})}),
+             Contains("conv2d") && Contains("bias [2]") && Contains("expected [3]"));
+  CHECK_THAT(shape_error(conv(), {T({1, 2, 4, 4}), T({3, 2, 3, 3}, DType::f64)}),
+             Contains("conv2d") && Contains("dtypes differ"));
+  CHECK_THAT(shape_error(conv({.stride = 0}), {T({1, 2, 4, 4}), T({3, 2, 3, 3})}),
+             Contains("conv2d") && Contains("stride must be at least 1"));
+  CHECK_THAT(shape_error(conv(), {T({1, 2, 4, 4}, DType::i32), T({3, 2, 3, 3}, DType::i32)}),
+             Contains("conv2d") && Contains("i32[1, 2, 4, 4]"));
+
+  auto bn = [](const Vars& v) { return batch_norm2d_train(v[0], v[1], v[2]).y; };
+  CHECK_THAT(shape_error(bn, {T({2, 3, 4}), T({3}), T({3})}), Contains("batch_norm2d") && Contains("[2, 3, 4]"));
+  CHECK_THAT(shape_error(bn, {T({2, 3, 4, 4}), T({4}), T({3})}),
+             Contains("batch_norm2d") && Contains("weight [4]") && Contains("[2, 3, 4, 4]") && Contains("expected [3]"));
+  CHECK_THAT(shape_error(bn, {T({1, 3, 1, 1}), T({3}), T({3})}),
+             Contains("batch_norm2d") && Contains("more than 1 value per channel") && Contains("[1, 3, 1, 1]"));
+
+  CHECK_THAT(shape_error([](const Vars& v) { return max_pool2d(v[0], 2, 2, 2); }, {T({1, 1, 4, 4})}),
+             Contains("max_pool2d") && Contains("[1, 1, 4, 4]") && Contains("at most half of the kernel"));
+  CHECK_THAT(shape_error([](const Vars& v) { return avg_pool2d(v[0], 5); }, {T({1, 1, 4, 4})}),
+             Contains("avg_pool2d") && Contains("[1, 1, 4, 4]") && Contains("smaller than the kernel"));
+  CHECK_THAT(shape_error([](const Vars& v) { return global_avg_pool2d(v[0]); }, {T({4, 4})}),
+             Contains("global_avg_pool2d") && Contains("[4, 4]"));
+}
+
+// ---- nn layers and ResNets --------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t b = 0;
+  for (std::size_t e; (e = s.find(';', b)) != std::string::npos; b = e + 1) out.push_back(s.substr(b, e - b));
+  out.push_back(s.substr(b));
+  return out;
+}
+
+template <class M>
+std::vector<std::string> names_of(const M& named) {
+  std::vector<std::string> out;
+  for (auto& [n, _] : named) out.push_back(n);
+  return out;
+}
+
+// The peer's torch_bench.py ResNet18: [n for n, _ in model.named_parameters()]
+// and named_buffers(), from PyTorch 1.13.
+const char* const kPeerResNet18Params =
+    "conv1.weight;bn1.weight;bn1.bias;blocks.0.conv1.weight;blocks.0.bn1.weight;blocks.0.bn1.bias;blocks.0.conv2."
+    "weight;blocks.0.bn2.weight;blocks.0.bn2.bias;blocks.1.conv1.weight;blocks.1.bn1.weight;blocks.1.bn1.bias;"
+    "blocks.1.conv2.weight;blocks.1.bn2.weight;blocks.1.bn2.bias;blocks.2.conv1.weight;blocks.2.bn1.weight;blocks.2."
+    "bn1.bias;blocks.2.conv2.weight;blocks.2.bn2.weight;blocks.2.bn2.bias;blocks.2.shortcut.0.weight;blocks.2."
+    "shortcut.1.weight;blocks.2.shortcut.1.bias;blocks.3.conv1.weight;blocks.3.bn1.weight;blocks.3.bn1.bias;blocks.3."
+    "conv2.weight;blocks.3.bn2.weight;blocks.3.bn2.bias;blocks.4.conv1.weight;blocks.4.bn1.weight;blocks.4.bn1.bias;"
+    "blocks.4.conv2.weight;blocks.4.bn2.weight;blocks.4.bn2.bias;blocks.4.shortcut.0.weight;blocks.4.shortcut.1."
+    "weight;blocks.4.shortcut.1.bias;blocks.5.conv1.weight;blocks.5.bn1.weight;blocks.5.bn1.bias;blocks.5.conv2."
+    "weight;blocks.5.bn2.weight;blocks.5.bn2.bias;blocks.6.conv1.weight;blocks.6.bn1.weight;blocks.6.bn1.bias;"
+    "blocks.6.conv2.weight;blocks.6.bn2.weight;blocks.6.bn2.bias;blocks.6.shortcut.0.weight;blocks.6.shortcut.1."
+    "weight;blocks.6.shortcut.1.bias;blocks.7.conv1.weight;blocks.7.bn1.weight;blocks.7.bn1.bias;blocks.7.conv2."
+    "weight;blocks.7.bn2.weight;blocks.7.bn2.bias;fc.weight;fc.bias";
+
+std::vector<std::string> peer_buffers() {
+  std::vector<std::string> bns{"bn1"};
+  for (int b = 0; b < 8; ++b) {
+    bns.push_back(frugal::cat("blocks.", b, ".bn1"));
+    bns.push_back(frugal::cat("blocks.", b, ".bn2"));
+    if (b == 2 || b == 4 || b == 6) bns.push_back(frugal::cat("blocks.", b, ".shortcut.1"));
+  }
+  std::vector<std::string> out;
+  for (auto& m : bns)
+    for (const char* s : {".running_mean", ".running_var", ".num_batches_tracked"}) out.push_back(m + s);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nn::Conv2d and nn::BatchNorm2d initialise and name their tensors as PyTorch does", "[conv][nn]") {
+  using namespace frugal;
+  nn::manual_seed(4);
+  nn::Conv2d c(64, 32, 3, {.padding = 1});
+  CHECK(names_of(c.named_parameters()) == std::vector<std::string>{"weight", "bias"});
+  CHECK(c.weight.shape() == Shape{32, 64, 3, 3});
+  // kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = 64*3*3.
+  const double bound = 1 / std::sqrt(576.0);
+  double mean = 0, var = 0;
+  auto w = c.weight.to_vector<float>();
+  for (float v : w) {
+    REQUIRE(std::abs(v) <= bound);
+    mean += v / double(w.size());
+  }
+  for (float v : w) var += (v - mean) * (v - mean) / double(w.size());
+  CHECK(mean == Approx(0).margin(0.05 * bound));
+  CHECK(var == Approx(bound * bound / 3).epsilon(0.05));
+  for (float v : c.bias.to_vector<float>()) CHECK(std::abs(v) <= bound);
+  nn::Conv2d grouped(8, 4, {3, 1}, {.groups = 2, .bias = false, .dtype = DType::bf16});
+  CHECK(grouped.weight.shape() == Shape{4, 4, 3, 1});
+  CHECK(names_of(grouped.named_parameters()) == std::vector<std::string>{"weight"});
+  for (int i = 0; i < 48; ++i) CHECK(std::abs(float(grouped.weight.data<BFloat16>()[i])) <= 1 / std::sqrt(12.0) * 1.004);
+
+  nn::BatchNorm2d bn(3);
+  CHECK(names_of(bn.named_parameters()) == std::vector<std::string>{"weight", "bias"});
+  CHECK(names_of(bn.named_buffers()) ==
+        std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"});
+  CHECK(bn.weight.to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK(bn.bias.to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(bn.running_mean.to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(bn.running_var.to_vector<float>() == std::vector<float>{1, 1, 1});
+  CHECK(bn.num_batches_tracked.item<std::int64_t>() == 0);
+  CHECK(bn.parameters().size() == 2);  // buffers are not parameters: the optimizer never sees them
+  CHECK_THROWS_WITH(bn.register_buffer("running_mean", Tensor({3})), Contains("already has a buffer"));
+}
+
+TEST_CASE("ResNet builders match the peer's models: names, shapes, parameter counts", "[conv][nn]") {
+  using namespace frugal;
+  auto r18 = nn::resnet18_cifar(10);
+  CHECK(r18->num_parameters() == 11173962);  // the peer's ResNet18 reports this count
+  CHECK(names_of(r18->named_parameters()) == split(kPeerResNet18Params));
+  CHECK(names_of(r18->named_buffers()) == peer_buffers());
+  CHECK(r18->blocks.size() == 8);
+  // Counts from the same structures built in PyTorch 1.13.
+  auto r20 = nn::resnet20_cifar(10);
+  CHECK(r20->num_parameters() == 272474);
+  CHECK(r20->named_parameters().size() == 65);
+  CHECK(r20->named_buffers().size() == 63);
+  auto r50 = nn::resnet50_cifar(10);
+  CHECK(r50->num_parameters() == 23520842);
+  CHECK(r50->named_parameters().size() == 161);
+  CHECK(r50->named_buffers().size() == 159);
+}
+
+TEST_CASE("a ResNet-20 trains: loss falls, running statistics move once per step, the audit matches the plan",
+          "[conv][nn][step]") {
+  using namespace frugal;
+  nn::manual_seed(7);
+  auto model = nn::resnet20_cifar(10);
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  const std::int64_t N = 4, H = 8;
+  Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
+                      {input<float>({N, 3, H, H}), input<std::int32_t>({N})}, opt);
+  CHECK(step.verify().ok());
+  // One running-statistics update per BatchNorm: the stem, 2 per block, 2 projection shortcuts.
+  int updates = 0;
+  for (NodeId n : step.plan().schedule) updates += step.graph().node(n).op->name() == "batch_norm_update_stats";
+  CHECK(updates == 1 + 2 * 9 + 2);
+
+  auto xv = random_floats(N * 3 * H * H, 31);
+  Tensor x = f32_tensor(xv, {N, 3, H, H});
+  Tensor y = Tensor::from(std::vector<std::int32_t>{3, 7, 0, 5}, Shape{N});
+  // The hand computation for the stem's BatchNorm: its input is conv1(x)
+  // with the weights before the step's update.
+  nn::BatchNorm2d& bn = model->bn1;
+  const double n = double(N * H * H);
+  std::vector<float> losses;
+  for (int s = 0; s < 10; ++s) {
+    const ref::Array w = as_array(model->conv1.weight.to_vector<float>(), {16, 3, 3, 3});
+    const auto rm0 = bn.running_mean.to_vector<float>(), rv0 = bn.running_var.to_vector<float>();
+    losses.push_back(step.run(x, y));
+    REQUIRE(std::isfinite(losses.back()));
+    std::vector<double> mean, var;
+    ref::channel_stats(ref::conv2d(as_array(xv, {N, 3, H, H}), w, nullptr, {.ph = 1, .pw = 1}), mean, var);
+    for (std::size_t c = 0; c < 16; ++c) {
+      INFO("step " << s << " channel " << c);
+      CHECK(bn.running_mean.data<float>()[c] == Approx(0.9 * rm0[c] + 0.1 * mean[c]).margin(2e-6));
+      CHECK(bn.running_var.data<float>()[c] == Approx(0.9 * rv0[c] + 0.1 * var[c] * n / (n - 1)).margin(2e-6));
+    }
+    CHECK(bn.num_batches_tracked.item<std::int64_t>() == s + 1);
+  }
+  INFO("losses: " << losses.front() << " ... " << losses.back());
+  CHECK(losses.back() < 0.5f * losses.front());
+  auto a = step.audit(x, y);
+  CHECK(a.canary_intact);
+  CHECK(a.high_water == a.predicted);
+
+  // Eval mode normalises with the running statistics and updates nothing.
+  model->eval();
+  const auto rm = bn.running_mean.to_vector<float>();
+  Step infer = compile_inference([&](Var xi) { return (*model)(xi); }, {input<float>({N, 3, H, H})});
+  for (NodeId nd : infer.plan().schedule) {
+    CHECK(infer.graph().node(nd).op->name() != "batch_norm_update_stats");
+    CHECK(infer.graph().node(nd).op->name() != "batch_norm2d");
+  }
+  infer.run(x);
+  CHECK(bn.running_mean.to_vector<float>() == rm);
+}
