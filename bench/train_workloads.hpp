@@ -69,8 +69,91 @@ struct MlpWorkload final : Workload {
   std::size_t arena_bytes() const override { return s->arena_bytes(); }
 };
 
+// CIFAR-style ResNet-18 (BasicBlock [2,2,2,2], BatchNorm), 3x32x32, batch
+// 32, 10 classes, SGD(lr 0.01, momentum 0.9).
+struct ResnetWorkload final : Workload {
+  std::unique_ptr<nn::ResNet<nn::BasicBlock>> net = nn::resnet18_cifar(10);
+  optim::SGD opt{net->parameters(), {.lr = 0.01, .momentum = 0.9}};
+  Tensor x, y;
+  std::unique_ptr<Step> s;
+
+  explicit ResnetWorkload(int threads) {
+    Rng r(2);
+    x = randn({32, 3, 32, 32}, r);
+    y = randint({32}, 10, r);
+    net->train();
+    s = std::make_unique<Step>(compile([&](Var xv, Var yv) { return cross_entropy(net->forward(xv), yv); },
+                                       {input<float>({32, 3, 32, 32}), input<std::int32_t>({32})}, opt, {},
+                                       {.threads = threads}));
+    batch = 32;
+    params = net->num_parameters();
+    default_warmup = 2;
+    default_steps = 15;
+  }
+  float step() override { return s->run(x, y); }
+  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+};
+
+// Decoder-only transformer: vocab 512, context 128, 4 layers, d 256, 4 heads,
+// MLP 4x, pre-norm, GELU, causal attention, batch 8, AdamW(lr 3e-4, betas
+// 0.9/0.95, eps 1e-8, weight decay 0.1).
+struct GptWorkload final : Workload {
+  nn::Gpt net{nn::GptConfig{.vocab = 512, .context = 128, .layers = 4, .d_model = 256, .heads = 4}};
+  optim::AdamW opt{net.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
+  Tensor idx, tgt;
+  std::unique_ptr<Step> s;
+
+  explicit GptWorkload(int threads) {
+    Rng r(3);
+    idx = randint({8, 128}, 512, r);
+    tgt = randint({8, 128}, 512, r);
+    s = std::make_unique<Step>(compile([&](Var i, Var t) { return net.loss(i, t); },
+                                       {input<std::int32_t>({8, 128}), input<std::int32_t>({8, 128})}, opt, {},
+                                       {.threads = threads}));
+    batch = 8;
+    params = net.num_parameters();
+    unit = "sequences";
+    default_warmup = 3;
+    default_steps = 30;
+  }
+  float step() override { return s->run(idx, tgt); }
+  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+};
+
+// Two-layer GCN (hidden 128) on a random graph of 20,000 nodes and 200,000
+// undirected edges, D^-1/2 (A + I) D^-1/2, 128 features, 16 classes, full
+// batch, Adam(lr 0.01).
+struct GcnWorkload final : Workload {
+  static constexpr std::int64_t kNodes = 20000, kEdges = 200000;
+  nn::Gcn net{128, 128, 16};
+  optim::AdamW opt{net.parameters(), {.lr = 0.01, .weight_decay = 0}};  // Adam: no decay
+  SparseMatrix adj;
+  Tensor x, y;
+  std::unique_ptr<Step> s;
+
+  explicit GcnWorkload(int threads) {
+    Rng r(4);
+    adj = data::to_sparse(data::gcn_adjacency(kNodes, data::random_edges(kNodes, kEdges, 4)));
+    x = randn({kNodes, 128}, r);
+    y = randint({kNodes}, 16, r);
+    s = std::make_unique<Step>(compile([&](Var xv, Var yv) { return cross_entropy(net(xv, adj), yv); },
+                                       {input<float>({kNodes, 128}), input<std::int32_t>({kNodes})}, opt, {},
+                                       {.threads = threads}));
+    batch = kNodes;
+    params = net.num_parameters();
+    unit = "nodes";
+    default_warmup = 3;
+    default_steps = 30;
+  }
+  float step() override { return s->run(x, y); }
+  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+};
+
 inline std::unique_ptr<Workload> make_workload(const std::string& name, int threads) {
   if (name == "mlp") return std::make_unique<MlpWorkload>(threads);
+  if (name == "resnet") return std::make_unique<ResnetWorkload>(threads);
+  if (name == "gpt") return std::make_unique<GptWorkload>(threads);
+  if (name == "gcn") return std::make_unique<GcnWorkload>(threads);
   fail("train_bench: unknown workload '", name, "': use mlp, resnet, gpt or gcn");
 }
 

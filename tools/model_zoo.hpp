@@ -1,10 +1,7 @@
 #pragma once
 // The model families the tools plan and the benchmarks measure, built from
-// frugal's public API: an MLP, a GPT-style transformer and a GCN. Until the
-// dedicated Embedding, LayerNorm and SpMM ops land, the transformer embeds
-// tokens as a one-hot matmul and composes layer norm from primitives, and the
-// GCN multiplies by a dense normalised adjacency; the memory they plan is
-// the memory those forms really use.
+// frugal's public API: an MLP, a GPT (nn::Gpt), a GCN over a sparse random
+// graph (nn::GCNConv) and a CIFAR-style ResNet (nn::ResNet).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -19,74 +16,22 @@ namespace zoo {
 using namespace frugal;
 
 struct Config {
-  std::string family = "mlp";  // mlp | gpt | gcn
+  std::string family = "mlp";  // mlp | gpt | gcn | resnet
   int batch = 64;              // samples (mlp), sequences (gpt), nodes (gcn)
-  int layers = 2;              // hidden layers (mlp), blocks (gpt), graph convolutions (gcn)
-  int width = 256;             // hidden width (mlp, gcn), model dimension (gpt)
+  int layers = 2;              // hidden layers (mlp), blocks (gpt), graph convolutions (gcn), blocks per stage (resnet)
+  int width = 256;             // hidden width (mlp, gcn), model dimension (gpt), first stage's channels (resnet)
   DType dtype = DType::f32;
   std::string optimizer = "adamw";  // adamw | sgd
   int seq = 64;                     // gpt context
   int heads = 4;                    // gpt heads
   int vocab = 256;                  // gpt vocabulary
   int features = 128;               // mlp inputs, gcn node features
-  int classes = 10;                 // mlp, gcn
+  int classes = 10;                 // mlp, gcn, resnet
+  int image = 32;                   // resnet: square image side
 
   std::string name() const {
     return cat(family, " layers=", layers, " width=", width, " batch=", batch, " dtype=", dtype_name(dtype));
   }
-};
-
-// Layer norm over the last axis, composed from primitives.
-class LayerNorm : public nn::Module {
- public:
-  LayerNorm(int d, DType dt) {
-    gamma = register_parameter("weight", Tensor({d}, dt));
-    beta = register_parameter("bias", Tensor({d}, dt));
-    auto ones = [&](auto* p) {
-      for (int i = 0; i < d; ++i) p[i] = 1;
-    };
-    if (dt == DType::f64) ones(gamma.data<double>());
-    else ones(gamma.data<float>());
-  }
-  Var operator()(Var x) {
-    Var centred = x - mean(x, {-1}, true);
-    Var inv_std = rsqrt(mean(centred * centred, {-1}, true) + 1e-5);
-    return centred * inv_std * var(gamma) + var(beta);
-  }
-  Tensor gamma, beta;
-};
-
-class Block : public nn::Module {
- public:
-  Block(int d, int heads, DType dt)
-      : d_(d), heads_(heads), ln1(d, dt), ln2(d, dt), q(d, d, {.dtype = dt}), k(d, d, {.dtype = dt}),
-        v(d, d, {.dtype = dt}), proj(d, d, {.dtype = dt}), fc1(d, 4 * d, {.dtype = dt}), fc2(4 * d, d, {.dtype = dt}) {
-    register_module("ln1", ln1);
-    register_module("ln2", ln2);
-    register_module("q", q);
-    register_module("k", k);
-    register_module("v", v);
-    register_module("proj", proj);
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  // x: [B, T, d]; mask: [T, T] with -1e9 above the diagonal.
-  Var operator()(Var x, Var mask) {
-    std::int64_t B = x.dim(0), T = x.dim(1), H = heads_, D = d_ / heads_;
-    Var h = ln1(x);
-    auto split = [&](Var t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // [B, H, T, D]
-    Var att = softmax(matmul(split(q(h)), split(k(h)), false, true) * (1.0 / std::sqrt(double(D))) + mask);
-    Var o = reshape(permute(matmul(att, split(v(h))), {0, 2, 1, 3}), {B, T, d_});
-    x = x + proj(o);
-    return x + fc2(gelu(fc1(ln2(x))));
-  }
-
- private:
-  std::int64_t d_, heads_;
-
- public:
-  LayerNorm ln1, ln2;
-  nn::Linear q, k, v, proj, fc1, fc2;
 };
 
 // A workload: a model, its inputs, its loss and a source of batches.
@@ -128,63 +73,31 @@ class Mlp : public nn::Module {
   std::vector<std::unique_ptr<nn::Linear>> fc;
 };
 
-class Gpt : public nn::Module {
- public:
-  Gpt(const Config& c)
-      : embed(c.vocab, c.width, {.bias = false, .dtype = c.dtype}), ln_f(c.width, c.dtype),
-        head(c.width, c.vocab, {.dtype = c.dtype}) {
-    register_module("embed", embed);
-    pos = register_parameter("pos", Tensor({c.seq, c.width}, c.dtype));
-    Rng r(7);
-    fill_normal(pos, r);
-    for (int i = 0; i < c.layers; ++i) {
-      blocks.push_back(std::make_unique<Block>(c.width, c.heads, c.dtype));
-      register_module(std::string("block") + std::to_string(i), *blocks.back());
-    }
-    register_module("ln_f", ln_f);
-    register_module("head", head);
-    mask = register_parameter("mask", Tensor({c.seq, c.seq}, c.dtype));  // constant: no optimizer owns it
-    for (int i = 0; i < c.seq; ++i)
-      for (int j = 0; j < c.seq; ++j) {
-        double m = j > i ? -1e9 : 0.0;
-        if (c.dtype == DType::f64) mask.data<double>()[i * c.seq + j] = m;
-        else mask.data<float>()[i * c.seq + j] = float(m);
-      }
-  }
-  // onehot: [B, T, V]
-  Var forward(Var onehot) {
-    Var x = embed(onehot) + var(pos);
-    Var m = var(mask);
-    for (auto& b : blocks) x = (*b)(x, m);
-    return head(ln_f(x));
-  }
-  nn::Linear embed;
-  Tensor pos, mask;
-  std::vector<std::unique_ptr<Block>> blocks;
-  LayerNorm ln_f;
-  nn::Linear head;
-};
-
+// A GCN of `layers` GCNConv layers over a fixed random graph (bound into the
+// capture as constant state, like the peer's adjacency).
 class Gcn : public nn::Module {
  public:
   Gcn(const Config& c) {
     int in = c.features;
     for (int i = 0; i < c.layers; ++i) {
       int out = i + 1 == c.layers ? c.classes : c.width;
-      lin.push_back(std::make_unique<nn::Linear>(in, out, nn::LinearOptions{.dtype = c.dtype}));
-      register_module(std::string("conv") + std::to_string(i), *lin.back());
+      conv.push_back(std::make_unique<nn::GCNConv>(in, out, nn::GraphConvOptions{.dtype = c.dtype}));
+      register_module(std::string("conv") + std::to_string(i), *conv.back());
       in = out;
     }
+    // About five undirected edges per node, normalised D^-1/2 (A + I) D^-1/2.
+    adj = data::to_sparse(data::gcn_adjacency(c.batch, data::random_edges(c.batch, 5 * std::int64_t(c.batch), 7)),
+                          c.dtype);
   }
-  // x: [N, F] node features; adj: [N, N] normalised adjacency D^-1/2 (A + I) D^-1/2.
-  Var forward(Var x, Var adj) {
-    for (std::size_t i = 0; i < lin.size(); ++i) {
-      x = matmul(adj, (*lin[i])(x));
-      if (i + 1 < lin.size()) x = relu(x);
+  Var forward(Var x) {
+    for (std::size_t i = 0; i < conv.size(); ++i) {
+      x = (*conv[i])(x, adj);
+      if (i + 1 < conv.size()) x = relu(x);
     }
     return x;
   }
-  std::vector<std::unique_ptr<nn::Linear>> lin;
+  std::vector<std::unique_ptr<nn::GCNConv>> conv;
+  SparseMatrix adj;
 };
 
 inline Workload make(const Config& c) {
@@ -205,20 +118,16 @@ inline Workload make(const Config& c) {
     w.model = std::move(m);
   } else if (c.family == "gpt") {
     if (c.width % c.heads) fail("gpt: width ", c.width, " is not a multiple of heads ", c.heads);
-    auto m = std::make_unique<Gpt>(c);
-    Gpt* mp = m.get();
-    w.inputs = {{{c.dtype, Shape{c.batch, c.seq, c.vocab}}, "tokens (one-hot)"},
-                input<std::int32_t>({c.batch, c.seq}, "next tokens")};
-    w.loss = [mp](const std::vector<Var>& v) { return cross_entropy(mp->forward(v[0]), v[1]); };
+    auto m = std::make_unique<nn::Gpt>(nn::GptConfig{.vocab = c.vocab, .context = c.seq, .layers = c.layers,
+                                                     .d_model = c.width, .heads = c.heads, .dtype = c.dtype});
+    nn::Gpt* mp = m.get();
+    w.inputs = {input<std::int32_t>({c.batch, c.seq}, "tokens"), input<std::int32_t>({c.batch, c.seq}, "next tokens")};
+    w.loss = [mp](const std::vector<Var>& v) { return mp->loss(v[0], v[1]); };
     w.batch = [c](std::uint64_t seed) {
       Rng r(seed);
-      Tensor x({c.batch, c.seq, c.vocab}, c.dtype), y({c.batch, c.seq}, DType::i32);
-      for (std::int64_t p = 0; p < std::int64_t(c.batch) * c.seq; ++p) {
-        auto tok = r.below(std::uint64_t(c.vocab));
-        if (c.dtype == DType::f64) x.data<double>()[p * c.vocab + std::int64_t(tok)] = 1;
-        else x.data<float>()[p * c.vocab + std::int64_t(tok)] = 1;
-        y.data<std::int32_t>()[p] = std::int32_t(r.below(std::uint64_t(c.vocab)));
-      }
+      Tensor x({c.batch, c.seq}, DType::i32), y({c.batch, c.seq}, DType::i32);
+      fill_labels(x, r, c.vocab);
+      fill_labels(y, r, c.vocab);
       return std::vector<Tensor>{x, y};
     };
     w.model = std::move(m);
@@ -226,45 +135,36 @@ inline Workload make(const Config& c) {
     auto m = std::make_unique<Gcn>(c);
     Gcn* mp = m.get();
     std::int64_t n = c.batch;
-    w.inputs = {{{c.dtype, Shape{n, c.features}}, "features"},
-                {{c.dtype, Shape{n, n}}, "adjacency"},
-                input<std::int32_t>({n}, "labels")};
-    w.loss = [mp](const std::vector<Var>& v) { return cross_entropy(mp->forward(v[0], v[1]), v[2]); };
+    w.inputs = {{{c.dtype, Shape{n, c.features}}, "features"}, input<std::int32_t>({n}, "labels")};
+    w.loss = [mp](const std::vector<Var>& v) { return cross_entropy(mp->forward(v[0]), v[1]); };
     w.batch = [c, n](std::uint64_t seed) {
       Rng r(seed);
-      Tensor x({n, c.features}, c.dtype), a({n, n}, c.dtype), y({n}, DType::i32);
+      Tensor x({n, c.features}, c.dtype), y({n}, DType::i32);
       fill_normal(x, r);
-      // A ring with random chords and self-loops, normalised D^-1/2 (A + I) D^-1/2.
-      std::vector<std::pair<std::int64_t, std::int64_t>> edges;
-      for (std::int64_t i = 0; i < n; ++i) {
-        edges.push_back({i, (i + 1) % n});
-        edges.push_back({i, std::int64_t(r.below(std::uint64_t(n)))});
-      }
-      std::vector<std::vector<std::int64_t>> nbr(static_cast<std::size_t>(n));
-      for (std::int64_t i = 0; i < n; ++i) nbr[std::size_t(i)].push_back(i);
-      for (auto [i, j] : edges) {
-        auto& ni = nbr[std::size_t(i)];
-        if (i == j || std::find(ni.begin(), ni.end(), j) != ni.end()) continue;
-        ni.push_back(j);
-        nbr[std::size_t(j)].push_back(i);
-      }
-      for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t j : nbr[std::size_t(i)]) {
-          double v = 1.0 / std::sqrt(double(nbr[std::size_t(i)].size() * nbr[std::size_t(j)].size()));
-          if (c.dtype == DType::f64) a.data<double>()[i * n + j] = v;
-          else a.data<float>()[i * n + j] = float(v);
-        }
       fill_labels(y, r, c.classes);
-      return std::vector<Tensor>{x, a, y};
+      return std::vector<Tensor>{x, y};
+    };
+    w.model = std::move(m);
+  } else if (c.family == "resnet") {
+    // CIFAR-style: `layers` BasicBlocks per stage over three stages of widths
+    // width, 2 width, 4 width (ResNet-20 is layers=3, width=16), 3x32x32.
+    std::vector<nn::ResNetStage> stages{{c.width, c.layers, 1}, {2 * c.width, c.layers, 2}, {4 * c.width, c.layers, 2}};
+    auto m = std::make_unique<nn::ResNet<nn::BasicBlock>>(c.width, stages, c.classes);
+    auto* mp = m.get();
+    w.inputs = {{{c.dtype, Shape{c.batch, 3, c.image, c.image}}, "images"}, input<std::int32_t>({c.batch}, "labels")};
+    w.loss = [mp](const std::vector<Var>& v) { return cross_entropy(mp->forward(v[0]), v[1]); };
+    w.batch = [c](std::uint64_t seed) {
+      Rng r(seed);
+      Tensor x({c.batch, 3, c.image, c.image}, c.dtype), y({c.batch}, DType::i32);
+      fill_normal(x, r);
+      fill_labels(y, r, c.classes);
+      return std::vector<Tensor>{x, y};
     };
     w.model = std::move(m);
   } else {
-    fail("unknown model family '", c.family, "': use mlp, gpt or gcn");
+    fail("unknown model family '", c.family, "': use mlp, gpt, gcn or resnet");
   }
-  // The optimizer trains everything but constants (the attention mask).
-  std::vector<Tensor> params;
-  for (auto& [name, t] : w.model->named_parameters())
-    if (name != "mask") params.push_back(t);
+  std::vector<Tensor> params = w.model->parameters();
   if (c.optimizer == "sgd") w.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
   else if (c.optimizer == "adamw") w.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-3});
   else fail("unknown optimizer '", c.optimizer, "': use adamw or sgd");

@@ -2,9 +2,9 @@
 // the plan: peak, lower bound, what is live at the peak, memory by category,
 // and (with --svg) the memory timeline.
 //
-//   frugal-plan --model mlp|gpt|gcn [--batch N] [--layers N] [--width N]
+//   frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N]
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
-//               [--vocab N] [--features N] [--classes N] [--no-reorder]
+//               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--svg FILE] [--json]
 #include <fstream>
 #include <iostream>
@@ -15,9 +15,9 @@ using namespace frugal;
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "frugal-plan: " << why
-            << "\nusage: frugal-plan --model mlp|gpt|gcn [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
+            << "\nusage: frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
-               "                   [--classes N] [--no-reorder] [--no-inplace] [--svg FILE] [--json]\n";
+               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--svg FILE] [--json]\n";
   std::exit(2);
 }
 
@@ -51,6 +51,7 @@ int main(int argc, char** argv) try {
     else if (k == "--vocab") c.vocab = num();
     else if (k == "--features") c.features = num();
     else if (k == "--classes") c.classes = num();
+    else if (k == "--image") c.image = num();
     else if (k == "--optimizer") c.optimizer = val();
     else if (k == "--dtype") {
       std::string d = val();

@@ -92,7 +92,7 @@ inline void batch_norm2d_train_kernel(const ops::BatchNorm2dTrain& op, const Ker
     parallel_for(d.c, 4 * d.count(), [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t c = b; c < e; ++c) {
         double s = 0;
-        for (std::int64_t i = 0; i < d.n; ++i) s += row_sum(x + (i * d.c + c) * d.hw, d.hw);
+        for (std::int64_t i = 0; i < d.n; ++i) s += bn_detail::row_sum(x + (i * d.c + c) * d.hw, d.hw);
         const T mean = T(s * inv_count);
         double ss = 0;
         for (std::int64_t i = 0; i < d.n; ++i) ss += row_sq_dev(x + (i * d.c + c) * d.hw, d.hw, mean);
