@@ -5,7 +5,7 @@
 //
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/resnet_step.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/resnet_step
-//   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3]
+//   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3] [--engine blas|avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -89,8 +89,12 @@ int main(int argc, char** argv) {
     else if (a == "--batch") batch = std::atoll(next());
     else if (a == "--model") model_name = next();
     else if (a == "--profile-reps") reps = std::atoi(next());
+    else if (a == "--engine") {
+      std::string e = next();
+      cpu::set_conv_engine(e == "blas" ? cpu::ConvEngine::blas : e == "avx512" ? cpu::ConvEngine::avx512 : cpu::ConvEngine::automatic);
+    }
     else {
-      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N]\n");
+      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512]\n");
       return 2;
     }
   }
@@ -121,8 +125,8 @@ int main(int argc, char** argv) {
     t.push_back(ms_since(t0));
   }
   std::sort(t.begin(), t.end());
-  std::printf("%s batch %lld, %d threads: median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
-              model_name.c_str(), (long long)batch, threads, t[t.size() / 2], t.front(), t.back(), steps, first, last);
+  std::printf("%s batch %lld, %d threads, %s convolutions: median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
+              model_name.c_str(), (long long)batch, threads, cpu::conv_uses_avx512() ? "avx512" : "blas", t[t.size() / 2], t.front(), t.back(), steps, first, last);
   std::printf("arena %.1f MiB (peak %.1f MiB), parameters and state %.1f MiB\n", step.plan().arena_bytes / 1048576.0,
               step.plan().peak_bytes / 1048576.0, step.plan().persistent_bytes / 1048576.0);
 
