@@ -31,6 +31,26 @@ ref::Conv2dParams ref_params(const frugal::Conv2dOptions& o) {
   return {o.stride.h, o.stride.w, o.padding.h, o.padding.w, o.dilation.h, o.dilation.w, o.groups};
 }
 
+struct ThreadCount {
+  int saved = omp_get_max_threads();
+  explicit ThreadCount(int n) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(saved); }
+};
+
+struct EngineChoice {
+  frugal::cpu::ConvEngine saved = frugal::cpu::conv_engine_setting();
+  explicit EngineChoice(frugal::cpu::ConvEngine e) { frugal::cpu::set_conv_engine(e); }
+  ~EngineChoice() { frugal::cpu::set_conv_engine(saved); }
+};
+
+// The engines this CPU can run: BLAS always, AVX-512 where the CPU has it.
+std::vector<frugal::cpu::ConvEngine> engines() {
+  std::vector<frugal::cpu::ConvEngine> e{frugal::cpu::ConvEngine::blas};
+  if (frugal::cpu::conv_fast::available()) e.push_back(frugal::cpu::ConvEngine::avx512);
+  return e;
+}
+const char* engine_name(frugal::cpu::ConvEngine e) { return e == frugal::cpu::ConvEngine::blas ? "blas" : "avx512"; }
+
 Case conv_case(const ConvCase& c) {
   std::vector<In> in{x(c.x), x(c.w)};
   if (c.bias) in.push_back(x({c.w[0]}));
@@ -64,9 +84,16 @@ TEST_CASE("conv2d forward and backward against the reference and finite differen
       {"kernel covers the input: 1x1 output", {2, 2, 3, 3}, {2, 2, 3, 3}, {}, false},
       {"padding wider than the input [1,1,2,2]*[2,1,3,3] pad 2", {1, 1, 2, 2}, {2, 1, 3, 3}, {.padding = 2}, false},
       {"stride larger than the kernel [2,2,7,7]*[2,2,2,2] stride 3", {2, 2, 7, 7}, {2, 2, 2, 2}, {.stride = 3}, false},
+      // Stride 1 with padding past the kernel: the data gradient is not a plain convolution.
+      {"1x1 pad 1 [2,2,3,3]*[3,2,1,1]", {2, 2, 3, 3}, {3, 2, 1, 1}, {.padding = 1}, true},
+      {"3x3 pad (3,0) [1,2,3,4]*[2,2,3,3]", {1, 2, 3, 4}, {2, 2, 3, 3}, {.padding = {3, 0}}, false},
       {"several chunks, a shorter last one [3,1,16,16]*[2,1,3,3] pad 1", {3, 1, 16, 16}, {2, 1, 3, 3}, {.padding = 1}, true},
   };
-  for (const auto& c : cases) check_op(conv_case(c));
+  for (auto engine : engines()) {
+    EngineChoice ec(engine);
+    INFO("engine " << engine_name(engine));
+    for (const auto& c : cases) check_op(conv_case(c));
+  }
 }
 
 // ---- conv2d kernels: chunking, threads, determinism ----------------------------
@@ -117,11 +144,6 @@ struct Workspace {
   }
 };
 
-struct ThreadCount {
-  int saved = omp_get_max_threads();
-  explicit ThreadCount(int n) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(saved); }
-};
 
 }  // namespace
 
@@ -154,10 +176,13 @@ TEST_CASE("conv2d kernels give the reference result for every chunk size and thr
         for (auto& e : arr->v) e = std::abs(e);
       ref::conv2d_backward(ax, aw, ady, p, scale_dx, scale_dw);
     }
+    for (auto engine : engines())
     for (int threads : {1, 2, 3}) {
+      EngineChoice ec(engine);
       ThreadCount tc(threads);
       for (std::int64_t images : {std::int64_t(1), std::int64_t(2), std::int64_t(3), std::int64_t(5)}) {
-        const std::string what = cat(sh.name, ", ", threads, " threads, ", images, " images per chunk");
+        const std::string what =
+            cat(sh.name, ", ", engine_name(engine), ", ", threads, " threads, ", images, " images per chunk");
         Workspace wf, wd, ww;
         auto sf = ops::conv_scratch(g, DType::f32, ops::ConvPass::forward, images);
         auto sd = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_data, images);
@@ -334,8 +359,12 @@ void check_half_conv(const char* type, double u) {
 }  // namespace
 
 TEST_CASE("conv2d with bf16 and f16 storage rounds the f32 result once", "[conv][half]") {
-  check_half_conv<frugal::BFloat16>("bf16", std::ldexp(1.0, -8));
-  check_half_conv<frugal::Half>("f16", std::ldexp(1.0, -11));
+  for (auto engine : engines()) {
+    EngineChoice ec(engine);
+    INFO("engine " << engine_name(engine));
+    check_half_conv<frugal::BFloat16>("bf16", std::ldexp(1.0, -8));
+    check_half_conv<frugal::Half>("f16", std::ldexp(1.0, -11));
+  }
 }
 
 // ---- batch norm -----------------------------------------------------------------

@@ -92,11 +92,31 @@ inline ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w
 // into this space too.
 inline constexpr std::int64_t kConvTargetColumns = 512;
 inline constexpr std::int64_t kConvMaxColumnBytes = std::int64_t(16) << 20;
+// The CPU's AVX-512 engine packs columns in panels of 32; the regions it
+// packs into are rounded up to whole panels.
+inline constexpr std::int64_t kConvPanel = 32;
 
 enum class ConvPass { forward, backward_data, backward_weight };
 
+// With stride 1 (and padding no wider than the dilated kernel) the data
+// gradient is itself a convolution: dx = conv(dy, w flipped in space with
+// in/out channels swapped, padding (k - 1) * d - p), mapping the Ho x Wo
+// planes of dy back to H x W. The CPU's AVX-512 engine runs it so, with no
+// column gradient and no col2im.
+inline bool conv_data_grad_is_conv(const ConvGeometry& g) {
+  return g.sh == 1 && g.sw == 1 && g.ph <= (g.kh - 1) * g.dh && g.pw <= (g.kw - 1) * g.dw;
+}
+inline ConvGeometry conv_data_grad_geometry(const ConvGeometry& g) {
+  ConvGeometry f = g;
+  f.cin = g.cout, f.h = g.ho, f.w = g.wo, f.cout = g.cin;
+  f.ph = (g.kh - 1) * g.dh - g.ph, f.pw = (g.kw - 1) * g.dw - g.pw;
+  f.ho = g.h, f.wo = g.w;
+  return f;
+}
+
 struct ConvScratch {
   std::int64_t images = 1;      // per chunk
+  bool one = false;             // one image per chunk in f32/f64: BLAS reads and writes the tensors in place
   std::size_t elem = 4;         // bytes of the compute type (f32, or f64 for f64)
   // Region sizes in compute-type elements; 0 where the kernel works in place.
   std::size_t col = 0;          // [k, P] im2col columns (forward, weight) or their gradient (data)
@@ -135,23 +155,32 @@ inline ConvScratch conv_scratch(const ConvGeometry& g, DType dt, ConvPass pass, 
   s.elem = dt == DType::f64 ? 8 : 4;
   s.images = images > 0 ? std::min(images, std::max<std::int64_t>(g.n, 1)) : conv_chunk_images(g, s.elem);
   const bool half = is_half_storage(dt);
-  const bool one = s.images == 1 && !half;  // one image, native dtype: GEMMs read and write the tensors directly
+  const bool one = s.one = s.images == 1 && !half;
   const std::size_t p = std::size_t(s.images * g.hw_out()), k = std::size_t(g.k());
   const std::size_t cout_g = std::size_t(g.cout_g());
+  auto panels = [](std::size_t n) { return (n + kConvPanel - 1) / kConvPanel * kConvPanel; };
   if (half) s.weight = std::size_t(g.cout) * k;
+  // Each region serves both CPU engines (BLAS: row-major matrices; AVX-512:
+  // 32-column panels), so a plan does not depend on which one runs.
   switch (pass) {
     case ConvPass::forward:
-      s.col = one && g.pointwise() ? 0 : k * p;
-      s.rows = one ? 0 : cout_g * p;
+      s.col = k * panels(p);            // im2col columns / their panels
+      s.rows = one ? 0 : cout_g * p;    // BLAS: the product before its scatter into y
       break;
     case ConvPass::backward_data:
-      s.col = one && g.pointwise() ? 0 : k * p;
-      s.rows = one ? 0 : cout_g * p;
+      s.col = one && g.pointwise() ? 0 : k * p;  // the columns' gradient, for col2im
+      s.rows = cout_g * panels(p);               // dy gathered / packed in panels
       if (half) s.acc = std::size_t(s.images * g.cin_g() * g.hw());
+      if (conv_data_grad_is_conv(g)) {
+        // As a convolution: dy's im2col panels, and the flipped weight in f32.
+        const ConvGeometry f = conv_data_grad_geometry(g);
+        s.col = std::max(s.col, std::size_t(f.k()) * panels(std::size_t(s.images * f.hw_out())));
+        s.weight = std::size_t(g.cout) * k;
+      }
       break;
     case ConvPass::backward_weight:
-      s.col = one && g.pointwise() ? 0 : k * p;
-      s.rows = one ? 0 : cout_g * p;
+      s.col = one && g.pointwise() ? 0 : k * p;  // im2col columns
+      s.rows = panels(cout_g) * p;               // dy gathered / packed transposed in panels
       if (half) s.acc = std::size_t(g.cout) * k;
       break;
   }

@@ -16,6 +16,7 @@
 
 #include "../../ops/conv.hpp"
 #include "blas.hpp"
+#include "conv_avx512.hpp"
 #include "kernel_table.hpp"
 #include "parallel.hpp"
 
@@ -120,8 +121,10 @@ void im2col(const T* x, C* col, const ops::ConvGeometry& g, std::int64_t b0, std
     const std::int64_t offh = i * g.dh - g.ph, offw = j * g.dw - g.pw;
     std::int64_t lo, hi;
     tap_range(offw, g.sw, g.w, g.wo, lo, hi);
-    for (std::int64_t u = u0; u < u1; ++u) {
-      const std::int64_t img = u / g.ho, oh = u % g.ho, iy = oh * g.sh + offh;
+    std::int64_t img = u0 / g.ho, oh = u0 % g.ho;
+    for (std::int64_t u = u0; u < u1; ++u, ++oh) {
+      if (oh == g.ho) oh = 0, ++img;
+      const std::int64_t iy = oh * g.sh + offh;
       C* d = col + r * p + img * hwo + oh * g.wo;
       if (iy < 0 || iy >= g.h) {
         for (std::int64_t ow = 0; ow < g.wo; ++ow) d[ow] = C(0);
@@ -222,7 +225,7 @@ void narrow_all(const C* src, T* dst, std::int64_t n) {
 // nothing another thread reads, so a chunk needs no barrier inside.
 
 template <class T>
-void conv2d_forward(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_forward_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
                     const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* w, const T* bias,
                     T* y) {
   using namespace conv_detail;
@@ -243,14 +246,14 @@ void conv2d_forward(const ops::ConvGeometry& g, const ops::ConvScratch& s,
       for (std::int64_t gi = 0; gi < g.groups && nc > 0; ++gi) {
         const C* cols = ws.col;
         std::int64_t ldc = p;
-        if (ws.col) {
+        if (!(s.one && g.pointwise())) {
           im2col(x, ws.col, g, b0, p, gi, 0, k, u.begin, u.end);
         } else if constexpr (std::is_same_v<T, C>) {  // pointwise, one image: the planes are the columns
           cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
           ldc = hwo;
         }
         const C* wg = wc + gi * cg * k;
-        if (ws.rows) {
+        if (!s.one) {
           gemm(false, false, cg, nc, k, C(1), wg, k, cols + c0, ldc, C(0), ws.rows + c0, p);
           scatter_rows(ws.rows, y, bias, g, b0, p, gi, u.begin, u.end);
         } else if constexpr (std::is_same_v<T, C>) {  // one image: straight into y
@@ -277,7 +280,7 @@ void conv2d_forward(const ops::ConvGeometry& g, const ops::ConvScratch& s,
 // barrier, col2im of its share of the input planes.
 
 template <class T>
-void conv2d_backward_data(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
                           const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* dy, const T* w, T* dx) {
   using namespace conv_detail;
   using C = compute_t<T>;
@@ -297,7 +300,7 @@ void conv2d_backward_data(const ops::ConvGeometry& g, const ops::ConvScratch& s,
       for (std::int64_t gi = 0; gi < g.groups; ++gi) {
         const C* dyg = ws.rows;
         std::int64_t lddy = p;
-        if (ws.rows) {
+        if (!s.one) {
           gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
         } else if constexpr (std::is_same_v<T, C>) {
           dyg = dy + (b0 * g.cout + gi * cg) * hwo;
@@ -347,9 +350,9 @@ void conv2d_backward_data(const ops::ConvGeometry& g, const ops::ConvScratch& s,
 // dy is shared, behind a barrier.
 
 template <class T>
-void conv2d_backward_weight(const ops::ConvGeometry& g, const ops::ConvScratch& s,
-                            const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* dy, T* dw,
-                            T* db) {
+void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                                 const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* dy,
+                                 T* dw) {
   using namespace conv_detail;
   using C = compute_t<T>;
   const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
@@ -367,7 +370,7 @@ void conv2d_backward_weight(const ops::ConvGeometry& g, const ops::ConvScratch& 
       for (std::int64_t gi = 0; gi < g.groups; ++gi) {
         const C* dyg = ws.rows;
         std::int64_t lddy = p;
-        if (ws.rows) {
+        if (!s.one) {
           const Share u = share(nb * g.ho, t, nt);
           gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
           if (nt > 1) {
@@ -388,30 +391,430 @@ void conv2d_backward_weight(const ops::ConvGeometry& g, const ops::ConvScratch& 
         if (r.end > r.begin)
           gemm(false, true, cg, r.end - r.begin, p, C(1), dyg, lddy, cols + r.begin * ldc, ldc, b0 == 0 ? C(0) : C(1),
                dwc + gi * cg * k + r.begin, k);
-        if (nt > 1 && ws.rows) {  // the next group or chunk overwrites the gathered dy
+        if (nt > 1 && !s.one) {  // the next group or chunk overwrites the gathered dy
 #pragma omp barrier
         }
       }
       // Without a gathered dy, only a shorter last chunk moves the rows.
-      if (nt > 1 && !ws.rows && b0 + s.images < g.n && g.n - (b0 + s.images) < s.images) {
+      if (nt > 1 && s.one && b0 + s.images < g.n && g.n - (b0 + s.images) < s.images) {
 #pragma omp barrier
       }
     }
   });
   if constexpr (is_half_v<T>) narrow_all(dwc, dw, g.cout * k);
-  if (db) {
-    // Summed per channel in image order, in double.
-    parallel_for(g.cout, g.n * hwo, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t co = b; co < e; ++co) {
-        double acc = 0;
-        for (std::int64_t img = 0; img < g.n; ++img) {
-          const T* row = dy + (img * g.cout + co) * hwo;
-          for (std::int64_t q = 0; q < hwo; ++q) acc += double(widen<C>(row[q]));
-        }
-        db[co] = T(C(acc));
+}
+
+// ---- bias gradient -------------------------------------------------------------------
+
+// db[co] = sum over images and positions of dy, per channel in image order, in double.
+template <class T>
+void conv2d_bias_grad(const ops::ConvGeometry& g, const T* dy, T* db) {
+  using C = conv_detail::compute_t<T>;
+  const std::int64_t hwo = g.hw_out();
+  parallel_for(g.cout, g.n * hwo, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t co = b; co < e; ++co) {
+      double acc = 0;
+      for (std::int64_t img = 0; img < g.n; ++img) {
+        const T* row = dy + (img * g.cout + co) * hwo;
+        for (std::int64_t q = 0; q < hwo; ++q) acc += double(conv_detail::widen<C>(row[q]));
       }
-    });
+      db[co] = T(C(acc));
+    }
+  });
+}
+
+// ---- the AVX-512 engine ----------------------------------------------------------------
+// (conv_avx512.hpp has the micro-kernel and why.) Columns of a chunk are
+// numbered n = image * Ho*Wo + oh * Wo + ow; a panel is 32 of them.
+
+namespace conv_detail {
+
+using conv_fast::MR;
+using conv_fast::NR;
+static_assert(NR == ops::kConvPanel, "the planned scratch is sized for 32-column panels");
+
+inline std::int64_t panels(std::int64_t n) { return (n + NR - 1) / NR; }
+
+// Pieces of the columns [n0, n0 + count) that stay in one output line
+// (`lines`) or in one image: where they start in the image and in the panel.
+struct Piece {
+  std::int64_t img, q, len, c;
+};
+inline int pieces(const ops::ConvGeometry& g, std::int64_t n0, std::int64_t count, bool lines, Piece* out) {
+  const std::int64_t hwo = g.hw_out();
+  int np = 0;
+  for (std::int64_t c = 0, n = n0; c < count;) {
+    const std::int64_t img = n / hwo, q = n % hwo;
+    const std::int64_t len = std::min(lines ? g.wo - q % g.wo : hwo - q, count - c);
+    out[np++] = {img, q, len, c};
+    c += len;
+    n += len;
   }
+  return np;
+}
+
+// The im2col columns [n0, n0 + count) of the chunk from image b0, group gi,
+// packed as a panel [k][32], zero past count.
+template <class T>
+void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& g, std::int64_t b0, std::int64_t gi,
+                  std::int64_t n0, std::int64_t count) {
+  Piece pc[NR];
+  const int np = pieces(g, n0, count, true, pc);
+  // Per piece: its output row and first column, and its image's planes.
+  std::int64_t oh[NR], ow0[NR];
+  const T* planes[NR];
+  for (int t = 0; t < np; ++t) {
+    oh[t] = pc[t].q / g.wo;
+    ow0[t] = pc[t].q % g.wo;
+    planes[t] = x + ((b0 + pc[t].img) * g.cin + gi * g.cin_g()) * g.hw();
+  }
+  float* d = panel;
+  for (std::int64_t ci = 0; ci < g.cin_g(); ++ci)
+    for (std::int64_t i = 0; i < g.kh; ++i) {
+      const std::int64_t offh = i * g.dh - g.ph;
+      for (std::int64_t j = 0; j < g.kw; ++j, d += NR) {
+        const std::int64_t offw = j * g.dw - g.pw;
+        std::int64_t lo, hi;
+        tap_range(offw, g.sw, g.w, g.wo, lo, hi);
+        for (int t = 0; t < np; ++t) {
+          const Piece& p = pc[t];
+          float* dd = d + p.c;  // dd[e] is output column ow0 + e
+          const std::int64_t iy = oh[t] * g.sh + offh;
+          if (iy < 0 || iy >= g.h) {
+            for (std::int64_t e = 0; e < p.len; ++e) dd[e] = 0.f;
+            continue;
+          }
+          // Input positions exist for columns [a, b) of the piece; the rest is padding.
+          const std::int64_t a = std::clamp(lo - ow0[t], std::int64_t(0), p.len);
+          const std::int64_t b = std::clamp(hi - ow0[t], a, p.len);
+          const T* row = planes[t] + (ci * g.h + iy) * g.w;
+          for (std::int64_t e = 0; e < a; ++e) dd[e] = 0.f;
+          if (g.sw == 1) {
+            const T* src = row + (ow0[t] + offw);
+            for (std::int64_t e = a; e < b; ++e) dd[e] = widen<float>(src[e]);
+          } else {
+            for (std::int64_t e = a; e < b; ++e) dd[e] = widen<float>(row[(ow0[t] + e) * g.sw + offw]);
+          }
+          for (std::int64_t e = b; e < p.len; ++e) dd[e] = 0.f;
+        }
+        for (std::int64_t c = count; c < NR; ++c) d[c] = 0.f;
+      }
+    }
+}
+
+// dy's columns [n0, n0 + count) of group gi (rows: its Cout/g channels) as a
+// panel [Cout/g][32], zero past count.
+template <class T>
+void pack_dy(const T* dy, float* __restrict panel, const ops::ConvGeometry& g, std::int64_t b0, std::int64_t gi,
+             std::int64_t n0, std::int64_t count) {
+  Piece pc[NR];
+  const int np = pieces(g, n0, count, false, pc);
+  const std::int64_t cg = g.cout_g(), hwo = g.hw_out();
+  for (std::int64_t co = 0; co < cg; ++co) {
+    float* d = panel + co * NR;
+    for (int t = 0; t < np; ++t) {
+      const Piece& p = pc[t];
+      const T* src = dy + ((b0 + p.img) * g.cout + gi * cg + co) * hwo + p.q;
+      for (std::int64_t e = 0; e < p.len; ++e) d[p.c + e] = widen<float>(src[e]);
+    }
+    for (std::int64_t c = count; c < NR; ++c) d[c] = 0.f;
+  }
+}
+
+// dy transposed: panel slot s = 32 * panel + j holds channel co = s of group
+// gi down the chunk's p columns: panels [p][32], zero for channels past Cout/g.
+template <class T>
+void pack_dy_transposed(const T* dy, float* panels_base, const ops::ConvGeometry& g, std::int64_t b0,
+                        std::int64_t nb, std::int64_t gi, std::int64_t s0, std::int64_t s1) {
+  const std::int64_t cg = g.cout_g(), hwo = g.hw_out(), p = nb * hwo;
+  for (std::int64_t slot = s0; slot < s1; ++slot) {
+    float* __restrict d = panels_base + (slot / NR) * p * NR + slot % NR;
+    if (slot >= cg) {
+      for (std::int64_t n = 0; n < p; ++n) d[n * NR] = 0.f;
+      continue;
+    }
+    for (std::int64_t img = 0; img < nb; ++img) {
+      const T* src = dy + ((b0 + img) * g.cout + gi * cg + slot) * hwo;
+      float* dd = d + img * hwo * NR;
+      for (std::int64_t q = 0; q < hwo; ++q) dd[q * NR] = widen<float>(src[q]);
+    }
+  }
+}
+
+}  // namespace conv_detail
+
+// Each thread owns a share of the chunk's column panels: it packs a panel's
+// im2col columns and multiplies every 8-row block of the weight by it,
+// storing straight into y. Nothing is shared inside a chunk.
+// The forward pass over f32 weights wc [Cout, k] (also the data gradient
+// of a stride-1 convolution, run as a convolution of dy).
+template <class T>
+void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const float* wc,
+                         const T* bias, T* y) {
+  using namespace conv_detail;
+  const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
+  in_parallel(g.flops(), [&](int t, int nt) {
+    alignas(64) float tile[MR * NR];
+    Piece pc[NR];
+    for (std::int64_t b0 = 0; b0 < g.n; b0 += images) {
+      const std::int64_t nb = std::min(images, g.n - b0), p = nb * hwo;
+      const Share sh = share(panels(p), t, nt);
+      for (std::int64_t gi = 0; gi < g.groups; ++gi)
+        for (std::int64_t jp = sh.begin; jp < sh.end; ++jp) {
+          const std::int64_t n0 = jp * NR, count = std::min<std::int64_t>(NR, p - n0);
+          float* panel = col + jp * k * NR;
+          pack_columns(x, panel, g, b0, gi, n0, count);
+          const int np = pieces(g, n0, count, false, pc);
+          for (std::int64_t m0 = 0; m0 < cg; m0 += MR) {
+            const int mr = int(std::min<std::int64_t>(MR, cg - m0));
+            conv_fast::micro_kernel(k, wc + (gi * cg + m0) * k, k, 1, mr, panel, tile);
+            for (int i = 0; i < mr; ++i) {
+              const std::int64_t co = gi * cg + m0 + i;
+              const float bv = bias ? widen<float>(bias[co]) : 0.f;
+              for (int q = 0; q < np; ++q) {
+                T* __restrict d = y + ((b0 + pc[q].img) * g.cout + co) * hwo + pc[q].q;
+                const float* __restrict src = tile + i * NR + pc[q].c;
+                for (std::int64_t e = 0; e < pc[q].len; ++e) d[e] = T(src[e] + bv);
+              }
+            }
+          }
+        }
+      // A shorter last chunk hands panels to other threads: wait before it.
+      if (nt > 1 && b0 + images < g.n && g.n - (b0 + images) < images) {
+#pragma omp barrier
+      }
+    }
+  });
+}
+
+template <class T>
+void conv2d_forward_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                           const conv_detail::Scratch<float>& ws, const T* x, const T* w, const T* bias, T* y) {
+  if constexpr (conv_detail::is_half_v<T>) {
+    conv_detail::widen_all(w, ws.weight, g.cout * g.k());
+    conv_forward_panels(g, s.images, ws.col, x, ws.weight, bias, y);
+  } else {
+    conv_forward_panels(g, s.images, ws.col, x, w, bias, y);
+  }
+}
+
+// The data gradient of a stride-1 convolution as the convolution of dy by
+// the flipped weight wf[gi][ci][co][kh-1-i][kw-1-j] = w[gi][co][ci][i][j]
+// (see ops::conv_data_grad_is_conv).
+template <class T>
+void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                                  const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
+  const ops::ConvGeometry f = ops::conv_data_grad_geometry(g);
+  const std::int64_t k = g.k(), kf = f.k(), khw = g.kh * g.kw, cg = g.cout_g(), cin_g = g.cin_g();
+  float* wf = ws.weight;
+  parallel_for(g.groups * cin_g, kf, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t row = b; row < e; ++row) {
+      const std::int64_t gi = row / cin_g, ci = row % cin_g;
+      float* __restrict d = wf + row * kf;
+      for (std::int64_t co = 0; co < cg; ++co) {
+        const T* src = w + (gi * cg + co) * k + ci * khw;
+        for (std::int64_t t = 0; t < khw; ++t) d[co * khw + t] = conv_detail::widen<float>(src[khw - 1 - t]);
+      }
+    }
+  });
+  conv_forward_panels(f, s.images, ws.col, dy, wf, static_cast<const T*>(nullptr), dx);
+}
+
+// Each thread packs its share of dy's column panels and multiplies wᵀ by
+// them into the column gradient; after a barrier, col2im of its share of
+// the planes (or, 1x1 stride 1 with one image, the product is dx itself).
+template <class T>
+void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                                 const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
+  using namespace conv_detail;
+  if (ops::conv_data_grad_is_conv(g)) return conv2d_backward_data_as_conv(g, s, ws, dy, w, dx);
+  const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g(), cin_g = g.cin_g();
+  const float* wc = nullptr;
+  if constexpr (is_half_v<T>) {
+    widen_all(w, ws.weight, g.cout * k);
+    wc = ws.weight;
+  } else {
+    wc = w;
+  }
+  in_parallel(g.flops(), [&](int t, int nt) {
+    alignas(64) float tile[MR * NR];
+    alignas(64) float ablock[conv_fast::KA * MR];  // 8 rows of wᵀ, up to KA deep
+    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+      const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
+      const Share sh = share(panels(p), t, nt);
+      for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+        // Without a column buffer (pointwise, one image, f32) the product is dx's planes.
+        float* out = ws.col;
+        std::int64_t ldo = p;
+        if (!ws.col) {
+          if constexpr (std::is_same_v<T, float>) {
+            out = dx + (b0 * g.cin + gi * cin_g) * g.hw();
+            ldo = hwo;
+          }
+        }
+        for (std::int64_t jp = sh.begin; jp < sh.end; ++jp)
+          pack_dy(dy, ws.rows + jp * cg * NR, g, b0, gi, jp * NR, std::min<std::int64_t>(NR, p - jp * NR));
+        // Rows m0.. of wᵀ (A(i, c) = w[gi * Cout/g + c, m0 + i]) are gathered
+        // once into `ablock` and multiplied by every panel this thread owns.
+        for (std::int64_t m0 = 0; m0 < k; m0 += MR) {
+          const int mr = int(std::min<std::int64_t>(MR, k - m0));
+          for (std::int64_t c0 = 0; c0 < cg; c0 += conv_fast::KA) {
+            const std::int64_t depth = std::min<std::int64_t>(conv_fast::KA, cg - c0);
+            for (std::int64_t c = 0; c < depth; ++c) {
+              const float* wr = wc + (gi * cg + c0 + c) * k + m0;
+              for (int i = 0; i < MR; ++i) ablock[c * MR + i] = wr[std::min(i, mr - 1)];
+            }
+            for (std::int64_t jp = sh.begin; jp < sh.end; ++jp) {
+              const std::int64_t n0 = jp * NR, count = std::min<std::int64_t>(NR, p - n0);
+              conv_fast::micro_kernel(depth, ablock, 1, MR, MR, ws.rows + jp * cg * NR + c0 * NR, tile);
+              for (int i = 0; i < mr; ++i) {
+                float* __restrict d = out + (m0 + i) * ldo + n0;
+                if (c0 == 0)
+                  for (std::int64_t c = 0; c < count; ++c) d[c] = tile[i * NR + c];
+                else
+                  for (std::int64_t c = 0; c < count; ++c) d[c] += tile[i * NR + c];
+              }
+            }
+          }
+        }
+        if (!ws.col) continue;
+        if (nt > 1) {
+#pragma omp barrier
+        }
+        const Share q = share(nb * cin_g, t, nt);
+        if constexpr (is_half_v<T>) {
+          float* acc = ws.acc;
+          col2im(ws.col, g, p, q.begin, q.end,
+                 [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
+          for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
+            const float* src = acc + pl * g.hw();
+            T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
+            for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = T(src[e]);
+          }
+        } else {
+          col2im(ws.col, g, p, q.begin, q.end, [&](std::int64_t img, std::int64_t ci) {
+            return dx + ((b0 + img) * g.cin + gi * cin_g + ci) * g.hw();
+          });
+        }
+        if (nt > 1) {  // the next group or chunk overwrites the columns and panels
+#pragma omp barrier
+        }
+      }
+      if (nt > 1 && !ws.col && b0 + s.images < g.n && g.n - (b0 + s.images) < s.images) {
+#pragma omp barrier
+      }
+    }
+  });
+}
+
+// The weight gradient transposed, dwᵀ[r, co] = sum_n col[r, n] dy[co, n]:
+// each thread owns a share of the 8-row blocks of the column matrix (rows r
+// of dwᵀ), packs those rows of im2col, and multiplies them by dy's panels
+// (packed together, behind a barrier), accumulating chunk after chunk.
+template <class T>
+void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                                   const conv_detail::Scratch<float>& ws, const T* x, const T* dy, T* dw) {
+  using namespace conv_detail;
+  const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
+  float* dwc = nullptr;
+  if constexpr (is_half_v<T>) {
+    dwc = ws.acc;
+  } else {
+    dwc = dw;
+  }
+  if (g.n == 0) std::fill(dwc, dwc + g.cout * k, 0.f);
+  const std::int64_t cpanels = panels(cg);
+  in_parallel(g.flops(), [&](int t, int nt) {
+    alignas(64) float tile[MR * NR];
+    const Share blocks = share((k + MR - 1) / MR, t, nt);
+    const std::int64_t r0 = blocks.begin * MR, r1 = std::min(k, blocks.end * MR);
+    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+      const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
+      for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+        const Share slots = share(cpanels * NR, t, nt);
+        pack_dy_transposed(dy, ws.rows, g, b0, nb, gi, slots.begin, slots.end);
+        const float* cols = ws.col;
+        std::int64_t ldc = p;
+        if (ws.col) {
+          im2col(x, ws.col, g, b0, p, gi, r0, r1, 0, nb * g.ho);
+        } else if constexpr (std::is_same_v<T, float>) {  // pointwise, one image: the planes are the columns
+          cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
+          ldc = hwo;
+        }
+        if (nt > 1) {
+#pragma omp barrier
+        }
+        float* dwg = dwc + gi * cg * k;
+        for (std::int64_t jp = 0; jp < cpanels; ++jp) {
+          const std::int64_t c0 = jp * NR, count = std::min<std::int64_t>(NR, cg - c0);
+          const float* panel = ws.rows + jp * p * NR;
+          for (std::int64_t m0 = r0; m0 < r1; m0 += MR) {
+            const int mr = int(std::min<std::int64_t>(MR, r1 - m0));
+            conv_fast::micro_kernel(p, cols + m0 * ldc, ldc, 1, mr, panel, tile);
+            for (std::int64_t c = 0; c < count; ++c) {
+              float* __restrict d = dwg + (c0 + c) * k + m0;
+              if (b0 == 0)
+                for (int i = 0; i < mr; ++i) d[i] = tile[i * NR + c];
+              else
+                for (int i = 0; i < mr; ++i) d[i] += tile[i * NR + c];
+            }
+          }
+        }
+        if (nt > 1) {  // the next group or chunk overwrites dy's panels
+#pragma omp barrier
+        }
+      }
+    }
+  });
+  if constexpr (is_half_v<T>) narrow_all(dwc, dw, g.cout * k);
+}
+
+// ---- engines ---------------------------------------------------------------------------
+
+// Which engine runs f32, bf16 and f16 convolutions (f64 always uses BLAS):
+// automatic picks AVX-512 where the CPU has it. Tests and benchmarks force
+// one to compare them.
+enum class ConvEngine { automatic, blas, avx512 };
+
+inline ConvEngine& conv_engine_setting() {
+  static ConvEngine e = ConvEngine::automatic;
+  return e;
+}
+inline void set_conv_engine(ConvEngine e) {
+  if (e == ConvEngine::avx512 && !conv_fast::available())
+    fail("cpu: the AVX-512 convolution engine was asked for, but this CPU has no AVX-512F");
+  conv_engine_setting() = e;
+}
+inline bool conv_uses_avx512() { return conv_engine_setting() != ConvEngine::blas && conv_fast::available(); }
+
+template <class T>
+void conv2d_forward(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                    const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* w, const T* bias,
+                    T* y) {
+  if constexpr (!std::is_same_v<T, double>)
+    if (conv_uses_avx512()) return conv2d_forward_avx512<T>(g, s, ws, x, w, bias, y);
+  conv2d_forward_blas<T>(g, s, ws, x, w, bias, y);
+}
+
+template <class T>
+void conv2d_backward_data(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                          const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* dy, const T* w, T* dx) {
+  if constexpr (!std::is_same_v<T, double>)
+    if (conv_uses_avx512()) return conv2d_backward_data_avx512<T>(g, s, ws, dy, w, dx);
+  conv2d_backward_data_blas<T>(g, s, ws, dy, w, dx);
+}
+
+template <class T>
+void conv2d_backward_weight(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+                            const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* dy, T* dw,
+                            T* db) {
+  if constexpr (!std::is_same_v<T, double>) {
+    if (conv_uses_avx512()) conv2d_backward_weight_avx512<T>(g, s, ws, x, dy, dw);
+    else conv2d_backward_weight_blas<T>(g, s, ws, x, dy, dw);
+  } else {
+    conv2d_backward_weight_blas<T>(g, s, ws, x, dy, dw);
+  }
+  if (db) conv2d_bias_grad(g, dy, db);
 }
 
 // ---- kernels ---------------------------------------------------------------------------
