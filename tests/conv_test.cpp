@@ -87,6 +87,7 @@ TEST_CASE("conv2d forward and backward against the reference and finite differen
       // Stride 1 with padding past the kernel: the data gradient is not a plain convolution.
       {"1x1 pad 1 [2,2,3,3]*[3,2,1,1]", {2, 2, 3, 3}, {3, 2, 1, 1}, {.padding = 1}, true},
       {"3x3 pad (3,0) [1,2,3,4]*[2,2,3,3]", {1, 2, 3, 4}, {2, 2, 3, 3}, {.padding = {3, 0}}, false},
+      {"a kernel wider than 16 taps [1,1,2,20]*[2,1,1,17] pad (0,1)", {1, 1, 2, 20}, {2, 1, 1, 17}, {.padding = {0, 1}}, false},
       {"several chunks, a shorter last one [3,1,16,16]*[2,1,3,3] pad 1", {3, 1, 16, 16}, {2, 1, 3, 3}, {.padding = 1}, true},
   };
   for (auto engine : engines()) {

@@ -81,15 +81,16 @@ inline ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w
 }
 
 // ---- scratch space -----------------------------------------------------------
-// The CPU kernels lower a convolution to GEMMs over a chunk of images at a
-// time: im2col of the chunk into a column buffer [k, images * Ho*Wo], one
-// GEMM per group, then scatter (forward) or col2im (data gradient). A chunk
-// has enough images that the GEMM has about kConvTargetColumns columns (late
-// ResNet layers have 4x4 outputs: one image would make a 16-column GEMM that
-// BLAS runs far below its peak), capped so the column buffer stays small.
-// The layout depends only on the shapes, never on the thread count, so the
-// plan is the same on every machine. bf16/f16 operands are widened to f32
-// into this space too.
+// The CPU kernels lower a convolution to matrix products over a chunk of
+// images at a time: the chunk's im2col columns [k, images * Ho*Wo] (as a
+// matrix for BLAS, or as 32-column panels for the AVX-512 engine), one
+// product per group, then scatter (forward) or col2im (data gradient). A
+// chunk has enough images that the product has about kConvTargetColumns
+// columns (late ResNet layers have 4x4 outputs: one image would give 16
+// columns, too few to split over threads or to run BLAS near its peak),
+// capped so the column buffer stays small. The layout depends only on the
+// shapes, never on the thread count or the engine, so a plan is the same on
+// every machine. bf16/f16 operands are widened to f32 into this space too.
 inline constexpr std::int64_t kConvTargetColumns = 512;
 inline constexpr std::int64_t kConvMaxColumnBytes = std::int64_t(16) << 20;
 // The CPU's AVX-512 engine packs columns in panels of 32; the regions it

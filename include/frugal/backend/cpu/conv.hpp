@@ -1,16 +1,24 @@
 #pragma once
-// conv2d and its two backward ops on the CPU: im2col into the op's planned
-// scratch space, OpenBLAS GEMM, then scatter (forward) or col2im (data
-// gradient). Work runs a chunk of images at a time (see ops::conv_scratch):
-// inside a chunk the copies are split over threads with parallel_for and the
-// GEMM runs on OpenBLAS's threads. Every output element is written by one
-// thread with a fixed summation order, so results are reproducible for a
-// given thread count; the weight gradient sums the images chunk by chunk in
+// conv2d and its two backward ops on the CPU, in two engines over the same
+// planned scratch (ops::conv_scratch; the layout depends on shapes only):
+//
+// - AVX-512 (conv_avx512.hpp), chosen at run time where the CPU has it, for
+//   f32/bf16/f16: im2col packed straight into 32-column panels, an 8x32 FMA
+//   micro-kernel, results stored straight into the output. A stride-1 data
+//   gradient runs as a convolution of dy by the flipped weight.
+// - BLAS: im2col into the scratch, OpenBLAS GEMM, then scatter (forward) or
+//   col2im (data gradient). Runs f64 always, and everything on CPUs without
+//   AVX-512.
+//
+// Both work a chunk of images at a time inside one parallel region, each
+// thread owning a static share of columns (or, for the weight gradient, of
+// the weight's columns), with BLAS single-threaded inside. Every output
+// element is summed by one thread in a fixed order, so the same inputs and
+// thread count give the same bits; the weight gradient adds the chunks in
 // image order.
 //
-// Storage dtypes: f32 (sgemm), f64 (dgemm), and bf16/f16, which are widened
-// to f32 while packing the columns, multiplied with sgemm and rounded once
-// on the final store.
+// bf16/f16 are storage only: widened to f32 while packing, multiplied in
+// f32, rounded once on the final store.
 #include <cstring>
 #include <type_traits>
 
@@ -219,7 +227,7 @@ void narrow_all(const C* src, T* dst, std::int64_t n) {
 
 }  // namespace conv_detail
 
-// ---- forward -------------------------------------------------------------------
+// ---- the BLAS engine: forward ------------------------------------------------------
 // Each thread owns a block of output lines (columns of the GEMM) of the
 // chunk: it packs their columns, multiplies them and stores them, touching
 // nothing another thread reads, so a chunk needs no barrier inside.
@@ -275,7 +283,7 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
   });
 }
 
-// ---- data gradient -------------------------------------------------------------
+// ---- the BLAS engine: data gradient ------------------------------------------------
 // Each thread multiplies its block of columns (wᵀ·dy); then, after a
 // barrier, col2im of its share of the input planes.
 
@@ -343,7 +351,7 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ops::ConvScratc
   });
 }
 
-// ---- weight (and bias) gradient -----------------------------------------------------
+// ---- the BLAS engine: weight gradient ----------------------------------------------
 // Each thread owns a block of the weight gradient's columns (rows r of the
 // column matrix): it packs those rows of the columns and multiplies them by
 // all of dy, accumulating chunk after chunk in image order. Only a gathered
@@ -468,6 +476,10 @@ void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& 
     ow0[t] = pc[t].q % g.wo;
     planes[t] = x + ((b0 + pc[t].img) * g.cin + gi * g.cin_g()) * g.hw();
   }
+  // Each kernel column's valid output range, computed once (it has divisions).
+  constexpr std::int64_t kTaps = 16;
+  std::int64_t lo_of[kTaps], hi_of[kTaps];
+  for (std::int64_t j = 0; j < std::min(g.kw, kTaps); ++j) tap_range(j * g.dw - g.pw, g.sw, g.w, g.wo, lo_of[j], hi_of[j]);
   float* d = panel;
   for (std::int64_t ci = 0; ci < g.cin_g(); ++ci)
     for (std::int64_t i = 0; i < g.kh; ++i) {
@@ -475,7 +487,8 @@ void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& 
       for (std::int64_t j = 0; j < g.kw; ++j, d += NR) {
         const std::int64_t offw = j * g.dw - g.pw;
         std::int64_t lo, hi;
-        tap_range(offw, g.sw, g.w, g.wo, lo, hi);
+        if (j < kTaps) lo = lo_of[j], hi = hi_of[j];
+        else tap_range(offw, g.sw, g.w, g.wo, lo, hi);
         for (int t = 0; t < np; ++t) {
           const Piece& p = pc[t];
           float* dd = d + p.c;  // dd[e] is output column ow0 + e
@@ -543,11 +556,11 @@ void pack_dy_transposed(const T* dy, float* panels_base, const ops::ConvGeometry
 
 }  // namespace conv_detail
 
-// Each thread owns a share of the chunk's column panels: it packs a panel's
-// im2col columns and multiplies every 8-row block of the weight by it,
-// storing straight into y. Nothing is shared inside a chunk.
 // The forward pass over f32 weights wc [Cout, k] (also the data gradient
-// of a stride-1 convolution, run as a convolution of dy).
+// of a stride-1 convolution, run as a convolution of dy). Each thread owns a
+// share of the chunk's column panels: it packs a panel's im2col columns and
+// multiplies every 8-row block of the weight by it, storing straight into y.
+// Nothing is shared inside a chunk.
 template <class T>
 void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const float* wc,
                          const T* bias, T* y) {
