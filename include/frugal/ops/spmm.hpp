@@ -170,7 +170,11 @@ struct SparseVar {
 // values and its transpose's structure (see data/graph.hpp for builders from
 // edge lists). Bound into a capture as persistent (non-trained) state, so it
 // sits outside the arena and is not copied per step. The values are
-// constants; for learnable edge weights use var().with_values(w).
+// constants; for learnable edge weights use var().with_values(w). Whoever
+// fills the tensors by hand keeps them consistent: t_perm must be a
+// permutation (kernels check its range, not that it is one-to-one), and
+// t_values, when set, must equal values read through t_perm (change both, or
+// rebuild with data::to_sparse).
 struct SparseMatrix {
   std::int64_t rows = 0, cols = 0;
   Tensor row_ptr;  // i64 [rows + 1]

@@ -160,7 +160,10 @@ std::int64_t rows_product_narrow(const std::int64_t* __restrict ptr, const I* __
       if (!indices_in_range(perm, pb, pe, nnz)) return i;
     T acc[C] = {};
     for (std::int64_t p = pb; p < pe; ++p) {
-      if (p + kPrefetchAhead < nnz) __builtin_prefetch(x + std::int64_t(idx[p + kPrefetchAhead]) * C, 0, 3);
+      if (p + kPrefetchAhead < nnz) {
+        __builtin_prefetch(x + std::int64_t(idx[p + kPrefetchAhead]) * C, 0, 3);
+        if constexpr (Permuted) __builtin_prefetch(val + perm[p + kPrefetchAhead], 0, 3);
+      }
       const T* __restrict xj = x + std::int64_t(idx[p]) * C;
       const T wp = Permuted ? val[perm[p]] : val[p];
       for (int k = 0; k < C; ++k) acc[k] += wp * xj[k];
