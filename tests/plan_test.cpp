@@ -9,6 +9,8 @@
 #include <frugal/frugal.hpp>
 #include <new>
 
+#include "../tools/model_zoo.hpp"
+
 using namespace frugal;
 
 // ---- counting every C++ allocation in this test binary ------------------------
@@ -292,6 +294,60 @@ TEST_CASE("a step allocates nothing while it runs", "[plan][executor]") {
   CHECK(g_allocations.load() > 0);
 }
 
+TEST_CASE("training steps of every op family allocate nothing while they run", "[plan][executor]") {
+  // Each zoo family (conv + batch norm, embedding + layer norm + fused
+  // attention, spmm), plus dropout and a bf16 model with loss scaling: kernels
+  // take scratch from the plan, never from the heap.
+  auto count_steps = [](Step& step, const std::vector<Tensor>& batch) {
+    auto run = [&] { return batch.size() == 2 ? step.run(batch[0], batch[1]) : step.run(batch[0], batch[1], batch[2]); };
+    run();  // the first run may start OpenMP's and OpenBLAS's threads
+    g_allocations = 0;
+    g_counting = true;
+    for (int s = 0; s < 3; ++s) run();
+    g_counting = false;
+    return g_allocations.load();
+  };
+  for (std::string family : {"resnet", "gpt", "gcn"}) {
+    zoo::Config c;
+    c.family = family;
+    c.layers = 1;
+    c.width = family == "resnet" ? 8 : 32;
+    c.batch = family == "gcn" ? 300 : 4;
+    c.image = 8;
+    c.seq = 16;
+    c.vocab = 40;
+    c.features = 16;
+    auto w = zoo::make(c);
+    Step step = zoo::compile(w, {}, {.threads = 2});
+    INFO(family);
+    CHECK(count_steps(step, w.batch(1)) == 0);
+  }
+  {
+    nn::Gpt gpt(nn::GptConfig{.vocab = 30, .context = 8, .layers = 1, .d_model = 16, .heads = 2, .dropout = 0.1});
+    optim::AdamW opt(gpt.parameters(), {});
+    Step step = compile([&](Var i, Var t) { return gpt.loss(i, t); },
+                        {input<std::int32_t>({2, 8}), input<std::int32_t>({2, 8})}, opt, {}, {.threads = 2});
+    Tensor ids({2, 8}, DType::i32);
+    for (std::int64_t i = 0; i < ids.numel(); ++i) ids.data<std::int32_t>()[i] = std::int32_t(i % 30);
+    INFO("gpt with dropout");
+    CHECK(count_steps(step, {ids, ids}) == 0);
+  }
+  {
+    nn::Linear fc1(16, 32), fc2(32, 4);
+    std::vector<Tensor> params = fc1.parameters();
+    for (auto& p : fc2.parameters()) params.push_back(p);
+    optim::AdamW opt(params, {});
+    optim::LossScaler scaler;
+    Step step = compile(
+        [&](Var x, Var y) { return cross_entropy(fc2(relu(fc1(cast(x, DType::f16)))), y); },
+        {input<float>({8, 16}), input<std::int32_t>({8})}, opt, {}, {.threads = 2, .loss_scaler = &scaler});
+    Tensor x({8, 16}), y({8}, DType::i32);
+    fill_batch(x, y, 3, 4);
+    INFO("f16 with loss scaling");
+    CHECK(count_steps(step, {x, y}) == 0);
+  }
+}
+
 TEST_CASE("plans explain themselves as text, JSON and SVG", "[plan][report]") {
   auto t = make_training({32, 64, 10}, 8, {}, true);
   std::string s = t.step.summary();
@@ -308,7 +364,6 @@ TEST_CASE("plans explain themselves as text, JSON and SVG", "[plan][report]") {
   CHECK(rects >= t.step.plan().intervals.size());
 }
 
-#include "../tools/model_zoo.hpp"
 
 TEST_CASE("every model family plans within 5% of its lower bound and runs exactly as predicted", "[plan][zoo]") {
   for (zoo::Config c : {zoo::Config{.family = "mlp", .batch = 32, .layers = 2, .width = 128, .features = 64},
