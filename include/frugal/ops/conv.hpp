@@ -142,9 +142,10 @@ struct ConvScratch {
 
 inline bool is_half_storage(DType t) { return t == DType::bf16 || t == DType::f16; }
 
-inline std::int64_t conv_chunk_images(const ConvGeometry& g, std::size_t elem) {
+inline std::int64_t conv_chunk_images(const ConvGeometry& g, std::size_t elem,
+                                      std::int64_t target_columns = kConvTargetColumns) {
   std::int64_t hw = std::max<std::int64_t>(g.hw_out(), 1);
-  std::int64_t b = std::clamp<std::int64_t>((kConvTargetColumns + hw - 1) / hw, 1, std::max<std::int64_t>(g.n, 1));
+  std::int64_t b = std::clamp<std::int64_t>((target_columns + hw - 1) / hw, 1, std::max<std::int64_t>(g.n, 1));
   std::int64_t col_bytes_per_image = g.k() * hw * std::int64_t(elem);
   while (b > 1 && b * col_bytes_per_image > kConvMaxColumnBytes) --b;
   return b;
@@ -154,7 +155,10 @@ inline std::int64_t conv_chunk_images(const ConvGeometry& g, std::size_t elem) {
 inline ConvScratch conv_scratch(const ConvGeometry& g, DType dt, ConvPass pass, std::int64_t images = 0) {
   ConvScratch s;
   s.elem = dt == DType::f64 ? 8 : 4;
-  s.images = images > 0 ? std::min(images, std::max<std::int64_t>(g.n, 1)) : conv_chunk_images(g, s.elem);
+  // The weight gradient sums over the chunk's columns: longer chunks mean
+  // fewer synchronised steps and deeper sums per output.
+  const std::int64_t target = pass == ConvPass::backward_weight ? 4 * kConvTargetColumns : kConvTargetColumns;
+  s.images = images > 0 ? std::min(images, std::max<std::int64_t>(g.n, 1)) : conv_chunk_images(g, s.elem, target);
   const bool half = is_half_storage(dt);
   const bool one = s.one = s.images == 1 && !half;
   const std::size_t p = std::size_t(s.images * g.hw_out()), k = std::size_t(g.k());
