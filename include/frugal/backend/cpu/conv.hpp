@@ -179,6 +179,28 @@ void col2im(const C* col, const ops::ConvGeometry& g, std::int64_t p, std::int64
   }
 }
 
+// The column gradient of images [b0, b0 + ...) in group gi, planes [q.begin,
+// q.end) of this thread's share, summed into dx. 16-bit dx is summed in the
+// f32 scratch `acc` first and rounded once on store.
+template <class T, class C>
+void col2im_into_dx(const C* col, C* acc, const ops::ConvGeometry& g, std::int64_t p, Share q, std::int64_t b0,
+                    std::int64_t gi, T* dx) {
+  const std::int64_t cin_g = g.cin_g();
+  if constexpr (is_half_v<T>) {
+    col2im(col, g, p, q.begin, q.end,
+           [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
+    for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
+      const C* src = acc + pl * g.hw();
+      T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
+      for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = T(src[e]);
+    }
+  } else {
+    col2im(col, g, p, q.begin, q.end, [&](std::int64_t img, std::int64_t ci) {
+      return dx + ((b0 + img) * g.cin + gi * cin_g + ci) * g.hw();
+    });
+  }
+}
+
 // rows[co, img * Ho*Wo + oh * Wo + ow] = dy[b0 + img, gi * Cout/g + co, oh, ow]
 // for output lines [u0, u1), widened.
 template <class T, class C>
@@ -328,21 +350,7 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ops::ConvScratc
         if (nt > 1) {
 #pragma omp barrier
         }
-        const Share q = share(nb * cin_g, t, nt);
-        if constexpr (is_half_v<T>) {
-          C* acc = ws.acc;
-          col2im(ws.col, g, p, q.begin, q.end,
-                 [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
-          for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
-            const C* src = acc + pl * g.hw();
-            T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
-            for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = T(src[e]);
-          }
-        } else {
-          col2im(ws.col, g, p, q.begin, q.end, [&](std::int64_t img, std::int64_t ci) {
-            return dx + ((b0 + img) * g.cin + gi * cin_g + ci) * g.hw();
-          });
-        }
+        col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx);
         if (nt > 1) {  // the next group or chunk overwrites the columns
 #pragma omp barrier
         }
@@ -694,21 +702,7 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ops::ConvScra
         if (nt > 1) {
 #pragma omp barrier
         }
-        const Share q = share(nb * cin_g, t, nt);
-        if constexpr (is_half_v<T>) {
-          float* acc = ws.acc;
-          col2im(ws.col, g, p, q.begin, q.end,
-                 [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
-          for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
-            const float* src = acc + pl * g.hw();
-            T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
-            for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = T(src[e]);
-          }
-        } else {
-          col2im(ws.col, g, p, q.begin, q.end, [&](std::int64_t img, std::int64_t ci) {
-            return dx + ((b0 + img) * g.cin + gi * cin_g + ci) * g.hw();
-          });
-        }
+        col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx);
         if (nt > 1) {  // the next group or chunk overwrites the columns and panels
 #pragma omp barrier
         }
