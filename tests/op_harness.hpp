@@ -292,6 +292,23 @@ inline void check_op(const Case& c) {
   }
 }
 
+// Forward only (finite differences on large inputs would be slow), f64 and
+// f32 against the reference, on 2 threads: sizes above the kernels' parallel
+// grain, so the chunked OpenMP paths run.
+inline void check_forward_large(const Case& c) {
+  INFO("large op case: " << c.name);
+  frugal::Rng rng(seed_of(c.name));
+  Arrays vals;
+  for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
+  const ref::Array want = c.reference(vals);
+  for (frugal::DType dt : {frugal::DType::f64, frugal::DType::f32}) {
+    frugal::Tensor y = run_forward(c, vals, dt);
+    REQUIRE(y.shape().dims() == want.shape);
+    expect_close(c.name + " forward " + frugal::dtype_name(dt), to_doubles(y), want.v, want.shape,
+                 dt == frugal::DType::f64 ? kF64ForwardTol : kF32ForwardTol * c.f32_scale);
+  }
+}
+
 // The message of the frugal::ShapeError that fn throws; fails the test when
 // fn throws nothing or something else.
 template <class E>

@@ -405,25 +405,6 @@ TEST_CASE("a small network: linear, gelu, linear, log_softmax, cross_entropy", "
 
 // ---- large cases: the multi-threaded kernel paths ---------------------------------
 
-namespace {
-// Forward only (finite differences on this many elements would be slow),
-// f64 and f32 against the reference, on 2 threads: these sizes exceed the
-// kernels' parallel grain, so the chunked OpenMP paths run.
-void check_forward_large(const Case& c) {
-  INFO("large op case: " << c.name);
-  frugal::Rng rng(seed_of(c.name));
-  Arrays vals;
-  for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
-  const ref::Array want = c.reference(vals);
-  for (DType dt : {DType::f64, DType::f32}) {
-    frugal::Tensor y = run_forward(c, vals, dt);
-    REQUIRE(y.shape().dims() == want.shape);
-    expect_close(c.name + " forward " + frugal::dtype_name(dt), to_doubles(y), want.v, want.shape,
-                 dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol * c.f32_scale);
-  }
-}
-}  // namespace
-
 TEST_CASE("large inputs take the multi-threaded paths and still match the reference", "[ops][threads]") {
   frugal::cpu::CpuBackend().set_threads(2);
   check_forward_large(unary("relu [300,200]", x({300, 200}), [](Var v) { return frugal::relu(v); }, ref::relu));

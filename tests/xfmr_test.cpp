@@ -752,22 +752,6 @@ TEST_CASE("indexing shape errors name the op and the shapes", "[xfmr][indexing]"
 // ---- large cases: the multi-threaded kernel paths ---------------------------------
 
 namespace {
-// Forward only, f64 and f32 against the reference on 2 threads: these sizes
-// exceed the kernels' parallel grain, so the chunked OpenMP paths run.
-void check_forward_large(const Case& c) {
-  INFO("large op case: " << c.name);
-  frugal::Rng rng(seed_of(c.name));
-  Arrays vals;
-  for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
-  const ref::Array want = c.reference(vals);
-  for (DType dt : {DType::f64, DType::f32}) {
-    frugal::Tensor y = run_forward(c, vals, dt);
-    REQUIRE(y.shape().dims() == want.shape);
-    expect_close(c.name + " forward " + frugal::dtype_name(dt), to_doubles(y), want.v, want.shape,
-                 dt == DType::f64 ? kF64ForwardTol : kF32ForwardTol * c.f32_scale);
-  }
-}
-
 // The gradients of sum(f(x...) * r) for the floating inputs, on `threads`.
 std::vector<std::vector<float>> grads_on(int threads, const Case& c) {
   frugal::Rng rng(seed_of(c.name));
