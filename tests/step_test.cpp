@@ -6,6 +6,8 @@
 #include <cstring>
 #include <frugal/frugal.hpp>
 
+#include "toy_task.hpp"
+
 using namespace frugal;
 
 namespace {
@@ -21,21 +23,7 @@ struct Mlp : nn::Module {
   Var forward(Var x) { return fc3(frugal::tanh(fc2(gelu(fc1(x))))); }
 };
 
-// A learnable toy task: the class is the index of the largest of the first
-// `classes` features.
-void make_batch(Tensor& x, Tensor& y, std::uint64_t seed, std::int64_t classes = 4) {
-  Rng r(seed);
-  std::int64_t n = x.shape()[0], d = x.shape()[1];
-  for (std::int64_t i = 0; i < n; ++i) {
-    int best = 0;
-    for (std::int64_t j = 0; j < d; ++j) {
-      float v = float(r.normal());
-      x.data<float>()[i * d + j] = v;
-      if (j < classes && v > x.data<float>()[i * d + best]) best = int(j);
-    }
-    y.data<std::int32_t>()[i] = best;
-  }
-}
+using toy::make_batch;
 
 std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
   std::vector<std::uint32_t> out(v.size());
