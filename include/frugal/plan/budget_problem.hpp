@@ -1,0 +1,155 @@
+#pragma once
+// The budget problem in the abstract: a fixed schedule of positions, the
+// device bytes live at each with nothing evicted, and candidates (a value
+// over one idle window between two of its uses) that can each be kept or
+// evicted by one of a few options. An option changes device bytes over some
+// spans, occupies host or NVMe bytes over some spans, and adds step time.
+// The heuristic solver (budget_greedy.hpp) and the exact one
+// (budget_exact.hpp) solve this same problem, so their gap is measurable;
+// budget_solve.hpp builds it from a graph and turns an answer into a plan.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../graph/value.hpp"
+
+namespace frugal::plan {
+
+// Positions [first, last] of the schedule, inclusive; empty when last < first.
+struct Span {
+  int first = 0;
+  int last = -1;
+  bool empty() const { return last < first; }
+  bool contains(int t) const { return first <= t && t <= last; }
+};
+
+// `bytes` more (or, negative, fewer) over a span.
+struct MemEffect {
+  Span span;
+  std::int64_t bytes = 0;
+};
+
+enum class Choice : std::uint8_t { keep, recompute, host, nvme };
+
+inline const char* choice_name(Choice c) {
+  switch (c) {
+    case Choice::keep: return "keep";
+    case Choice::recompute: return "recompute";
+    case Choice::host: return "swap to host";
+    case Choice::nvme: return "spill to NVMe";
+  }
+  return "?";
+}
+
+// Candidate `candidate` must take one of the options whose bit is set in
+// `allowed` (bit j for option j).
+struct Requirement {
+  int candidate = 0;
+  std::uint32_t allowed = 1;
+};
+
+struct Option {
+  Choice choice = Choice::keep;
+  double cost_ms = 0;              // step time it adds (exposed transfer, recomputation)
+  std::vector<MemEffect> device;   // change of device bytes
+  std::vector<MemEffect> host;     // host pool bytes held
+  std::vector<MemEffect> nvme;     // NVMe bytes held
+  std::vector<Requirement> requires_;
+  // Placement details the rewrite needs (positions of the transfer's start
+  // and end, or of the recomputation), in schedule positions.
+  int out_done = -1;   // evict copy finished before this position runs
+  int in_start = -1;   // fetch starts before this position runs
+  std::string reason;  // why it is priced as it is, for the plan's record
+};
+
+struct Candidate {
+  ValueId value = kNoValue;
+  std::size_t bytes = 0;
+  int before = 0;  // the use before the idle window (or the producer); for a persistent's wrap-around, the last use
+  int after = 0;   // the use after it (for a wrap-around, the first use of the next step)
+  bool wraps = false;  // a persistent value between the end of one step and its first use in the next
+  std::vector<Option> options;  // options[0] is keep: no effect, no cost
+};
+
+struct BudgetProblem {
+  int positions = 0;
+  std::vector<std::int64_t> base;  // device bytes live at each position with every candidate kept
+  std::vector<double> op_ms;       // predicted time of each position
+  std::vector<Candidate> candidates;
+  std::int64_t device_budget = 0;  // the bound on max_t device bytes
+  std::int64_t host_budget = 0;    // 0: no limit
+  std::int64_t nvme_budget = 0;    // 0: no limit (the NVMe options exist only where a directory was given)
+};
+
+// What a choice vector (one option index per candidate) does.
+struct Evaluation {
+  std::int64_t device_peak = 0;
+  int peak_position = 0;
+  std::int64_t host_peak = 0;
+  std::int64_t nvme_peak = 0;
+  double cost_ms = 0;
+  bool requirements_met = true;
+  bool fits(const BudgetProblem& p) const {
+    return requirements_met && device_peak <= p.device_budget && (p.host_budget == 0 || host_peak <= p.host_budget) &&
+           (p.nvme_budget == 0 || nvme_peak <= p.nvme_budget);
+  }
+};
+
+// Bytes of each tier at each position under `choice`.
+struct Profiles {
+  std::vector<std::int64_t> device, host, nvme;
+};
+
+inline void apply_effects(std::vector<std::int64_t>& diff, const std::vector<MemEffect>& effects, int sign) {
+  for (auto& e : effects) {
+    if (e.span.empty()) continue;
+    diff[std::size_t(e.span.first)] += sign * e.bytes;
+    diff[std::size_t(e.span.last) + 1] -= sign * e.bytes;
+  }
+}
+
+inline Profiles profiles(const BudgetProblem& p, const std::vector<int>& choice) {
+  const std::size_t n = std::size_t(p.positions);
+  std::vector<std::int64_t> dd(n + 1, 0), hd(n + 1, 0), nd(n + 1, 0);
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+    const Option& o = p.candidates[i].options[std::size_t(choice[i])];
+    apply_effects(dd, o.device, 1);
+    apply_effects(hd, o.host, 1);
+    apply_effects(nd, o.nvme, 1);
+  }
+  Profiles pr{std::vector<std::int64_t>(n), std::vector<std::int64_t>(n), std::vector<std::int64_t>(n)};
+  std::int64_t d = 0, h = 0, v = 0;
+  for (std::size_t t = 0; t < n; ++t) {
+    d += dd[t], h += hd[t], v += nd[t];
+    pr.device[t] = p.base[t] + d;
+    pr.host[t] = h;
+    pr.nvme[t] = v;
+  }
+  return pr;
+}
+
+inline bool requirements_met(const BudgetProblem& p, const std::vector<int>& choice) {
+  for (std::size_t i = 0; i < p.candidates.size(); ++i)
+    for (auto& r : p.candidates[i].options[std::size_t(choice[i])].requires_)
+      if (!((r.allowed >> choice[std::size_t(r.candidate)]) & 1u)) return false;
+  return true;
+}
+
+inline Evaluation evaluate(const BudgetProblem& p, const std::vector<int>& choice) {
+  Evaluation e;
+  Profiles pr = profiles(p, choice);
+  for (int t = 0; t < p.positions; ++t) {
+    if (pr.device[std::size_t(t)] > e.device_peak) {
+      e.device_peak = pr.device[std::size_t(t)];
+      e.peak_position = t;
+    }
+    e.host_peak = std::max(e.host_peak, pr.host[std::size_t(t)]);
+    e.nvme_peak = std::max(e.nvme_peak, pr.nvme[std::size_t(t)]);
+  }
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) e.cost_ms += p.candidates[i].options[std::size_t(choice[i])].cost_ms;
+  e.requirements_met = requirements_met(p, choice);
+  return e;
+}
+
+}  // namespace frugal::plan
