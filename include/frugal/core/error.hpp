@@ -20,6 +20,11 @@ struct BudgetError : Error {
 struct DataError : Error {
   using Error::Error;
 };
+// A transfer to or from a memory tier (host pool, NVMe) failed: full disk,
+// I/O error. The step stops before it writes anything it cannot undo.
+struct IoError : Error {
+  using Error::Error;
+};
 
 template <class... Parts>
 std::string cat(Parts&&... parts) {
