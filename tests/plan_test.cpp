@@ -395,7 +395,7 @@ TEST_CASE("an audit catches a write beyond the predicted peak", "[plan][executor
   std::vector<InputSpec> specs{input<float>({2, 4}), input<std::int32_t>({2})};
   CompileOptions o;
   auto prepared = detail::prepare_training(fn, specs, opt, o);
-  Plan plan = detail::plan_prepared(prepared, o);
+  Plan plan = detail::plan_prepared(prepared, {}, o);
   // A planted executor-side bug: the loss lands past the arena, in the canary.
   plan.offset_of[std::size_t(prepared.loss)] = plan.arena_bytes;
   Step step(Step::Parts{prepared.c.graph, plan, make_backend("cpu"), &opt, prepared.c.inputs, prepared.loss, {}, {},

@@ -63,6 +63,12 @@ class Graph {
   // Appends a node; shape inference runs here, so a bad shape fails at
   // capture with the op's name and the shapes it was given.
   std::vector<ValueId> apply(std::shared_ptr<const Op> op, std::vector<ValueId> inputs) {
+    return apply_impl(std::move(op), std::move(inputs), nullptr);
+  }
+
+ private:
+  std::vector<ValueId> apply_impl(std::shared_ptr<const Op> op, std::vector<ValueId> inputs,
+                                  const std::vector<NodeId>* after) {
     std::vector<TensorMeta> in;
     in.reserve(inputs.size());
     for (ValueId v : inputs) in.push_back(value(v).meta);
@@ -79,15 +85,36 @@ class Graph {
                                         .is_workspace = true}));
       node.has_workspace = true;
     }
-    for (int mi : node.op->mutated_inputs()) {
-      ValueId target = node.inputs[std::size_t(mi)];
-      for (NodeId reader : consumers(target))
-        if (reader != nid) node.after.push_back(reader);
+    if (after) {
+      node.after = *after;
+    } else {
+      for (int mi : node.op->mutated_inputs()) {
+        ValueId target = node.inputs[std::size_t(mi)];
+        for (NodeId reader : consumers(target))
+          if (reader != nid) node.after.push_back(reader);
+      }
     }
     nodes_.push_back(std::move(node));
     auto r = nodes_.back().results();
     return {r.begin(), r.end()};
   }
+
+ public:
+
+  // Appends a node ordered after `after` (beyond its data inputs) instead of
+  // after the readers of what it mutates: for planner rewrites (transfers,
+  // recomputations), which know the order they need.
+  std::vector<ValueId> apply_ordered(std::shared_ptr<const Op> op, std::vector<ValueId> inputs, Phase phase,
+                                     std::vector<NodeId> after) {
+    Phase previous = std::exchange(phase_, phase);
+    auto out = apply_impl(std::move(op), std::move(inputs), &after);
+    phase_ = previous;
+    return out;
+  }
+  NodeId last_node() const { return NodeId(nodes_.size()) - 1; }
+  // Points input `slot` of node n at another value (a planner rewrite: a
+  // reader takes a fetched or recomputed copy instead of the original).
+  void set_input(NodeId n, std::size_t slot, ValueId v) { nodes_.at(std::size_t(n)).inputs.at(slot) = v; }
 
   // Nodes appended from now on belong to phase p.
   Phase set_phase(Phase p) { return std::exchange(phase_, p); }

@@ -14,8 +14,10 @@ inline constexpr ValueId kNoValue = -1;
 
 // What a value is for. The planner places each kind differently: inputs and
 // activations live in the step's arena; parameters and optimizer state persist
-// across steps in storage the user (a Module, an Optimizer) owns.
-enum class ValueKind : std::uint8_t { input, parameter, state, activation };
+// across steps in storage the user (a Module, an Optimizer) owns. Under a
+// tight budget the planner adds copies of activations kept off the device
+// for a while: in the host pool, or in the NVMe store.
+enum class ValueKind : std::uint8_t { input, parameter, state, activation, host, nvme };
 
 inline const char* value_kind_name(ValueKind k) {
   switch (k) {
@@ -23,6 +25,8 @@ inline const char* value_kind_name(ValueKind k) {
     case ValueKind::parameter: return "parameter";
     case ValueKind::state: return "optimizer state";
     case ValueKind::activation: return "activation";
+    case ValueKind::host: return "host copy";
+    case ValueKind::nvme: return "NVMe copy";
   }
   return "?";
 }

@@ -60,6 +60,7 @@ inline Buffers assign_buffers(const Graph& g, const std::vector<NodeId>& schedul
     std::vector<int> taken;  // buffers this node's outputs already took over
     for (std::size_t k = 0; k < node.outputs.size(); ++k) {
       ValueId out = node.outputs[k];
+      if (!in_arena(g.value(out))) continue;  // a host or NVMe copy
       const TensorMeta& om = g.value(out).meta;
       int chosen = -1;
       if (node.op->is_view() && k == 0 && b.buffer_of[std::size_t(node.inputs[0])] >= 0) {

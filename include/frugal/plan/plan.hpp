@@ -5,7 +5,9 @@
 #include <optional>
 #include <sstream>
 
+#include "../ops/transfer.hpp"
 #include "budget.hpp"
+#include "budget_problem.hpp"
 #include "offsets.hpp"
 #include "schedule.hpp"
 
@@ -26,24 +28,86 @@ struct Plan {
   std::size_t peak_bytes = 0;         // the highest byte a step writes: the predicted high-water mark
   std::size_t lower_bound_bytes = 0;  // the most bytes live at once: no placement can beat it
   int peak_position = 0;              // where in the schedule that happens
-  std::size_t persistent_bytes = 0;   // parameters and optimizer state
+  std::size_t persistent_bytes = 0;   // parameters and optimizer state kept on the device
   std::map<std::string, std::size_t> persistent_by_kind;
 
+  // Under a budget: persistents whose home is the host (staged into the
+  // arena around their uses), and the slower tiers' slots.
+  std::size_t offloaded_bytes = 0;
+  std::vector<std::optional<std::size_t>> tier_offset_of;  // by value id: host pool or NVMe offset
+  std::size_t host_bytes = 0;  // the host pool this plan needs
+  std::size_t nvme_bytes = 0;  // the NVMe file this plan needs
+  int transfer_slots = 0;      // copy-engine events
+
+  // What the budget solver decided and why (empty without a binding budget).
+  struct Decision {
+    ValueId value = kNoValue;  // in the graph before the rewrite (same ids after it)
+    plan::Choice choice = plan::Choice::keep;
+    std::size_t bytes = 0;
+    int from = 0, to = 0;  // the window, in positions of the unconstrained schedule
+    bool wraps = false;    // between one step and the next
+    double cost_ms = 0;
+    std::string reason;
+  };
+  std::vector<Decision> decisions;
+  std::size_t budget_bytes = 0;        // the device budget it was solved for (0: none)
+  std::size_t min_feasible_bytes = 0;  // the least device budget this planner meets for the step
+  std::size_t unconstrained_bytes = 0; // the device bytes without any eviction
+  double predicted_step_ms = 0;        // the cost model's step time
+  std::size_t count(plan::Choice c) const {
+    std::size_t n = 0;
+    for (auto& d : decisions) n += d.choice == c;
+    return n;
+  }
+
   double arena_ratio() const { return lower_bound_bytes ? double(arena_bytes) / double(lower_bound_bytes) : 1.0; }
+  // Device bytes: the arena and the persistents that stay on the device.
   std::size_t total_bytes() const { return arena_bytes + persistent_bytes; }
 };
 
-// Plans `g`. `roots` stay live to the end of the step.
-inline Plan make_plan(const Graph& g, std::span<const ValueId> roots, PlanOptions o = {}) {
-  Plan p;
+// The order `g` runs in: capture order, or (reorder) each optimizer update
+// as soon as it can run. Nodes nothing live depends on are left out.
+inline std::vector<NodeId> schedule_of(const Graph& g, std::span<const ValueId> roots, PlanOptions o = {}) {
   std::vector<bool> live = g.live_nodes(roots);
-  if (o.reorder) {
-    p.schedule = plan::schedule(g, live);
-  } else {
-    for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n)
-      if (live[std::size_t(n)]) p.schedule.push_back(n);
+  if (o.reorder) return plan::schedule(g, live);
+  std::vector<NodeId> s;
+  for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n)
+    if (live[std::size_t(n)]) s.push_back(n);
+  return s;
+}
+
+namespace plan {
+
+// Slots in the host pool and the NVMe file for the copies a budget plan
+// makes: each lives from its eviction to the last fetch that reads it.
+inline void place_tiers(const Graph& g, Plan& p) {
+  p.tier_offset_of.assign(g.num_values(), std::nullopt);
+  for (ValueKind tier : {ValueKind::host, ValueKind::nvme}) {
+    std::vector<Interval> iv;
+    for (int t = 0; t < int(p.schedule.size()); ++t) {
+      const Node& n = g.node(p.schedule[std::size_t(t)]);
+      for (ValueId o : n.outputs)
+        if (g.value(o).kind == tier)
+          iv.push_back({o, align_up(std::max<std::size_t>(g.value(o).meta.nbytes(), 1), 4096),
+                        g.value(o).meta.nbytes(), t, t});
+      for (ValueId in : n.inputs)
+        for (auto& x : iv)
+          if (x.value == in) x.last = t;
+    }
+    Placement pl = assign_offsets(iv);
+    for (std::size_t i = 0; i < iv.size(); ++i) p.tier_offset_of[std::size_t(iv[i].value)] = pl.offset[i];
+    (tier == ValueKind::host ? p.host_bytes : p.nvme_bytes) = pl.arena_bytes;
   }
-  auto buffers = plan::assign_buffers(g, p.schedule, roots, o.inplace);
+}
+
+}  // namespace plan
+
+// Plans `g` in the order `schedule`. `roots` stay live to the end of the step.
+inline Plan plan_schedule(const Graph& g, std::vector<NodeId> schedule, std::span<const ValueId> roots,
+                          bool inplace = true) {
+  Plan p;
+  p.schedule = std::move(schedule);
+  auto buffers = plan::assign_buffers(g, p.schedule, roots, inplace);
   p.intervals = std::move(buffers.intervals);
   p.buffer_of = std::move(buffers.buffer_of);
   auto placement = plan::assign_offsets(p.intervals);
@@ -69,12 +133,32 @@ inline Plan make_plan(const Graph& g, std::span<const ValueId> roots, PlanOption
   p.offset_of.assign(g.num_values(), std::nullopt);
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
     if (p.buffer_of[std::size_t(v)] >= 0) p.offset_of[std::size_t(v)] = p.offsets[std::size_t(p.buffer_of[std::size_t(v)])];
-  for (const Value& v : g.values())
-    if (!plan::in_arena(v)) {
-      p.persistent_bytes += v.meta.nbytes();
-      p.persistent_by_kind[v.kind == ValueKind::parameter ? "parameters" : "optimizer state"] += v.meta.nbytes();
+  // A persistent stays on the device unless only transfers read it (its
+  // home is then the host, and the arena holds staged copies).
+  std::vector<char> on_device(g.num_values(), 0), read(g.num_values(), 0);
+  for (NodeId n : p.schedule) {
+    bool transfer = dynamic_cast<const ops::Transfer*>(g.node(n).op.get()) != nullptr;
+    for (ValueId in : g.node(n).inputs) {
+      read[std::size_t(in)] = 1;
+      if (!transfer) on_device[std::size_t(in)] = 1;
     }
+  }
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
+    const Value& val = g.value(v);
+    if (val.kind != ValueKind::parameter && val.kind != ValueKind::state) continue;
+    if (read[std::size_t(v)] && !on_device[std::size_t(v)]) {
+      p.offloaded_bytes += val.meta.nbytes();
+      continue;
+    }
+    p.persistent_bytes += val.meta.nbytes();
+    p.persistent_by_kind[val.kind == ValueKind::parameter ? "parameters" : "optimizer state"] += val.meta.nbytes();
+  }
+  plan::place_tiers(g, p);
   return p;
+}
+
+inline Plan make_plan(const Graph& g, std::span<const ValueId> roots, PlanOptions o = {}) {
+  return plan_schedule(g, schedule_of(g, roots, o), roots, o.inplace);
 }
 
 }  // namespace frugal

@@ -133,13 +133,43 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
       for (std::size_t b = a + 1; b < node.outputs.size(); ++b)
         if (overlap(node.outputs[a], node.outputs[b]))
           err(node.op->name(), " at position ", t, ": two of its outputs share memory");
-    for (ValueId out : node.outputs) write(out, &node, t);
+    for (ValueId out : node.outputs)
+      if (arena(out)) write(out, &node, t);
     // Forget what nobody reads again, so the replay stays small.
     std::erase_if(holding, [&](ValueId v) { return last_read[std::size_t(v)] <= t; });
   }
   for (ValueId v : roots)
     if (arena(v) && std::find(holding.begin(), holding.end(), v) == holding.end())
       err("the step's result ", label(v), " is overwritten before the step ends");
+
+  // 4. Host and NVMe copies: each has a slot, and two copies alive at the
+  // same time never share bytes.
+  struct Held {
+    ValueId v;
+    int from, to;
+  };
+  std::vector<Held> held;
+  for (int t = 0; t < end; ++t) {
+    const Node& node = g.node(p.schedule[std::size_t(t)]);
+    for (ValueId o : node.outputs)
+      if (g.value(o).kind == ValueKind::host || g.value(o).kind == ValueKind::nvme) held.push_back({o, t, t});
+    for (ValueId in : node.inputs)
+      for (auto& h : held)
+        if (h.v == in) h.to = t;
+  }
+  for (auto& h : held)
+    if (std::size_t(h.v) >= p.tier_offset_of.size() || !p.tier_offset_of[std::size_t(h.v)])
+      err(label(h.v), " is a ", value_kind_name(g.value(h.v).kind), " with no slot in its tier");
+  if (!r.ok()) return r;
+  for (std::size_t i = 0; i < held.size(); ++i)
+    for (std::size_t j = i + 1; j < held.size(); ++j) {
+      const Held &a = held[i], &b = held[j];
+      if (g.value(a.v).kind != g.value(b.v).kind || a.to < b.from || b.to < a.from) continue;
+      std::size_t ab = *p.tier_offset_of[std::size_t(a.v)], bb = *p.tier_offset_of[std::size_t(b.v)];
+      if (ab < bb + g.value(b.v).meta.nbytes() && bb < ab + g.value(a.v).meta.nbytes())
+        err(label(a.v), " and ", label(b.v), " share bytes of the ", value_kind_name(g.value(a.v).kind),
+            " tier while both are held");
+    }
   return r;
 }
 

@@ -5,6 +5,7 @@
 
 #include "../graph/capture.hpp"
 #include "../ops/all.hpp"
+#include "../plan/budget_solve.hpp"
 #include "loss_scaling.hpp"
 #include "step.hpp"
 
@@ -85,24 +86,6 @@ Captured capture(Fn& fn, const std::vector<InputSpec>& specs) {
   return c;
 }
 
-inline void check_budget(const Graph& g, const Plan& plan, const Budget& b) {
-  if (b.device == 0 || plan.total_bytes() <= b.device) return;
-  // Name the largest consumers, so the user knows what to shrink.
-  std::vector<std::pair<std::size_t, std::string>> big;
-  for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
-    if (!plan::in_arena(g.value(v))) big.push_back({g.value(v).meta.nbytes(), plan::describe_value(g, v)});
-  for (auto& iv : plan.intervals) big.push_back({iv.bytes, plan::describe_value(g, iv.value)});
-  std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first > y.first; });
-  std::string list;
-  for (std::size_t i = 0; i < std::min<std::size_t>(5, big.size()); ++i)
-    list += cat("\n  ", format_bytes(big[i].first), "  ", big[i].second);
-  fail<BudgetError>("device budget ", format_bytes(b.device), " (", b.device, " bytes) is infeasible: the step needs ",
-                    format_bytes(plan.total_bytes()), " (arena ", format_bytes(plan.arena_bytes),
-                    " + parameters and optimizer state ", format_bytes(plan.persistent_bytes),
-                    "). Smallest feasible budget: ", plan.total_bytes(),
-                    " bytes (this planner does not yet recompute or swap). Largest consumers:", list);
-}
-
 // Everything compile() decides before memory exists: the captured graph,
 // which values must survive the step, and what the step reports.
 struct Prepared {
@@ -114,22 +97,43 @@ struct Prepared {
   std::map<const void*, ValueId> grad_of;
 };
 
-inline Plan plan_prepared(const Prepared& p, const CompileOptions& o) {
-  Plan plan = make_plan(*p.c.graph, p.roots, o.plan);
+// A roofline over each op's declared cost, for when no profile is given.
+inline plan::PriceModel default_prices() {
+  plan::PriceModel m;
+  m.op_ms = [](const Graph& g, NodeId n) {
+    const Node& node = g.node(n);
+    std::vector<TensorMeta> in, out;
+    for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
+    for (ValueId v : node.outputs) out.push_back(g.value(v).meta);
+    Cost c = node.op->cost(in, out);
+    return 1e-3 + std::max(c.flops / 5e7, c.bytes / 1e7);  // 50 Gflop/s, 10 GB/s, in ms
+  };
+  m.copy_ms = [](std::size_t b) { return 5e-3 + double(b) / 5e6; };
+  m.nvme_write_ms = [](std::size_t b) { return 0.05 + double(b) / 1e6; };
+  m.nvme_read_ms = [](std::size_t b) { return 0.05 + double(b) / 2e6; };
+  m.overlap_slowdown = 0.2;
+  return m;
+}
+
+// Plans the prepared step within `budget` (rewriting its graph when the
+// budget forces evictions), and verifies the plan.
+inline Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
+  auto solved = plan::solve_budget(p.c.graph, p.roots, budget, default_prices(), o.plan);
+  p.c.graph = std::move(solved.graph);
   if (o.verify) {
-    auto report = plan::verify(*p.c.graph, plan, p.roots);
+    auto report = plan::verify(*p.c.graph, solved.plan, p.roots);
     if (!report.ok()) fail("internal error: the planner produced a plan its verifier rejects:\n", report.str());
   }
-  return plan;
+  return std::move(solved.plan);
 }
 
 inline Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
-  Plan plan = plan_prepared(p, o);
-  check_budget(*p.c.graph, plan, budget);
+  Plan plan = plan_prepared(p, budget, o);
   auto backend = make_backend(o.backend);
   if (o.threads > 0) backend->set_threads(o.threads);
   return Step(Step::Parts{std::move(p.c.graph), std::move(plan), std::move(backend), p.opt, std::move(p.c.inputs),
-                          p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots)});
+                          p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
+                          budget.nvme_dir});
 }
 
 inline Var single_loss(const Captured& c) {
@@ -209,9 +213,10 @@ struct PlannedStep {
 };
 
 template <class Fn>
-PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, CompileOptions o = {}) {
+PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, CompileOptions o = {},
+                          Budget budget = {}) {
   auto p = detail::prepare_training(fn, specs, opt, o);
-  Plan plan = detail::plan_prepared(p, o);
+  Plan plan = detail::plan_prepared(p, budget, o);
   std::size_t in = 0;
   for (auto& s : specs) in += s.meta.nbytes();
   return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};

@@ -7,13 +7,22 @@
 
 #include "../plan/plan.hpp"
 #include "backend.hpp"
+#include "copy_engine.hpp"
+#include "host_pool.hpp"
+#include "nvme_store.hpp"
 
 namespace frugal {
 
 class Executor {
  public:
-  Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend)
-      : graph_(std::move(graph)), backend_(backend) {
+  // `nvme_dir` holds the NVMe tier's file when the plan spills there.
+  Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend, const std::string& nvme_dir = "")
+      : graph_(std::move(graph)), backend_(backend), host_(plan.host_bytes), copies_(std::size_t(plan.transfer_slots)) {
+    if (plan.nvme_bytes) {
+      if (nvme_dir.empty())
+        fail("the plan spills ", format_bytes(plan.nvme_bytes), " to NVMe but no directory was given (Budget::nvme_dir)");
+      nvme_ = std::make_unique<NvmeStore>(nvme_dir, plan.nvme_bytes);
+    }
     arena_bytes_ = plan.arena_bytes;
     arena_ = static_cast<std::byte*>(backend_.allocate(arena_bytes_ + kCanaryBytes));
     address_.assign(graph_->num_values(), nullptr);
@@ -23,9 +32,15 @@ class Executor {
         address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
       else if (val.external.defined())
         address_[std::size_t(v)] = val.external.raw();
+      else if (val.kind == ValueKind::host)
+        address_[std::size_t(v)] = host_.at(*plan.tier_offset_of[std::size_t(v)]);
     }
     for (NodeId n : plan.schedule) {
       const Node& node = graph_->node(n);
+      if (auto* t = dynamic_cast<const ops::Transfer*>(node.op.get())) {
+        bound_.push_back(bind_transfer(*t, node, plan));
+        continue;
+      }
       Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
       for (ValueId i : node.inputs) b.in.push_back(ref(i));
       for (ValueId o : node.results()) b.out.push_back(ref(o));
@@ -44,7 +59,20 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   void run(std::uint64_t step = 0) {
-    for (const Bound& b : bound_) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
+    copies_.reset_error();
+    try {
+      for (const Bound& b : bound_) {
+        if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
+        else transfer(b.move);
+      }
+    } catch (...) {
+      try {
+        copies_.drain();  // nothing may still be copying into memory the caller reuses
+      } catch (...) {
+      }
+      throw;
+    }
+    copies_.drain();
     backend_.synchronize();
   }
 
@@ -73,13 +101,70 @@ class Executor {
   }
 
  private:
+  // A transfer, resolved: what the copy engine does at a start, or which
+  // slot a done waits for.
+  struct Move {
+    ops::TransferKind kind = ops::TransferKind::evict_start;
+    std::size_t slot = 0;
+    void* dst = nullptr;
+    const void* src = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t nvme_offset = 0;
+    enum Via : std::uint8_t { memory, nvme_write, nvme_read } via = memory;
+  };
   struct Bound {
     const Op* op;
-    const Kernel* kernel;
+    const Kernel* kernel;  // null for a transfer
     std::vector<TensorRef> in, out;
     void* workspace;
     std::size_t workspace_bytes;
+    Move move{};
   };
+
+  Bound bind_transfer(const ops::Transfer& t, const Node& node, const Plan& plan) {
+    Bound b{&t, nullptr, {}, {}, nullptr, 0};
+    Move& m = b.move;
+    m.kind = t.kind();
+    m.slot = std::size_t(t.slot());
+    if (!t.is_start()) return b;
+    using K = ops::TransferKind;
+    ValueId from = node.inputs[0];
+    ValueId to = t.kind() == K::write_back_start ? node.inputs[1] : node.outputs[0];
+    m.bytes = graph_->value(from).meta.nbytes();
+    auto nvme_slot = [&](ValueId v) {
+      if (!nvme_) fail("internal error: a transfer uses the NVMe tier, which this plan did not size");
+      return std::uint64_t(*plan.tier_offset_of[std::size_t(v)]);
+    };
+    if (graph_->value(to).kind == ValueKind::nvme) {
+      m.via = Move::nvme_write;
+      m.nvme_offset = nvme_slot(to);
+      m.src = address_[std::size_t(from)];
+    } else if (graph_->value(from).kind == ValueKind::nvme) {
+      m.via = Move::nvme_read;
+      m.nvme_offset = nvme_slot(from);
+      m.dst = address_[std::size_t(to)];
+    } else {
+      m.src = address_[std::size_t(from)];
+      m.dst = address_[std::size_t(to)];
+    }
+    if ((m.via != Move::nvme_read && !m.src) || (m.via != Move::nvme_write && !m.dst))
+      fail("internal error: ", t.name(), " of ", t.what(), " has no storage at one end");
+    return b;
+  }
+
+  void transfer(const Move& m) {
+    switch (m.via) {
+      case Move::memory:
+        if (m.kind == ops::TransferKind::evict_start || m.kind == ops::TransferKind::fetch_start ||
+            m.kind == ops::TransferKind::write_back_start)
+          copies_.copy(m.slot, m.dst, m.src, m.bytes);
+        else
+          copies_.wait(m.slot);
+        return;
+      case Move::nvme_write: return copies_.write_nvme(m.slot, *nvme_, m.nvme_offset, m.src, m.bytes);
+      case Move::nvme_read: return copies_.read_nvme(m.slot, *nvme_, m.nvme_offset, m.dst, m.bytes);
+    }
+  }
   TensorRef ref(ValueId v) const {
     const Value& val = graph_->value(v);
     if (!address_[std::size_t(v)]) fail("internal: value ", v, " (", val.meta.str(), ") has no storage in the plan");
@@ -88,6 +173,9 @@ class Executor {
 
   std::shared_ptr<const Graph> graph_;
   Backend& backend_;
+  HostPool host_;
+  CopyEngine copies_;
+  std::unique_ptr<NvmeStore> nvme_;
   std::byte* arena_ = nullptr;
   std::size_t arena_bytes_ = 0;
   std::vector<void*> address_;

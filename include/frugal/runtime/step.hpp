@@ -25,10 +25,11 @@ class Step {
     std::map<const void*, ValueId> grad_of;  // parameter storage -> kept gradient
     int threads = 0;
     std::vector<ValueId> roots;  // values that must survive to the end of the step
+    std::string nvme_dir;        // where the NVMe tier's file goes, if the plan spills
   };
 
   explicit Step(Parts p) : p_(std::move(p)) {
-    executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend);
+    executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
     for (ValueId o : p_.outputs) outputs_.emplace_back(p_.graph->value(o).meta.shape, p_.graph->value(o).meta.dtype);
   }
 

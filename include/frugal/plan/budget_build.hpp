@@ -1,0 +1,250 @@
+#pragma once
+// Builds the abstract budget problem (budget_problem.hpp) from a graph and
+// its schedule. A candidate is a value over one idle window between two of
+// its uses:
+// - an activation between its producer or one reader and the next reader
+//   (recompute it before the next reader, swap it to the host pool, or spill
+//   it to NVMe);
+// - a parameter or optimizer state between its last use in one step and its
+//   first use in the next (keep it on the host and fetch it for the step),
+//   and, once it lives on the host, between two of its reads (drop the
+//   device copy and fetch it again).
+// Transfers are priced against the compute that can hide them: an eviction
+// finishes as soon as the ops after it have taken as long as the copy, a
+// fetch starts early enough to land before its reader.
+#include <functional>
+
+#include "../ops/transfer.hpp"
+#include "budget.hpp"
+#include "budget_problem.hpp"
+#include "liveness.hpp"
+
+namespace frugal::plan {
+
+// What the problem is priced with: the time of each scheduled op and of each
+// kind of transfer (the cost model's numbers).
+struct Prices {
+  std::vector<double> op_ms;  // by schedule position
+  std::function<double(std::size_t)> copy_ms;
+  std::function<double(std::size_t)> nvme_write_ms;
+  std::function<double(std::size_t)> nvme_read_ms;
+  double overlap_slowdown = 0.1;  // how much an overlapped copy slows compute, as a fraction of its time
+};
+
+inline constexpr std::size_t kTierAlignment = 4096;  // host pool and NVMe slots (O_DIRECT)
+inline constexpr std::size_t kMinPersistentCandidate = 16 << 10;  // smaller state is not worth a transfer
+
+// The value whose buffer a view (reshape) reads, following views back.
+inline ValueId view_root(const Graph& g, ValueId v) {
+  for (;;) {
+    const Value& val = g.value(v);
+    if (val.producer < 0) return v;
+    const Node& n = g.node(val.producer);
+    if (!n.op->is_view() || n.outputs.empty() || n.outputs[0] != v) return v;
+    v = n.inputs[0];
+  }
+}
+
+struct BuiltProblem {
+  BudgetProblem problem;
+  std::vector<int> wrap_of;  // by value id: the wrap-around candidate of a persistent, or -1
+};
+
+inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeId>& schedule,
+                                         std::span<const ValueId> roots, const Budget& budget, const Prices& prices,
+                                         bool inplace = true) {
+  const int T = int(schedule.size());
+  BuiltProblem built;
+  BudgetProblem& p = built.problem;
+  p.positions = T;
+  p.op_ms = prices.op_ms;
+  p.device_budget = std::int64_t(budget.device);
+  p.host_budget = std::int64_t(budget.host);
+  p.nvme_budget = std::int64_t(budget.nvme);
+  const bool nvme = !budget.nvme_dir.empty();
+
+  // Device bytes with nothing evicted: the arena's live bytes plus every
+  // persistent value (they stay on the device unless a candidate moves them).
+  Buffers buffers = assign_buffers(g, schedule, roots, inplace);
+  std::vector<std::int64_t> diff(std::size_t(T) + 2, 0);
+  for (auto& iv : buffers.intervals) {
+    int last = std::min(iv.last, T - 1);
+    diff[std::size_t(iv.first)] += std::int64_t(iv.bytes);
+    diff[std::size_t(last) + 1] -= std::int64_t(iv.bytes);
+  }
+  std::int64_t persistent = 0;
+  for (const Value& v : g.values())
+    if (v.kind == ValueKind::parameter || v.kind == ValueKind::state) persistent += std::int64_t(v.meta.nbytes());
+  p.base.assign(std::size_t(T), 0);
+  std::int64_t cur = 0;
+  for (int t = 0; t < T; ++t) p.base[std::size_t(t)] = (cur += diff[std::size_t(t)]) + persistent;
+
+  // Prefix sums of op time: compute(x, y) is the time of positions x..y.
+  std::vector<double> cum(std::size_t(T) + 1, 0);
+  for (int t = 0; t < T; ++t) cum[std::size_t(t) + 1] = cum[std::size_t(t)] + prices.op_ms[std::size_t(t)];
+  auto compute = [&](int x, int y) { return y < x ? 0.0 : cum[std::size_t(y) + 1] - cum[std::size_t(x)]; };
+
+  // Uses of every buffer root, by position; which positions mutate a value.
+  std::vector<int> pos_of(g.num_nodes(), -1);
+  for (int t = 0; t < T; ++t) pos_of[std::size_t(schedule[std::size_t(t)])] = t;
+  std::vector<std::vector<int>> uses(g.num_values());
+  std::vector<std::vector<int>> mutated_at(g.num_values());
+  std::vector<char> is_root(g.num_values(), 0);
+  for (ValueId r : roots) is_root[std::size_t(view_root(g, r))] = 1;
+  for (int t = 0; t < T; ++t) {
+    const Node& n = g.node(schedule[std::size_t(t)]);
+    for (ValueId in : n.inputs) {
+      auto& u = uses[std::size_t(view_root(g, in))];
+      if (u.empty() || u.back() != t) u.push_back(t);
+    }
+    for (int mi : n.op->mutated_inputs()) mutated_at[std::size_t(n.inputs[std::size_t(mi)])].push_back(t);
+  }
+
+  // An eviction that starts after position a: where its copy is done, and
+  // the time not hidden behind compute.
+  auto evict_done = [&](int a, int limit, double ms, double& exposed) {
+    int e = a;
+    while (e < limit && compute(a + 1, e) < ms) ++e;
+    exposed += std::max(0.0, ms - compute(a + 1, e));
+    return e;
+  };
+  // A fetch for a reader at b: where it must start, no earlier than `floor`.
+  auto fetch_start = [&](int b, int floor, double ms, double& exposed) {
+    int s = b;
+    while (s > floor && compute(s, b - 1) < ms) --s;
+    exposed += std::max(0.0, ms - compute(s, b - 1));
+    return s;
+  };
+  auto tier_bytes = [](std::size_t b) { return std::int64_t(align_up(std::max<std::size_t>(b, 1), kTierAlignment)); };
+
+  // Candidate gaps, by root value, to state recomputation's requirements.
+  struct Gap {
+    int a, b, candidate;
+  };
+  std::vector<std::vector<Gap>> gaps(g.num_values());
+
+  // Persistents: the wrap-around window, then the windows between reads.
+  built.wrap_of.assign(g.num_values(), -1);
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
+    const Value& val = g.value(v);
+    if (val.kind != ValueKind::parameter && val.kind != ValueKind::state) continue;
+    const auto& u = uses[std::size_t(v)];
+    if (u.empty() || val.meta.nbytes() < kMinPersistentCandidate) continue;
+    const std::int64_t bytes = std::int64_t(val.meta.nbytes());
+    const bool dirty = !mutated_at[std::size_t(v)].empty();
+    double ci = prices.copy_ms(val.meta.nbytes()), co = dirty ? ci : 0.0, exposed = 0;
+    int in = fetch_start(u.front(), 0, ci, exposed);
+    int out = dirty ? evict_done(u.back(), T - 1, co, exposed) : u.back();
+    Candidate c{v, std::size_t(bytes), u.back(), u.front(), true, {Option{}}};
+    Option o{Choice::host, exposed + prices.overlap_slowdown * (ci + co)};
+    o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
+    o.host = {{{0, T - 1}, bytes}};
+    o.out_done = out;
+    o.in_start = in;
+    o.reason = cat("lives on the host between steps: fetched before its first read (", ci, " ms)",
+                   dirty ? cat(", written back after its update (", co, " ms)") : std::string(), ", ",
+                   exposed, " ms not hidden by compute");
+    if ((o.device[0].span.empty() && o.device[1].span.empty())) continue;
+    c.options.push_back(std::move(o));
+    built.wrap_of[std::size_t(v)] = int(p.candidates.size());
+    const int wrap = int(p.candidates.size());
+    p.candidates.push_back(std::move(c));
+    for (std::size_t k = 0; k + 1 < u.size(); ++k) {
+      int a = u[k], b = u[k + 1];
+      if (b - a < 2) continue;
+      if (std::find(mutated_at[std::size_t(v)].begin(), mutated_at[std::size_t(v)].end(), a) !=
+          mutated_at[std::size_t(v)].end())
+        continue;  // a dirty copy would need a write back first
+      double ex = 0;
+      int s = fetch_start(b, a + 1, ci, ex);
+      if (s - 1 < a + 1) continue;
+      Candidate inner{v, std::size_t(bytes), a, b, false, {Option{}}};
+      Option d{Choice::host, ex + prices.overlap_slowdown * ci};
+      d.device = {{{a + 1, s - 1}, -bytes}};
+      d.in_start = s;
+      d.out_done = a;
+      d.requires_ = {{wrap, 1u << 1}};
+      d.reason = cat("device copy dropped after position ", a, " and fetched again from the host (", ci, " ms, ", ex,
+                     " ms not hidden)");
+      inner.options.push_back(std::move(d));
+      gaps[std::size_t(v)].push_back({a, b, int(p.candidates.size())});
+      p.candidates.push_back(std::move(inner));
+    }
+  }
+
+  // Activations: every window of two or more positions between uses.
+  struct Pending {
+    ValueId v;
+    int a, b, candidate;
+  };
+  std::vector<Pending> recompute_later;
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
+    const Value& val = g.value(v);
+    if (val.kind != ValueKind::activation || val.is_workspace || is_root[std::size_t(v)]) continue;
+    if (view_root(g, v) != v || pos_of[std::size_t(val.producer)] < 0) continue;
+    std::vector<int> at{pos_of[std::size_t(val.producer)]};
+    for (int t : uses[std::size_t(v)]) at.push_back(t);
+    const std::int64_t bytes = std::int64_t(align_up(std::max<std::size_t>(val.meta.nbytes(), 1)));
+    for (std::size_t k = 0; k + 1 < at.size(); ++k) {
+      int a = at[k], b = at[k + 1];
+      if (b - a < 2) continue;
+      Candidate c{v, std::size_t(bytes), a, b, false, {Option{}}};
+      auto swap = [&](Choice choice, double out_ms, double in_ms) {
+        double exposed = 0;
+        int e = evict_done(a, b - 1, out_ms, exposed);
+        int s = fetch_start(b, e + 1, in_ms, exposed);
+        if (s - 1 < e + 1) return;  // no window left between the two copies
+        Option o{choice, exposed + prices.overlap_slowdown * (out_ms + in_ms)};
+        o.device = {{{e + 1, s - 1}, -bytes}};
+        (choice == Choice::host ? o.host : o.nvme) = {{{a, b}, tier_bytes(val.meta.nbytes())}};
+        o.out_done = e;
+        o.in_start = s;
+        o.reason = cat(choice == Choice::host ? "copied to the host pool" : "written to NVMe", " after position ", a,
+                       " and back before position ", b, " (", out_ms + in_ms, " ms of copies, ", exposed,
+                       " ms not hidden by compute)");
+        c.options.push_back(std::move(o));
+      };
+      swap(Choice::host, prices.copy_ms(val.meta.nbytes()), prices.copy_ms(val.meta.nbytes()));
+      if (nvme) swap(Choice::nvme, prices.nvme_write_ms(val.meta.nbytes()), prices.nvme_read_ms(val.meta.nbytes()));
+      gaps[std::size_t(v)].push_back({a, b, int(p.candidates.size())});
+      recompute_later.push_back({v, a, b, int(p.candidates.size())});
+      p.candidates.push_back(std::move(c));
+    }
+  }
+
+  // Recomputation, once every gap is known: the producer runs again just
+  // before the reader at b, so what it reads must be on the device there.
+  for (const Pending& r : recompute_later) {
+    const Value& val = g.value(r.v);
+    const Node& n = g.node(val.producer);
+    const int prod = pos_of[std::size_t(val.producer)];
+    if (!n.op->mutated_inputs().empty() || dynamic_cast<const ops::Transfer*>(n.op.get())) continue;
+    const std::int64_t bytes = std::int64_t(p.candidates[std::size_t(r.candidate)].bytes);
+    Option o{Choice::recompute, prices.op_ms[std::size_t(prod)]};
+    o.device = {{{r.a + 1, r.b - 1}, -bytes}};
+    bool ok = true;
+    for (ValueId in : n.inputs) {
+      ValueId root = view_root(g, in);
+      for (int m : mutated_at[std::size_t(root)])
+        if (m >= prod && m < r.b) ok = false;  // it would read a value already overwritten
+      for (const Gap& gp : gaps[std::size_t(root)])
+        if (gp.a < r.b && r.b <= gp.b) o.requires_.push_back({gp.candidate, 1u});
+      const Value& rv = g.value(root);
+      if (rv.kind == ValueKind::activation || rv.kind == ValueKind::input) {
+        const auto& u = uses[std::size_t(root)];
+        int last = u.empty() ? prod : u.back();
+        if (last < r.b) o.device.push_back({{last + 1, r.b}, std::int64_t(align_up(rv.meta.nbytes()))});
+      }
+    }
+    if (!ok) continue;
+    std::int64_t transient = 0;  // the clone's other outputs and scratch, at the reader
+    for (ValueId out : n.outputs)
+      if (out != r.v) transient += std::int64_t(align_up(std::max<std::size_t>(g.value(out).meta.nbytes(), 1)));
+    if (transient) o.device.push_back({{r.b, r.b}, transient});
+    o.reason = cat("recomputed by ", n.op->name(), " before position ", r.b, " (", o.cost_ms, " ms)");
+    p.candidates[std::size_t(r.candidate)].options.push_back(std::move(o));
+  }
+  return built;
+}
+
+}  // namespace frugal::plan

@@ -1,0 +1,102 @@
+#pragma once
+// The budget solve: from a graph and a device budget to a plan that fits it.
+//
+// 1. Plan the step unconstrained. If it fits, that is the plan.
+// 2. Build the budget problem and find the least device memory its options
+//    reach (every candidate evicted as cheaply as possible at each peak).
+//    That plan's device bytes are the smallest feasible budget: below it,
+//    compile fails naming it; at it or above, this plan is the fallback.
+// 3. Solve greedily for the budget, rewrite, plan, and check the real arena
+//    (offsets leave gaps the abstract problem does not see); tighten the
+//    target by the overshoot and retry a few times, else fall back to 2.
+#include <numeric>
+
+#include "budget_greedy.hpp"
+#include "plan.hpp"
+#include "rewrite.hpp"
+
+namespace frugal::plan {
+
+struct BudgetedPlan {
+  std::shared_ptr<Graph> graph;  // the graph the plan runs: the input, or its rewrite
+  Plan plan;
+};
+
+// The op times and transfer prices the solver works with.
+struct PriceModel {
+  std::function<double(const Graph&, NodeId)> op_ms;
+  std::function<double(std::size_t)> copy_ms, nvme_write_ms, nvme_read_ms;
+  double overlap_slowdown = 0.1;
+};
+
+inline std::string largest_consumers(const Graph& g, const Plan& plan, std::size_t count = 5) {
+  std::vector<std::pair<std::size_t, std::string>> big;
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
+    const Value& val = g.value(v);
+    if (val.kind == ValueKind::parameter || val.kind == ValueKind::state) big.push_back({val.meta.nbytes(), describe_value(g, v)});
+  }
+  for (auto& iv : plan.intervals)
+    if (iv.first <= plan.peak_position && plan.peak_position <= iv.last) big.push_back({iv.bytes, describe_value(g, iv.value)});
+  std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first > y.first; });
+  std::string list;
+  for (std::size_t i = 0; i < std::min(count, big.size()); ++i) list += cat("\n  ", format_bytes(big[i].first), "  ", big[i].second);
+  return list;
+}
+
+inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const ValueId> roots, const Budget& budget,
+                                 const PriceModel& price, PlanOptions o = {}) {
+  std::vector<NodeId> schedule = schedule_of(*g, roots, o);
+  Plan base = plan_schedule(*g, schedule, roots, o.inplace);
+  double base_ms = 0;
+  for (NodeId n : schedule) base_ms += price.op_ms(*g, n);
+  base.unconstrained_bytes = base.total_bytes();
+  base.predicted_step_ms = base_ms;
+  base.budget_bytes = budget.device;
+  if (budget.device == 0 || base.total_bytes() <= budget.device) {
+    base.min_feasible_bytes = base.total_bytes();  // not searched: no eviction was needed
+    return {g, std::move(base)};
+  }
+
+  Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
+  for (NodeId n : schedule) prices.op_ms.push_back(price.op_ms(*g, n));
+  BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace);
+  const BudgetProblem& problem = built.problem;
+
+  auto realize = [&](const Solution& s) {
+    Rewritten rw = rewrite_for_budget(*g, schedule, problem, s.choice);
+    Plan p = plan_schedule(*rw.graph, rw.schedule, roots, o.inplace);
+    p.transfer_slots = rw.transfer_slots;
+    for (auto& d : rw.decisions) p.decisions.push_back({d.value, d.choice, d.bytes, d.from, d.to, d.wraps, d.cost_ms, d.reason});
+    p.predicted_step_ms = base_ms + s.eval.cost_ms;
+    p.unconstrained_bytes = base.total_bytes();
+    p.budget_bytes = budget.device;
+    return BudgetedPlan{std::move(rw.graph), std::move(p)};
+  };
+
+  BudgetedPlan least = realize(solve_min_memory(problem));
+  const std::size_t min_feasible = least.plan.total_bytes();
+  if (budget.device < min_feasible)
+    fail<BudgetError>("device budget ", format_bytes(budget.device), " (", budget.device,
+                      " bytes) is infeasible: the smallest feasible budget is ", min_feasible, " bytes (",
+                      format_bytes(min_feasible), "), with every activation this planner can recompute, swap",
+                      budget.nvme_dir.empty() ? "" : " or spill", " moved off the device",
+                      budget.host ? cat(" and a host pool of at most ", format_bytes(budget.host)) : std::string(),
+                      "; unconstrained the step needs ", format_bytes(base.total_bytes()),
+                      ". Largest consumers at that plan's peak:", largest_consumers(*least.graph, least.plan));
+  least.plan.min_feasible_bytes = min_feasible;
+
+  std::int64_t target = std::int64_t(budget.device);
+  for (int attempt = 0; attempt < 6 && target > 0; ++attempt) {
+    Solution s = solve_greedy(problem, target);
+    if (!s.feasible) break;
+    BudgetedPlan bp = realize(s);
+    if (bp.plan.total_bytes() <= budget.device) {
+      bp.plan.min_feasible_bytes = min_feasible;
+      return bp;
+    }
+    target -= std::int64_t(bp.plan.total_bytes() - budget.device) + std::int64_t(kAlignment);
+  }
+  return least;
+}
+
+}  // namespace frugal::plan

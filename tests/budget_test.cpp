@@ -1,0 +1,156 @@
+// Training under a device budget: the solver's choices (recompute, swap to
+// the host, spill to NVMe, keep optimizer state on the host) must never
+// change a single bit of what the step computes, must keep the step inside
+// the budget, and an infeasible budget must fail at compile naming the
+// smallest feasible one.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <frugal/frugal.hpp>
+
+#include "../tools/model_zoo.hpp"
+
+using namespace frugal;
+
+namespace {
+
+// A random network: a stack of linear layers of one width with random
+// activations, layer norms, dropout and skip connections to earlier layers.
+struct RandomNet : nn::Module {
+  std::vector<std::unique_ptr<nn::Linear>> fc;
+  std::vector<std::unique_ptr<nn::LayerNorm>> ln;
+  std::vector<int> act, skip;
+  int width, classes;
+  RandomNet(std::uint64_t seed, int in, int width_, int depth, int classes_) : width(width_), classes(classes_) {
+    Rng r(seed);
+    nn::manual_seed(seed);
+    for (int i = 0; i < depth; ++i) {
+      fc.push_back(std::make_unique<nn::Linear>(i == 0 ? in : width, width));
+      register_module(cat("fc", i), *fc.back());
+      ln.push_back(std::make_unique<nn::LayerNorm>(width));
+      register_module(cat("ln", i), *ln.back());
+      act.push_back(int(r.below(6)));
+      skip.push_back(i > 0 && r.below(2) ? int(r.below(std::uint64_t(i))) : -1);
+    }
+    fc.push_back(std::make_unique<nn::Linear>(width, classes));
+    register_module("head", *fc.back());
+  }
+  Var forward(Var x) {
+    std::vector<Var> hidden;
+    for (std::size_t i = 0; i + 1 < fc.size(); ++i) {
+      x = (*fc[i])(x);
+      switch (act[i]) {
+        case 0: x = relu(x); break;
+        case 1: x = gelu(x); break;
+        case 2: x = tanh(x) * 0.5 + 0.1; break;
+        case 3: x = (*ln[i])(x); break;
+        case 4: x = dropout_with_key(sigmoid(x), 0.2, 100 + i); break;
+        default: x = softmax(x) * x; break;
+      }
+      if (skip[i] >= 0) x = x + hidden[std::size_t(skip[i])];
+      hidden.push_back(x);
+    }
+    return (*fc.back())(x);
+  }
+};
+
+struct Run {
+  std::vector<float> losses;
+  std::vector<std::vector<char>> params;
+  Plan plan;
+  std::size_t high_water = 0;
+};
+
+std::vector<char> bytes_of(const Tensor& t) {
+  std::vector<char> b(t.nbytes());
+  std::memcpy(b.data(), t.raw(), t.nbytes());
+  return b;
+}
+
+// Trains the random net for `steps` under `budget`; the same seed builds
+// the same weights and batches every time.
+Run train_random(std::uint64_t seed, Budget budget, int steps, bool audit = false) {
+  Rng r(seed * 7 + 1);
+  const int in = 4 + int(r.below(20)), width = 8 + int(r.below(40)), depth = 2 + int(r.below(6)),
+            classes = 2 + int(r.below(6)), batch = 1 + int(r.below(12));
+  const bool adam = r.below(2);
+  RandomNet net(seed, in, width, depth, classes);
+  std::unique_ptr<Optimizer> opt;
+  if (adam) opt = std::make_unique<optim::AdamW>(net.parameters(), optim::AdamWOptions{.lr = 1e-2});
+  else opt = std::make_unique<optim::SGD>(net.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  Step step = compile([&](Var x, Var y) { return cross_entropy(net.forward(x), y); },
+                      {input<float>({batch, in}), input<std::int32_t>({batch})}, *opt, budget);
+  Run run;
+  run.plan = step.plan();
+  for (int s = 0; s < steps; ++s) {
+    Rng d(seed * 1000 + std::uint64_t(s));
+    Tensor x({batch, in}), y({batch}, DType::i32);
+    zoo::fill_normal(x, d);
+    zoo::fill_labels(y, d, classes);
+    if (audit && s == 0) {
+      auto a = step.audit(x, y);
+      run.high_water = a.high_water;
+      CHECK(a.canary_intact);
+      return run;
+    }
+    run.losses.push_back(step.run(x, y));
+  }
+  for (auto& [name, t] : net.named_parameters()) run.params.push_back(bytes_of(t));
+  return run;
+}
+
+std::size_t min_feasible(std::uint64_t seed, std::size_t unconstrained) {
+  Budget b{.device = unconstrained - 1};
+  try {
+    return train_random(seed, b, 0).plan.min_feasible_bytes;
+  } catch (const BudgetError&) {
+    return unconstrained;  // nothing to evict: only the unconstrained plan fits
+  }
+}
+
+}  // namespace
+
+TEST_CASE("under any feasible budget, random graphs train bit for bit as unconstrained, inside the budget",
+          "[budget][property]") {
+  int binding = 0, evicting = 0;
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    INFO("seed " << seed);
+    Run free = train_random(seed, {}, 2);
+    const std::size_t unconstrained = free.plan.total_bytes();
+    const std::size_t least = min_feasible(seed, unconstrained);
+    REQUIRE(least <= unconstrained);
+    Rng r(seed);
+    const std::size_t budget = least + std::size_t(r.uniform() * double(unconstrained - least));
+    Run tight = train_random(seed, Budget{.device = budget}, 2);
+    CHECK(tight.plan.total_bytes() <= budget);
+    CHECK(tight.losses == free.losses);
+    CHECK(tight.params == free.params);
+    Run audited = train_random(seed, Budget{.device = budget}, 1, true);
+    CHECK(audited.high_water <= audited.plan.peak_bytes);
+    binding += budget < unconstrained;
+    evicting += !tight.plan.decisions.empty();
+  }
+  // The property must have been exercised, not passed vacuously.
+  CHECK(binding > 150);
+  CHECK(evicting > 100);
+}
+
+TEST_CASE("the smallest feasible budget works and one byte less fails, naming it", "[budget]") {
+  for (std::uint64_t seed : {3, 11, 42}) {
+    Run free = train_random(seed, {}, 1);
+    const std::size_t least = min_feasible(seed, free.plan.total_bytes());
+    REQUIRE(least < free.plan.total_bytes());
+    Run at = train_random(seed, Budget{.device = least}, 1);
+    CHECK(at.plan.total_bytes() <= least);
+    CHECK(at.losses == free.losses);
+    try {
+      train_random(seed, Budget{.device = least - 1}, 1);
+      FAIL("one byte below the smallest feasible budget compiled");
+    } catch (const BudgetError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(std::to_string(least)) && Catch::Contains("Largest consumers") &&
+                               Catch::Contains("smallest feasible"));
+    }
+  }
+}
