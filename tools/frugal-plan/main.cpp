@@ -5,7 +5,12 @@
 //   frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N]
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
-//               [--no-inplace] [--svg FILE] [--json]
+//               [--no-inplace] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
+//               [--svg FILE] [--json]
+//
+// With --budget (bytes such as 48MiB, or a percentage of the unconstrained
+// device bytes), it shows the budget solver's decisions; an infeasible
+// budget exits with status 1 and names the smallest feasible one.
 #include <fstream>
 #include <iostream>
 
@@ -17,14 +22,16 @@ using namespace frugal;
   std::cerr << "frugal-plan: " << why
             << "\nusage: frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
-               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--svg FILE] [--json]\n";
+               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace]\n"
+               "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--svg FILE] [--json]\n";
   std::exit(2);
 }
 
 int main(int argc, char** argv) try {
   zoo::Config c;
   CompileOptions o;
-  std::string svg_path;
+  std::string svg_path, budget_arg;
+  Budget budget;
   bool json = false, have_model = false;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -60,6 +67,9 @@ int main(int argc, char** argv) try {
       else usage("--dtype takes f32 or f64");
     } else if (k == "--no-reorder") o.plan.reorder = false;
     else if (k == "--no-inplace") o.plan.inplace = false;
+    else if (k == "--budget") budget_arg = val();
+    else if (k == "--host") budget.host = parse_bytes(val());
+    else if (k == "--nvme-dir") budget.nvme_dir = val();
     else if (k == "--svg") svg_path = val();
     else if (k == "--json") json = true;
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
@@ -68,7 +78,17 @@ int main(int argc, char** argv) try {
   if (!have_model) usage("--model is required");
 
   auto w = zoo::make(c);
-  PlannedStep ps = zoo::plan(w, o);
+  if (!budget_arg.empty()) {
+    if (budget_arg.back() == '%') {
+      double pct = std::stod(budget_arg.substr(0, budget_arg.size() - 1));
+      if (!(pct > 0)) usage("--budget N% takes a positive percentage");
+      budget.device = std::size_t(double(zoo::plan(w, o).plan.total_bytes()) * pct / 100.0);
+    } else {
+      budget.device = parse_bytes(budget_arg);
+    }
+    if (budget.device == 0) usage("--budget must be more than 0 bytes");
+  }
+  PlannedStep ps = zoo::plan(w, o, budget);
   if (!svg_path.empty()) {
     std::ofstream f(svg_path);
     f << plan::svg(*ps.graph, ps.plan, "frugal-plan: " + c.name());

@@ -66,6 +66,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     Rewritten rw = rewrite_for_budget(*g, schedule, problem, s.choice);
     Plan p = plan_schedule(*rw.graph, rw.schedule, roots, o.inplace);
     p.transfer_slots = rw.transfer_slots;
+    p.original_nodes = NodeId(g->num_nodes());
     for (auto& d : rw.decisions) p.decisions.push_back({d.value, d.choice, d.bytes, d.from, d.to, d.wraps, d.cost_ms, d.reason});
     p.predicted_step_ms = base_ms + s.eval.cost_ms;
     p.unconstrained_bytes = base.total_bytes();

@@ -38,6 +38,7 @@ struct Plan {
   std::size_t host_bytes = 0;  // the host pool this plan needs
   std::size_t nvme_bytes = 0;  // the NVMe file this plan needs
   int transfer_slots = 0;      // copy-engine events
+  NodeId original_nodes = 0;   // nodes of the captured graph; a rewrite's own nodes come after
 
   // What the budget solver decided and why (empty without a binding budget).
   struct Decision {

@@ -61,6 +61,31 @@ inline Breakdown at_peak(const Graph& g, const Plan& p) {
   return b;
 }
 
+// The budget solve's outcome: what it fits in, what it decided and why.
+inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t show = 12) {
+  std::ostringstream os;
+  char ms[64];
+  std::snprintf(ms, sizeof ms, "%.2f", p.predicted_step_ms);
+  os << "budget " << format_bytes(p.budget_bytes) << ": the step needs " << format_bytes(p.total_bytes())
+     << " on the device (unconstrained " << format_bytes(p.unconstrained_bytes) << ", smallest feasible "
+     << format_bytes(p.min_feasible_bytes) << "), predicted " << ms << " ms per step\n";
+  if (p.decisions.empty()) return os.str();
+  os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
+     << p.count(Choice::nvme) << " spill to NVMe";
+  if (p.offloaded_bytes) os << "; " << format_bytes(p.offloaded_bytes) << " of parameters/state live on the host";
+  os << "\n  host pool " << format_bytes(p.host_bytes) << ", NVMe " << format_bytes(p.nvme_bytes) << "\n";
+  std::vector<std::size_t> order(p.decisions.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return p.decisions[a].bytes > p.decisions[b].bytes; });
+  for (std::size_t k = 0; k < order.size() && k < show; ++k) {
+    const auto& d = p.decisions[order[k]];
+    os << "    " << format_bytes(d.bytes) << "  " << describe_value(g, d.value) << ": " << d.reason << "\n";
+  }
+  if (order.size() > show) os << "    ... and " << order.size() - show << " more\n";
+  return os.str();
+}
+
 inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live = 8) {
   std::map<Phase, int> ops;
   for (NodeId n : p.schedule) ++ops[g.node(n).phase];
@@ -83,6 +108,7 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
        << describe_value(g, iv.value) << ", live " << iv.first << ".." << iv.last << "\n";
   }
   if (b.live.size() > show_live) os << "    ... and " << b.live.size() - show_live << " more\n";
+  if (p.budget_bytes) os << budget_summary(g, p);
   return os.str();
 }
 
@@ -116,7 +142,24 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
        << "\",\"what\":\"" << json_escape(describe_value(g, iv.value)) << "\",\"first\":" << iv.first
        << ",\"last\":" << iv.last << "}";
   }
-  os << "]}";
+  os << "]";
+  if (p.budget_bytes) {
+    os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":" << p.min_feasible_bytes
+       << ",\"unconstrained_bytes\":" << p.unconstrained_bytes << ",\"predicted_step_ms\":" << p.predicted_step_ms
+       << ",\"host_bytes\":" << p.host_bytes << ",\"nvme_bytes\":" << p.nvme_bytes
+       << ",\"offloaded_bytes\":" << p.offloaded_bytes << ",\"decision_counts\":{\"recompute\":"
+       << p.count(Choice::recompute) << ",\"swap_host\":" << p.count(Choice::host)
+       << ",\"spill_nvme\":" << p.count(Choice::nvme) << "},\"decisions\":[";
+    for (std::size_t k = 0; k < p.decisions.size(); ++k) {
+      const auto& d = p.decisions[k];
+      os << (k ? "," : "") << "{\"what\":\"" << json_escape(describe_value(g, d.value)) << "\",\"choice\":\""
+         << choice_name(d.choice) << "\",\"bytes\":" << d.bytes << ",\"from\":" << d.from << ",\"to\":" << d.to
+         << ",\"between_steps\":" << (d.wraps ? "true" : "false") << ",\"cost_ms\":" << d.cost_ms
+         << ",\"reason\":\"" << json_escape(d.reason) << "\"}";
+    }
+    os << "]";
+  }
+  os << "}";
   return os.str();
 }
 
@@ -157,6 +200,27 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
        << json_escape(describe_value(g, iv.value)) << ": " << format_bytes(iv.bytes) << " at offset " << p.offsets[i]
        << ", positions " << iv.first << ".." << iv.last << "</title></rect>\n";
   }
+  // Budget decisions along the time axis: transfers (evictions and fetches)
+  // and recomputations, as ticks under the arena.
+  for (std::size_t t = 0; t < p.schedule.size(); ++t) {
+    const Node& n = g.node(p.schedule[t]);
+    const char* colour = nullptr;
+    std::string what;
+    if (auto* tr = dynamic_cast<const ops::Transfer*>(n.op.get())) {
+      if (!tr->is_start()) continue;
+      bool nvme = false;
+      for (ValueId v : n.inputs) nvme = nvme || g.value(v).kind == ValueKind::nvme;
+      for (ValueId v : n.outputs) nvme = nvme || g.value(v).kind == ValueKind::nvme;
+      colour = nvme ? "#8c564b" : "#b07aa1";
+      what = tr->name() + " " + tr->what();
+    } else if (p.original_nodes && p.schedule[t] >= p.original_nodes && !n.op->is_view()) {
+      colour = "#2ca02c";
+      what = "recompute " + n.op->name();
+    }
+    if (!colour) continue;
+    os << "<rect x=\"" << X(double(t)) << "\" y=\"" << top + ph + 4 << "\" width=\"" << std::max(X(1) - X(0), 1.0)
+       << "\" height=\"8\" fill=\"" << colour << "\"><title>" << json_escape(what) << "</title></rect>\n";
+  }
   // The peak: where the most bytes are live, and the highest byte written.
   os << "<line x1=\"" << X(p.peak_position + 0.5) << "\" y1=\"" << top << "\" x2=\"" << X(p.peak_position + 0.5)
      << "\" y2=\"" << top + ph << "\" stroke=\"black\" stroke-dasharray=\"4 3\"/>\n"
@@ -183,7 +247,17 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
   }
   os << "<line x1=\"" << left + pw + 16 << "\" y1=\"" << ly + 7 << "\" x2=\"" << left + pw + 30 << "\" y2=\""
      << ly + 7 << "\" stroke=\"#d00\" stroke-dasharray=\"2 2\"/><text x=\"" << left + pw + 36 << "\" y=\"" << ly + 11
-     << "\">highest byte written</text>\n</svg>\n";
+     << "\">highest byte written</text>\n";
+  if (!p.decisions.empty()) {
+    const std::pair<const char*, const char*> marks[] = {
+        {"#b07aa1", "host transfer"}, {"#8c564b", "NVMe transfer"}, {"#2ca02c", "recompute"}};
+    for (auto [colour, label] : marks) {
+      ly += 22;
+      os << "<rect x=\"" << left + pw + 16 << "\" y=\"" << ly + 3 << "\" width=\"14\" height=\"8\" fill=\"" << colour
+         << "\"/><text x=\"" << left + pw + 36 << "\" y=\"" << ly + 11 << "\">" << label << "</text>\n";
+    }
+  }
+  os << "</svg>\n";
   return os.str();
 }
 
