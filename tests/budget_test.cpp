@@ -154,3 +154,61 @@ TEST_CASE("the smallest feasible budget works and one byte less fails, naming it
     }
   }
 }
+
+namespace {
+
+struct ModelRun {
+  std::vector<float> losses;
+  std::vector<std::vector<char>> params;
+  Plan plan;
+  std::size_t device_high_water = 0;  // the audited arena high-water mark plus the device-resident persistents
+};
+
+ModelRun train_model(const zoo::Config& c, Budget budget, int steps) {
+  zoo::Workload w = zoo::make(c);
+  Step step = zoo::compile(w, budget);
+  ModelRun r;
+  r.plan = step.plan();
+  for (int s = 0; s < steps; ++s) {
+    auto batch = w.batch(std::uint64_t(s + 1));
+    std::vector<const Tensor*> in;
+    for (auto& t : batch) in.push_back(&t);
+    r.losses.push_back(step.run_inputs(in));
+  }
+  for (auto& [name, t] : w.model->named_parameters()) r.params.push_back(bytes_of(t));
+  for (auto& [name, t] : w.model->named_buffers()) r.params.push_back(bytes_of(t));
+  auto batch = w.batch(99);
+  auto a = batch.size() == 2 ? step.audit(batch[0], batch[1]) : step.audit(batch[0], batch[1], batch[2]);
+  CHECK(a.canary_intact);
+  r.device_high_water = a.high_water + step.plan().persistent_bytes;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("mlp, resnet, gpt and gcn train bit for bit at 100%, 60%, 35% and the smallest feasible budget",
+          "[budget][models]") {
+  std::vector<zoo::Config> configs{
+      {.family = "mlp", .batch = 16, .layers = 3, .width = 64, .features = 32},
+      {.family = "resnet", .batch = 4, .layers = 1, .width = 8, .optimizer = "sgd", .image = 8},
+      {.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64},
+      {.family = "gcn", .batch = 64, .layers = 2, .width = 32, .features = 16, .classes = 4},
+  };
+  for (const auto& c : configs) {
+    INFO(c.name());
+    ModelRun free = train_model(c, {}, 10);
+    const std::size_t full = free.plan.total_bytes();
+    const std::size_t least = train_model(c, Budget{.device = full - 1}, 0).plan.min_feasible_bytes;
+    CHECK(least < full * 6 / 10);
+    for (std::size_t budget : {full, full * 6 / 10, full * 35 / 100, least}) {
+      if (budget < least) continue;
+      INFO("budget " << budget << " of " << full << " (smallest feasible " << least << ")");
+      ModelRun tight = train_model(c, Budget{.device = budget}, 10);
+      CHECK(tight.plan.total_bytes() <= budget);
+      CHECK(tight.device_high_water <= budget);
+      CHECK(tight.losses == free.losses);
+      CHECK(tight.params == free.params);
+      if (budget < full) CHECK_FALSE(tight.plan.decisions.empty());
+    }
+  }
+}

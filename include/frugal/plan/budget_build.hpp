@@ -32,7 +32,7 @@ struct Prices {
 };
 
 inline constexpr std::size_t kTierAlignment = 4096;  // host pool and NVMe slots (O_DIRECT)
-inline constexpr std::size_t kMinPersistentCandidate = 16 << 10;  // smaller state is not worth a transfer
+inline constexpr std::size_t kMinPersistentCandidate = 1 << 10;  // smaller state is not worth a transfer
 
 // The value whose buffer a view (reshape) reads, following views back.
 inline ValueId view_root(const Graph& g, ValueId v) {
@@ -132,22 +132,29 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     if (u.empty() || val.meta.nbytes() < kMinPersistentCandidate) continue;
     const std::int64_t bytes = std::int64_t(val.meta.nbytes());
     const bool dirty = !mutated_at[std::size_t(v)].empty();
-    double ci = prices.copy_ms(val.meta.nbytes()), co = dirty ? ci : 0.0, exposed = 0;
-    int in = fetch_start(u.front(), 0, ci, exposed);
-    int out = dirty ? evict_done(u.back(), T - 1, co, exposed) : u.back();
+    const double ci = prices.copy_ms(val.meta.nbytes()), co = dirty ? ci : 0.0;
     Candidate c{v, std::size_t(bytes), u.back(), u.front(), true, {Option{}}};
-    Option o{Choice::host, exposed + prices.overlap_slowdown * (ci + co)};
-    o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
-    o.host = {{{0, T - 1}, bytes}};
-    o.out_done = out;
-    o.in_start = in;
-    o.reason = cat("lives on the host between steps: fetched before its first read (", ci, " ms)",
-                   dirty ? cat(", written back after its update (", co, " ms)") : std::string(), ", ",
-                   exposed, " ms not hidden by compute");
-    if ((o.device[0].span.empty() && o.device[1].span.empty())) continue;
-    c.options.push_back(std::move(o));
+    for (bool jit : {false, true}) {
+      double exposed = 0;
+      int in = jit ? u.front() : fetch_start(u.front(), 0, ci, exposed);
+      int out = jit ? u.back() : dirty ? evict_done(u.back(), T - 1, co, exposed) : u.back();
+      if (jit) exposed = ci + co;
+      if (jit && c.options.size() > 1 && c.options.back().in_start == in && c.options.back().out_done == out) continue;
+      Option o{Choice::host, exposed + prices.overlap_slowdown * (ci + co)};
+      o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
+      o.host = {{{0, T - 1}, bytes}};
+      o.out_done = out;
+      o.in_start = in;
+      o.reason = cat("lives on the host between steps: fetched before its first read (", ci, " ms)",
+                     dirty ? cat(", written back after its update (", co, " ms)") : std::string(), ", ", exposed,
+                     " ms not hidden by compute");
+      if (o.device[0].span.empty() && o.device[1].span.empty()) continue;
+      c.options.push_back(std::move(o));
+    }
+    if (c.options.size() < 2) continue;
     built.wrap_of[std::size_t(v)] = int(p.candidates.size());
     const int wrap = int(p.candidates.size());
+    const std::uint32_t on_host = ((1u << c.options.size()) - 1) & ~1u;  // any option but keep
     p.candidates.push_back(std::move(c));
     for (std::size_t k = 0; k + 1 < u.size(); ++k) {
       int a = u[k], b = u[k + 1];
@@ -155,18 +162,22 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       if (std::find(mutated_at[std::size_t(v)].begin(), mutated_at[std::size_t(v)].end(), a) !=
           mutated_at[std::size_t(v)].end())
         continue;  // a dirty copy would need a write back first
-      double ex = 0;
-      int s = fetch_start(b, a + 1, ci, ex);
-      if (s - 1 < a + 1) continue;
       Candidate inner{v, std::size_t(bytes), a, b, false, {Option{}}};
-      Option d{Choice::host, ex + prices.overlap_slowdown * ci};
-      d.device = {{{a + 1, s - 1}, -bytes}};
-      d.in_start = s;
-      d.out_done = a;
-      d.requires_ = {{wrap, 1u << 1}};
-      d.reason = cat("device copy dropped after position ", a, " and fetched again from the host (", ci, " ms, ", ex,
-                     " ms not hidden)");
-      inner.options.push_back(std::move(d));
+      for (bool jit : {false, true}) {
+        double ex = jit ? ci : 0;
+        int s = jit ? b : fetch_start(b, a + 1, ci, ex);
+        if (s - 1 < a + 1) continue;
+        if (jit && inner.options.size() > 1 && inner.options.back().in_start == s) continue;
+        Option d{Choice::host, ex + prices.overlap_slowdown * ci};
+        d.device = {{{a + 1, s - 1}, -bytes}};
+        d.in_start = s;
+        d.out_done = a;
+        d.requires_ = {{wrap, on_host}};
+        d.reason = cat("device copy dropped after position ", a, " and fetched again from the host (", ci, " ms, ", ex,
+                       " ms not hidden)");
+        inner.options.push_back(std::move(d));
+      }
+      if (inner.options.size() < 2) continue;
       gaps[std::size_t(v)].push_back({a, b, int(p.candidates.size())});
       p.candidates.push_back(std::move(inner));
     }
@@ -189,10 +200,13 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       int a = at[k], b = at[k + 1];
       if (b - a < 2) continue;
       Candidate c{v, std::size_t(bytes), a, b, false, {Option{}}};
-      auto swap = [&](Choice choice, double out_ms, double in_ms) {
+      // Overlapped (the copies hide behind compute), or just in time (the
+      // copies wait, and the window off the device is as long as it gets).
+      auto swap = [&](Choice choice, double out_ms, double in_ms, bool just_in_time) {
         double exposed = 0;
-        int e = evict_done(a, b - 1, out_ms, exposed);
-        int s = fetch_start(b, e + 1, in_ms, exposed);
+        int e = just_in_time ? a : evict_done(a, b - 1, out_ms, exposed);
+        int s = just_in_time ? b : fetch_start(b, e + 1, in_ms, exposed);
+        if (just_in_time) exposed = out_ms + in_ms;
         if (s - 1 < e + 1) return;  // no window left between the two copies
         Option o{choice, exposed + prices.overlap_slowdown * (out_ms + in_ms)};
         o.device = {{{e + 1, s - 1}, -bytes}};
@@ -204,8 +218,12 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
                        " ms not hidden by compute)");
         c.options.push_back(std::move(o));
       };
-      swap(Choice::host, prices.copy_ms(val.meta.nbytes()), prices.copy_ms(val.meta.nbytes()));
-      if (nvme) swap(Choice::nvme, prices.nvme_write_ms(val.meta.nbytes()), prices.nvme_read_ms(val.meta.nbytes()));
+      const double copy = prices.copy_ms(val.meta.nbytes());
+      for (bool jit : {false, true}) {
+        if (jit && c.options.size() > 1 && c.options.back().out_done == a && c.options.back().in_start == b) continue;
+        swap(Choice::host, copy, copy, jit);
+        if (nvme) swap(Choice::nvme, prices.nvme_write_ms(val.meta.nbytes()), prices.nvme_read_ms(val.meta.nbytes()), jit);
+      }
       gaps[std::size_t(v)].push_back({a, b, int(p.candidates.size())});
       recompute_later.push_back({v, a, b, int(p.candidates.size())});
       p.candidates.push_back(std::move(c));

@@ -48,34 +48,59 @@ inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<M
 inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
   Solution s;
   s.choice.assign(p.candidates.size(), 0);
-  for (std::size_t round = 0; round <= p.candidates.size(); ++round) {
+  // Each round lowers the bytes at the current peak; a move may also switch
+  // a candidate already evicted to a dearer option that frees more there.
+  for (std::size_t round = 0; round <= 4 * p.candidates.size(); ++round) {
     Profiles pr = profiles(p, s.choice);
     int peak = 0;
     for (int t = 1; t < p.positions; ++t)
       if (pr.device[std::size_t(t)] > pr.device[std::size_t(peak)]) peak = t;
     if (p.positions == 0 || pr.device[std::size_t(peak)] <= target) break;
+    // A move sets one candidate's option, together with the options its
+    // requirements name where those candidates are still kept (a persistent's
+    // inner window needs the persistent to live on the host first).
     double best_score = -1;
-    std::size_t best_i = 0;
-    int best_j = 0;
+    std::vector<std::pair<std::size_t, int>> best;
     for (std::size_t i = 0; i < p.candidates.size(); ++i) {
-      if (s.choice[i] != 0) continue;
       const auto& opts = p.candidates[i].options;
       for (int j = 1; j < int(opts.size()); ++j) {
+        if (j == s.choice[i]) continue;
         const Option& o = opts[std::size_t(j)];
-        std::int64_t saving = -bytes_at(o.device, peak);
-        if (saving <= 0) continue;
-        if (!may_choose(p, s.choice, i, j)) continue;
-        if (!tier_fits(pr.host, o.host, p.host_budget) || !tier_fits(pr.nvme, o.nvme, p.nvme_budget)) continue;
-        double score = double(saving) / (o.cost_ms + 1e-3);
+        std::vector<std::pair<std::size_t, int>> move{{i, j}};
+        for (auto& r : o.requires_) {
+          std::size_t c = std::size_t(r.candidate);
+          if ((r.allowed >> s.choice[c]) & 1u) continue;
+          if (s.choice[c] != 0) { move.clear(); break; }
+          int k = 1;
+          while (k < int(p.candidates[c].options.size()) && !((r.allowed >> k) & 1u)) ++k;
+          if (k >= int(p.candidates[c].options.size())) { move.clear(); break; }
+          move.push_back({c, k});
+        }
+        if (move.empty()) continue;
+        std::vector<int> trial = s.choice;
+        bool ok = true;
+        std::int64_t saving = 0;
+        double cost = 0;
+        for (std::size_t m = move.size(); m-- > 0;) {  // requirements first
+          auto [c, k] = move[m];
+          if ((c != i && trial[c] != 0) || !may_choose(p, trial, c, k)) { ok = false; break; }
+          const Option& was = p.candidates[c].options[std::size_t(trial[c])];
+          const Option& oc = p.candidates[c].options[std::size_t(k)];
+          if (!tier_fits(pr.host, oc.host, p.host_budget) || !tier_fits(pr.nvme, oc.nvme, p.nvme_budget)) { ok = false; break; }
+          trial[c] = k;
+          saving += bytes_at(was.device, peak) - bytes_at(oc.device, peak);
+          cost += oc.cost_ms - was.cost_ms;
+        }
+        if (!ok || saving <= 0) continue;
+        double score = double(saving) / (std::max(cost, 0.0) + 1e-3);
         if (score > best_score) {
           best_score = score;
-          best_i = i;
-          best_j = j;
+          best = move;
         }
       }
     }
     if (best_score < 0) break;  // nothing frees bytes at the peak: this is as low as it goes
-    s.choice[best_i] = best_j;
+    for (auto [c, k] : best) s.choice[c] = k;
   }
   // Undo what the target does not need, dearest first.
   std::int64_t bound = std::max(target, evaluate(p, s.choice).device_peak);
