@@ -212,3 +212,79 @@ TEST_CASE("mlp, resnet, gpt and gcn train bit for bit at 100%, 60%, 35% and the 
     }
   }
 }
+
+#include <csignal>
+#include <sys/resource.h>
+
+namespace {
+std::filesystem::path fresh_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / cat("frugal-budget-", name, "-", ::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+}  // namespace
+
+TEST_CASE("with no host room, activations spill to NVMe and training is unchanged bit for bit", "[budget][nvme]") {
+  auto dir = fresh_dir("nvme");
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  ModelRun free = train_model(c, {}, 5);
+  Budget b{.device = free.plan.total_bytes() - 1, .host = 1, .nvme_dir = dir.string()};
+  const std::size_t budget = b.device = train_model(c, b, 0).plan.min_feasible_bytes;
+  ModelRun spilled = train_model(c, b, 5);
+  CHECK(spilled.plan.count(plan::Choice::nvme) > 0);
+  CHECK(spilled.plan.count(plan::Choice::host) == 0);
+  CHECK(spilled.plan.nvme_bytes > 0);
+  CHECK(spilled.device_high_water <= budget);
+  CHECK(spilled.losses == free.losses);
+  CHECK(spilled.params == free.params);
+  CHECK(std::filesystem::is_empty(dir));  // the NVMe file is anonymous: nothing is left behind
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a full disk for the NVMe tier fails at compile, naming the directory, and the weights are untouched",
+          "[budget][nvme][errors]") {
+  auto dir = fresh_dir("full");
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  zoo::Workload w = zoo::make(c);
+  std::vector<std::vector<char>> before;
+  for (auto& [n, t] : w.model->named_parameters()) before.push_back(bytes_of(t));
+  Budget b{.device = zoo::plan(w).plan.total_bytes() - 1, .host = 1, .nvme_dir = dir.string()};
+  b.device = zoo::plan(w, {}, b).plan.min_feasible_bytes;
+  // A file size limit makes the tier's reservation fail as a full disk would.
+  std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit tiny = old;
+  tiny.rlim_cur = 4096;
+  setrlimit(RLIMIT_FSIZE, &tiny);
+  std::string message;
+  try {
+    zoo::compile(w, b);
+  } catch (const IoError& e) {
+    message = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  CHECK_THAT(message, Catch::Contains(dir.string()));
+  std::vector<std::vector<char>> after;
+  for (auto& [n, t] : w.model->named_parameters()) after.push_back(bytes_of(t));
+  CHECK(after == before);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("plans record each decision with its reason", "[budget]") {
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  zoo::Workload w = zoo::make(c);
+  const std::size_t full = zoo::plan(w).plan.total_bytes();
+  PlannedStep ps = zoo::plan(w, {}, Budget{.device = full / 2});
+  REQUIRE_FALSE(ps.plan.decisions.empty());
+  for (auto& d : ps.plan.decisions) {
+    CHECK(d.choice != plan::Choice::keep);
+    CHECK(d.bytes > 0);
+    CHECK_FALSE(d.reason.empty());
+  }
+  std::string j = plan::json(*ps.graph, ps.plan, "gpt");
+  for (const char* key : {"\"budget_bytes\"", "\"min_feasible_bytes\"", "\"predicted_step_ms\"", "\"decision_counts\""})
+    CHECK_THAT(j, Catch::Contains(key));
+  CHECK_THAT(plan::summary(*ps.graph, ps.plan), Catch::Contains("decisions:"));
+}
