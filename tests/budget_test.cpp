@@ -288,3 +288,30 @@ TEST_CASE("plans record each decision with its reason", "[budget]") {
     CHECK_THAT(j, Catch::Contains(key));
   CHECK_THAT(plan::summary(*ps.graph, ps.plan), Catch::Contains("decisions:"));
 }
+
+TEST_CASE("measured op times refine the cost model: a step whose prediction is far off re-plans once, unchanged in bits",
+          "[budget][replan]") {
+  zoo::Config c{.family = "mlp", .batch = 16, .layers = 3, .width = 64, .features = 32};
+  ModelRun free = train_model(c, {}, 8);
+  // A profile that claims ops are a thousand times slower than they are: the
+  // prediction misses by far more than 20%, so the step must re-plan.
+  DeviceProfile slow = DeviceProfile::defaults("cpu", 2);
+  slow.gemm_flops /= 1000;
+  slow.stream_bytes /= 1000;
+  slow.op_latency_s *= 1000;
+  zoo::Workload w = zoo::make(c);
+  const std::size_t budget = zoo::plan(w).plan.total_bytes() * 6 / 10;
+  Step step = zoo::compile(w, Budget{.device = budget}, CompileOptions{.profile = &slow});
+  const double predicted = step.plan().predicted_step_ms;
+  std::vector<float> losses;
+  for (int s = 0; s < 8; ++s) {
+    auto batch = w.batch(std::uint64_t(s + 1));
+    losses.push_back(step.run(batch[0], batch[1]));
+  }
+  CHECK(step.replans() == 1);
+  CHECK(step.measured_step_ms() > 0);
+  CHECK(plan::prediction_is_off(predicted, step.measured_step_ms()));
+  CHECK(std::abs(step.plan().predicted_step_ms - step.measured_step_ms()) < std::abs(predicted - step.measured_step_ms()));
+  CHECK(step.plan().total_bytes() <= budget);
+  CHECK(losses == free.losses);
+}

@@ -2,10 +2,13 @@
 // capture -> autograd -> optimizer ops -> plan -> Step.
 #include <algorithm>
 #include <map>
+#include <omp.h>
 
 #include "../graph/capture.hpp"
 #include "../ops/all.hpp"
 #include "../plan/budget_solve.hpp"
+#include "../plan/cost_model.hpp"
+#include "calibrate.hpp"
 #include "loss_scaling.hpp"
 #include "step.hpp"
 
@@ -31,6 +34,12 @@ struct CompileOptions {
   // Dynamic loss scaling for f16 training (optim::LossScaler, which the
   // caller keeps alive while the step lives); training steps only.
   LossScalerBase* loss_scaler = nullptr;
+  // The rates the budget solver prices its choices with. Null: the cached
+  // calibration of this machine (runtime/calibrate.hpp), measured once.
+  const DeviceProfile* profile = nullptr;
+  // Under a binding budget, time the ops of the first steps and re-plan
+  // once if the predicted step time is off by more than 20%.
+  bool replan = true;
 };
 
 namespace detail {
@@ -97,28 +106,49 @@ struct Prepared {
   std::map<const void*, ValueId> grad_of;
 };
 
-// A roofline over each op's declared cost, for when no profile is given.
-inline plan::PriceModel default_prices() {
+// The solver's prices from a cost model (the profile's roofline, or
+// measured medians where a step has been timed).
+inline plan::PriceModel prices_from(std::shared_ptr<const plan::CostModel> cm) {
   plan::PriceModel m;
-  m.op_ms = [](const Graph& g, NodeId n) {
-    const Node& node = g.node(n);
-    std::vector<TensorMeta> in, out;
-    for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
-    for (ValueId v : node.outputs) out.push_back(g.value(v).meta);
-    Cost c = node.op->cost(in, out);
-    return 1e-3 + std::max(c.flops / 5e7, c.bytes / 1e7);  // 50 Gflop/s, 10 GB/s, in ms
-  };
-  m.copy_ms = [](std::size_t b) { return 5e-3 + double(b) / 5e6; };
-  m.nvme_write_ms = [](std::size_t b) { return 0.05 + double(b) / 1e6; };
-  m.nvme_read_ms = [](std::size_t b) { return 0.05 + double(b) / 2e6; };
-  m.overlap_slowdown = 0.2;
+  m.op_ms = [cm](const Graph& g, NodeId n) { return cm->op_ms(g, n); };
+  m.copy_ms = [cm](std::size_t b) { return cm->copy_ms(b); };
+  bool nvme = cm->profile().nvme_write_bytes > 0 && cm->profile().nvme_read_bytes > 0;
+  m.nvme_write_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_write_ms(b) : cm->copy_ms(b) * 20; };
+  m.nvme_read_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_read_ms(b) : cm->copy_ms(b) * 20; };
+  m.overlap_slowdown = cm->profile().overlap_slowdown;
   return m;
+}
+
+// This machine's profile for a backend, calibrated once per process (and
+// cached on disk across processes).
+inline DeviceProfile machine_profile(Backend& backend, int threads, const std::string& nvme_dir) {
+  static std::map<std::string, DeviceProfile> known;
+  std::string key = cat(backend.name(), "/", threads, "/", nvme_dir);
+  auto it = known.find(key);
+  if (it == known.end()) it = known.emplace(key, load_or_calibrate(backend, threads, nvme_dir)).first;
+  return it->second;
+}
+
+// The threads a step will run with: the option, or the process's OpenMP setting.
+inline int step_threads(const CompileOptions& o) { return o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads()); }
+
+// The cost model a budget solve uses: the given profile, or this machine's.
+inline std::shared_ptr<plan::CostModel> cost_model_for(Backend& backend, const Budget& budget,
+                                                       const CompileOptions& o) {
+  if (o.profile) return std::make_shared<plan::CostModel>(*o.profile);
+  return std::make_shared<plan::CostModel>(machine_profile(backend, step_threads(o), budget.nvme_dir));
 }
 
 // Plans the prepared step within `budget` (rewriting its graph when the
 // budget forces evictions), and verifies the plan.
-inline Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
-  auto solved = plan::solve_budget(p.c.graph, p.roots, budget, default_prices(), o.plan);
+inline Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o,
+                          std::shared_ptr<const plan::CostModel> cm = nullptr) {
+  if (!cm && budget.device > 0 && make_plan(*p.c.graph, p.roots, o.plan).total_bytes() > budget.device) {
+    auto backend = make_backend(o.backend);
+    cm = cost_model_for(*backend, budget, o);
+  }
+  if (!cm) cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults(o.backend, step_threads(o)));
+  auto solved = plan::solve_budget(p.c.graph, p.roots, budget, prices_from(cm), o.plan);
   p.c.graph = std::move(solved.graph);
   if (o.verify) {
     auto report = plan::verify(*p.c.graph, solved.plan, p.roots);
@@ -128,12 +158,31 @@ inline Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOption
 }
 
 inline Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
+  std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
   auto backend = make_backend(o.backend);
   if (o.threads > 0) backend->set_threads(o.threads);
-  return Step(Step::Parts{std::move(p.c.graph), std::move(plan), std::move(backend), p.opt, std::move(p.c.inputs),
-                          p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
-                          budget.nvme_dir});
+  Step::Parts parts{std::move(p.c.graph), std::move(plan), std::move(backend), p.opt, std::move(p.c.inputs),
+                    p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
+                    budget.nvme_dir};
+  if (o.replan && !parts.plan.decisions.empty()) {
+    // What re-planning needs: the graph before the rewrite, the budget, and
+    // a cost model that measured op times can refine.
+    auto cm = cost_model_for(*parts.backend, budget, o);
+    auto roots = parts.roots;
+    auto plan_opts = o.plan;
+    bool verify = o.verify;
+    parts.replanner = [captured, budget, cm, roots, plan_opts, verify](const plan::OpTimeRecorder& times) {
+      cm->set_measured(times);
+      auto solved = plan::solve_budget(captured, roots, budget, prices_from(cm), plan_opts);
+      if (verify) {
+        auto report = plan::verify(*solved.graph, solved.plan, roots);
+        if (!report.ok()) fail("internal error: a re-plan was rejected by the verifier:\n", report.str());
+      }
+      return std::pair{std::move(solved.graph), std::move(solved.plan)};
+    };
+  }
+  return Step(std::move(parts));
 }
 
 inline Var single_loss(const Captured& c) {

@@ -5,6 +5,9 @@
 #include <memory>
 #include <vector>
 
+#include <chrono>
+
+#include "../plan/cost_model.hpp"
 #include "../plan/plan.hpp"
 #include "backend.hpp"
 #include "copy_engine.hpp"
@@ -39,9 +42,11 @@ class Executor {
       const Node& node = graph_->node(n);
       if (auto* t = dynamic_cast<const ops::Transfer*>(node.op.get())) {
         bound_.push_back(bind_transfer(*t, node, plan));
+        bound_.back().node = n;
         continue;
       }
       Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
+      b.node = n;
       for (ValueId i : node.inputs) b.in.push_back(ref(i));
       for (ValueId o : node.results()) b.out.push_back(ref(o));
       if (node.has_workspace) {
@@ -58,12 +63,19 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  void run(std::uint64_t step = 0) {
+  // `times`, when given, receives each node's wall time (the backend
+  // synchronised after each, so the time is the op's own).
+  void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     copies_.reset_error();
     try {
       for (const Bound& b : bound_) {
+        auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
         else transfer(b.move);
+        if (times) {
+          backend_.synchronize();
+          times->record(b.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
       }
     } catch (...) {
       try {
@@ -119,6 +131,7 @@ class Executor {
     void* workspace;
     std::size_t workspace_bytes;
     Move move{};
+    NodeId node = -1;
   };
 
   Bound bind_transfer(const ops::Transfer& t, const Node& node, const Plan& plan) {

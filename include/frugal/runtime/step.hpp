@@ -5,6 +5,12 @@
 #include <cstring>
 #include <map>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <functional>
+
+#include "../plan/cost_model.hpp"
 #include "../plan/report.hpp"
 #include "../plan/verify.hpp"
 #include "executor.hpp"
@@ -26,6 +32,9 @@ class Step {
     int threads = 0;
     std::vector<ValueId> roots;  // values that must survive to the end of the step
     std::string nvme_dir;        // where the NVMe tier's file goes, if the plan spills
+    // Re-solves the budget with measured op times (set when the plan made
+    // budget decisions and re-planning is on).
+    std::function<std::pair<std::shared_ptr<Graph>, Plan>(const plan::OpTimeRecorder&)> replanner;
   };
 
   explicit Step(Parts p) : p_(std::move(p)) {
@@ -42,6 +51,7 @@ class Step {
   }
 
   float run_inputs(std::span<const Tensor* const> inputs) {
+    replan_if_due();
     stage(inputs);
     return execute();
   }
@@ -59,6 +69,8 @@ class Step {
   Audit audit(const Ts&... inputs) {
     const Tensor* list[] = {&inputs...};
     Audit a{0, p_.plan.peak_bytes, true};
+    replan_if_due();
+    a.predicted = p_.plan.peak_bytes;
     for (unsigned char pattern : {0xA5, 0x5A}) {
       executor_->fill(pattern);
       stage(std::span<const Tensor* const>(list, sizeof...(Ts)));
@@ -83,10 +95,24 @@ class Step {
     }
   }
 
+  // Steps 1..kTimedSteps of a budget plan are timed op by op (step 0 warms
+  // up); then, if the measured step is off the prediction by more than 20%,
+  // the budget is solved again with the measured times, once.
+  static constexpr int kTimedSteps = 3;
+
   float execute() {
     if (p_.threads > 0) p_.backend->set_threads(p_.threads);
     if (p_.optimizer) p_.optimizer->begin_step();
-    executor_->run(std::uint64_t(steps_));
+    const bool timed = p_.replanner && !replanned_ && !replan_due_ && timed_steps_ >= 0 && steps_ > 0;
+    if (timed && !recorder_) recorder_ = std::make_unique<plan::OpTimeRecorder>(p_.graph->num_nodes());
+    auto t0 = std::chrono::steady_clock::now();
+    executor_->run(std::uint64_t(steps_), timed ? recorder_.get() : nullptr);
+    if (timed) {
+      step_ms_[std::size_t(timed_steps_)] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      recorder_->finish_step();
+      if (++timed_steps_ == kTimedSteps) maybe_replan();
+    }
     ++steps_;
     for (std::size_t i = 0; i < outputs_.size(); ++i)
       p_.backend->copy_to_host(outputs_[i].raw(), executor_->address(p_.outputs[i]), outputs_[i].nbytes());
@@ -123,6 +149,11 @@ class Step {
     return out;
   }
 
+  // How many times the step re-planned with measured op times (0 or 1), and
+  // the measured median step time that decided it (0 before it is known).
+  int replans() const { return replanned_ ? 1 : 0; }
+  double measured_step_ms() const { return measured_ms_; }
+
   const Plan& plan() const { return p_.plan; }
   // The plan explained: peak, lower bound, categories, what is live at the peak.
   std::string summary() const { return plan::summary(*p_.graph, p_.plan); }
@@ -139,8 +170,42 @@ class Step {
   }
 
  private:
+  void maybe_replan() {
+    std::array<double, kTimedSteps> ms = step_ms_;
+    std::sort(ms.begin(), ms.end());
+    measured_ms_ = ms[kTimedSteps / 2];
+    timed_steps_ = -1;  // timing is over either way
+    replan_due_ = plan::prediction_is_off(p_.plan.predicted_step_ms, measured_ms_);
+  }
+
+  // Before the next step's inputs are staged (so the last step's loss,
+  // outputs and gradients stay readable until then).
+  void replan_if_due() {
+    if (!replan_due_) return;
+    replan_due_ = false;
+    std::pair<std::shared_ptr<Graph>, Plan> next;
+    try {
+      next = p_.replanner(*recorder_);
+    } catch (const BudgetError&) {
+      // The measured prices lead the solver to a plan that does not fit
+      // (its least-memory search depends on the prices): keep this one.
+      replanned_ = true;
+      return;
+    }
+    executor_.reset();
+    p_.graph = std::move(next.first);
+    p_.plan = std::move(next.second);
+    executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
+    replanned_ = true;
+  }
+
   Parts p_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<plan::OpTimeRecorder> recorder_;
+  std::array<double, kTimedSteps> step_ms_{};
+  int timed_steps_ = 0;
+  bool replanned_ = false, replan_due_ = false;
+  double measured_ms_ = 0;
   std::vector<Tensor> outputs_;
   std::int64_t steps_ = 0;
 };
