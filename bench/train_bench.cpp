@@ -6,7 +6,19 @@
 // runs both, alternately, one process per run, and tabulates the ratios.
 //
 //   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
-//               [--warmup N] [--seed N]
+//               [--warmup N] [--seed N] [--budget BYTES|N%|min]
+//               [--host BYTES] [--nvme-dir DIR] [--audit]
+//
+// --budget runs the step within a device byte budget (bytes such as 48MiB,
+// a percentage of the unconstrained device bytes, or `min`: the smallest
+// budget the planner can meet). The RESULT then also says what the planner
+// did: device bytes, the smallest feasible budget, the predicted step time
+// and how many values it recomputes, swaps to host or spills to NVMe.
+// bench/budget-curve sweeps budgets with it. An infeasible budget exits
+// with status 3 and a message naming the smallest feasible one.
+// --audit runs two more steps with the arena pattern-filled afterwards and
+// reports the bytes the step really wrote (audit_*), so device bytes can
+// be checked against the budget.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +37,9 @@ int main(int argc, char** argv) {
   std::string workload = "mlp";
   int threads = 2, steps = -1, warmup = -1;
   std::uint64_t seed = 0;
+  std::string budget_arg;
+  Budget budget;
+  bool audit = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -36,6 +51,10 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--budget") budget_arg = next();
+    else if (a == "--host") budget.host = parse_bytes(next());
+    else if (a == "--nvme-dir") budget.nvme_dir = next();
+    else if (a == "--audit") audit = true;
     else {
       std::fprintf(stderr, "train_bench: unknown argument '%s'\n", a.c_str());
       return 2;
@@ -47,6 +66,39 @@ int main(int argc, char** argv) {
     std::unique_ptr<bench::Workload> w = bench::make_workload(workload, threads);
     if (warmup < 0) warmup = w->default_warmup;
     if (steps < 0) steps = w->default_steps;
+
+    // What the budget means for this step: planned first, without an arena.
+    const std::size_t unconstrained = w->plan(Budget{}).plan.total_bytes();
+    auto least_feasible = [&] {
+      if (unconstrained <= 1) return unconstrained;
+      Budget b = budget;
+      b.device = unconstrained - 1;
+      try {
+        return w->plan(b).plan.min_feasible_bytes;
+      } catch (const BudgetError&) {
+        return unconstrained;  // nothing can be moved off the device
+      }
+    };
+    std::size_t min_feasible = 0;
+    if (budget_arg == "min") {
+      budget.device = min_feasible = least_feasible();
+    } else if (!budget_arg.empty() && budget_arg.back() == '%') {
+      double pct = std::stod(budget_arg.substr(0, budget_arg.size() - 1));
+      if (!(pct > 0)) fail("train_bench: --budget N% takes a positive percentage, not '", budget_arg, "'");
+      budget.device = std::size_t(double(unconstrained) * pct / 100.0);
+    } else if (!budget_arg.empty()) {
+      budget.device = parse_bytes(budget_arg);
+    }
+    if (!budget_arg.empty() && budget.device == 0) fail("train_bench: --budget must be more than 0 bytes");
+
+    auto c0 = std::chrono::steady_clock::now();
+    w->compile(budget);
+    const double compile_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+    const Plan& p = w->compiled().plan();
+    // A binding budget searched the smallest feasible one; otherwise ask.
+    if (min_feasible == 0)
+      min_feasible = budget.device && budget.device < unconstrained ? p.min_feasible_bytes : least_feasible();
     const double rss_setup = double(peak_rss_bytes()) / (1 << 20);
 
     std::vector<double> losses, ms;
@@ -63,15 +115,37 @@ int main(int argc, char** argv) {
     double med = sorted.empty() ? 0 : (sorted[(sorted.size() - 1) / 2] + sorted[sorted.size() / 2]) / 2;
     double mean = 0;
     for (double m : ms) mean += m / double(ms.size());
+    // After the timed steps, so the pattern fills do not disturb them.
+    std::string audit_json;
+    if (audit) {
+      Step::Audit au = w->audit();
+      const std::size_t device_written = au.high_water + p.persistent_bytes;
+      audit_json = cat(",\"audit_high_water_bytes\":", au.high_water, ",\"audit_device_bytes\":", device_written,
+                       ",\"audit_canary_intact\":", au.canary_intact ? "true" : "false",
+                       ",\"audit_within_budget\":",
+                       budget.device == 0 || device_written <= budget.device ? "true" : "false");
+    }
     std::printf(
         "RESULT {\"workload\":\"%s\",\"impl\":\"frugal\",\"threads\":%d,\"warmup\":%d,\"steps\":%d,\"batch\":%lld,"
         "\"unit\":\"%s\",\"params\":%lld,\"ms_step_median\":%.4f,\"ms_step_min\":%.4f,\"ms_step_mean\":%.4f,"
         "\"samples_per_s\":%.3f,\"peak_rss_mib\":%.2f,\"rss_at_start_mib\":%.2f,\"rss_after_setup_mib\":%.2f,"
-        "\"arena_mib\":%.3f,\"loss_first\":%.6f,\"loss_last\":%.6f}\n",
+        "\"arena_mib\":%.3f,\"loss_first\":%.6f,\"loss_last\":%.6f,"
+        "\"budget\":\"%s\",\"budget_bytes\":%zu,\"host_budget_bytes\":%zu,\"device_bytes\":%zu,"
+        "\"unconstrained_bytes\":%zu,\"min_feasible_bytes\":%zu,\"persistent_bytes\":%zu,\"arena_bytes\":%zu,"
+        "\"peak_bytes\":%zu,\"predicted_step_ms\":%.4f,"
+        "\"decisions\":{\"recompute\":%zu,\"swap_host\":%zu,\"spill_nvme\":%zu},"
+        "\"offloaded_bytes\":%zu,\"host_bytes\":%zu,\"nvme_bytes\":%zu,\"compile_ms\":%.1f%s}\n",
         workload.c_str(), threads, warmup, steps, (long long)w->batch, w->unit.c_str(), (long long)w->params, med,
         sorted.empty() ? 0 : sorted.front(), mean, double(w->batch) / (med / 1e3),
         double(peak_rss_bytes()) / (1 << 20), rss_start, rss_setup, double(w->arena_bytes()) / (1 << 20),
-        losses.front(), losses.back());
+        losses.front(), losses.back(), budget_arg.c_str(), budget.device, budget.host, p.total_bytes(),
+        unconstrained, min_feasible, p.persistent_bytes, p.arena_bytes, p.peak_bytes, p.predicted_step_ms,
+        p.count(plan::Choice::recompute), p.count(plan::Choice::host), p.count(plan::Choice::nvme),
+        p.offloaded_bytes, p.host_bytes, p.nvme_bytes, compile_ms,
+        audit_json.c_str());
+  } catch (const BudgetError& e) {
+    std::fprintf(stderr, "train_bench: %s\n", e.what());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_bench: %s\n", e.what());
     return 1;

@@ -4,8 +4,15 @@
 // hyper-parameters. The data is synthetic and fixed, like the peer's; the
 // random numbers differ (frugal's Philox, not torch's generator), so the
 // losses agree in scale, not in digits.
+//
+// A workload is built in two stages so a benchmark can ask what a budget
+// means before it commits to one: plan(budget) answers without allocating
+// the arena (the unconstrained bytes, the smallest feasible budget), and
+// compile(budget) builds the step that step() runs.
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <frugal/frugal.hpp>
 
@@ -16,11 +23,39 @@ using namespace frugal;
 struct Workload {
   virtual ~Workload() = default;
   virtual float step() = 0;
-  virtual std::size_t arena_bytes() const = 0;
+  // Runs the step twice with the arena pattern-filled and reports the bytes
+  // it actually wrote (Step::audit): the measured device high-water mark.
+  virtual Step::Audit audit() = 0;
+
+  // What compile(budget) would plan, without allocating the arena.
+  PlannedStep plan(const Budget& budget) { return plan_(budget); }
+  // Builds the step within `budget` (Budget{} is unconstrained).
+  void compile(const Budget& budget) { s = std::make_unique<Step>(compile_(budget)); }
+  const Step& compiled() const {
+    if (!s) fail("train_bench: the workload was not compiled");
+    return *s;
+  }
+  std::size_t arena_bytes() const { return compiled().arena_bytes(); }
+
   std::int64_t batch = 0;
   std::int64_t params = 0;
   std::string unit = "samples";
   int default_warmup = 3, default_steps = 30;
+
+ protected:
+  // The step function and its inputs, kept so the step can be planned and
+  // compiled under any budget. fn may capture `this`: workloads do not move.
+  template <class Fn>
+  void define(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, int threads) {
+    CompileOptions o{.threads = threads};
+    plan_ = [fn, specs, &opt, o](const Budget& b) { return frugal::plan_training(fn, specs, opt, o, b); };
+    compile_ = [fn, specs, &opt, o](const Budget& b) { return frugal::compile(fn, specs, opt, b, o); };
+  }
+  std::unique_ptr<Step> s;
+
+ private:
+  std::function<PlannedStep(const Budget&)> plan_;
+  std::function<Step(const Budget&)> compile_;
 };
 
 inline Tensor randn(Shape s, Rng& r) {
@@ -51,22 +86,20 @@ struct MlpWorkload final : Workload {
   } net;
   optim::SGD opt{net.parameters(), {.lr = 0.01, .momentum = 0.9}};
   Tensor x, y;
-  std::unique_ptr<Step> s;
 
   explicit MlpWorkload(int threads) {
     Rng r(1);
     x = randn({256, 784}, r);
     y = randint({256}, 10, r);
-    s = std::make_unique<Step>(compile([&](Var xv, Var yv) { return cross_entropy(net.forward(xv), yv); },
-                                       {input<float>({256, 784}), input<std::int32_t>({256})}, opt, {},
-                                       {.threads = threads}));
+    define([&](Var xv, Var yv) { return cross_entropy(net.forward(xv), yv); },
+           {input<float>({256, 784}), input<std::int32_t>({256})}, opt, threads);
     batch = 256;
     params = net.num_parameters();
     default_warmup = 5;
     default_steps = 50;
   }
   float step() override { return s->run(x, y); }
-  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+  Step::Audit audit() override { return s->audit(x, y); }
 };
 
 // CIFAR-style ResNet-18 (BasicBlock [2,2,2,2], BatchNorm), 3x32x32, batch
@@ -75,23 +108,21 @@ struct ResnetWorkload final : Workload {
   std::unique_ptr<nn::ResNet<nn::BasicBlock>> net = nn::resnet18_cifar(10);
   optim::SGD opt{net->parameters(), {.lr = 0.01, .momentum = 0.9}};
   Tensor x, y;
-  std::unique_ptr<Step> s;
 
   explicit ResnetWorkload(int threads) {
     Rng r(2);
     x = randn({32, 3, 32, 32}, r);
     y = randint({32}, 10, r);
     net->train();
-    s = std::make_unique<Step>(compile([&](Var xv, Var yv) { return cross_entropy(net->forward(xv), yv); },
-                                       {input<float>({32, 3, 32, 32}), input<std::int32_t>({32})}, opt, {},
-                                       {.threads = threads}));
+    define([&](Var xv, Var yv) { return cross_entropy(net->forward(xv), yv); },
+           {input<float>({32, 3, 32, 32}), input<std::int32_t>({32})}, opt, threads);
     batch = 32;
     params = net->num_parameters();
     default_warmup = 2;
     default_steps = 15;
   }
   float step() override { return s->run(x, y); }
-  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+  Step::Audit audit() override { return s->audit(x, y); }
 };
 
 // Decoder-only transformer: vocab 512, context 128, 4 layers, d 256, 4 heads,
@@ -101,15 +132,13 @@ struct GptWorkload final : Workload {
   nn::Gpt net{nn::GptConfig{.vocab = 512, .context = 128, .layers = 4, .d_model = 256, .heads = 4}};
   optim::AdamW opt{net.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
   Tensor idx, tgt;
-  std::unique_ptr<Step> s;
 
   explicit GptWorkload(int threads) {
     Rng r(3);
     idx = randint({8, 128}, 512, r);
     tgt = randint({8, 128}, 512, r);
-    s = std::make_unique<Step>(compile([&](Var i, Var t) { return net.loss(i, t); },
-                                       {input<std::int32_t>({8, 128}), input<std::int32_t>({8, 128})}, opt, {},
-                                       {.threads = threads}));
+    define([&](Var i, Var t) { return net.loss(i, t); },
+           {input<std::int32_t>({8, 128}), input<std::int32_t>({8, 128})}, opt, threads);
     batch = 8;
     params = net.num_parameters();
     unit = "sequences";
@@ -117,7 +146,7 @@ struct GptWorkload final : Workload {
     default_steps = 30;
   }
   float step() override { return s->run(idx, tgt); }
-  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+  Step::Audit audit() override { return s->audit(idx, tgt); }
 };
 
 // Two-layer GCN (hidden 128) on a random graph of 20,000 nodes and 200,000
@@ -129,16 +158,14 @@ struct GcnWorkload final : Workload {
   optim::AdamW opt{net.parameters(), {.lr = 0.01, .weight_decay = 0}};  // Adam: no decay
   SparseMatrix adj;
   Tensor x, y;
-  std::unique_ptr<Step> s;
 
   explicit GcnWorkload(int threads) {
     Rng r(4);
     adj = data::to_sparse(data::gcn_adjacency(kNodes, data::random_edges(kNodes, kEdges, 4)));
     x = randn({kNodes, 128}, r);
     y = randint({kNodes}, 16, r);
-    s = std::make_unique<Step>(compile([&](Var xv, Var yv) { return cross_entropy(net(xv, adj), yv); },
-                                       {input<float>({kNodes, 128}), input<std::int32_t>({kNodes})}, opt, {},
-                                       {.threads = threads}));
+    define([&](Var xv, Var yv) { return cross_entropy(net(xv, adj), yv); },
+           {input<float>({kNodes, 128}), input<std::int32_t>({kNodes})}, opt, threads);
     batch = kNodes;
     params = net.num_parameters();
     unit = "nodes";
@@ -146,7 +173,7 @@ struct GcnWorkload final : Workload {
     default_steps = 30;
   }
   float step() override { return s->run(x, y); }
-  std::size_t arena_bytes() const override { return s->arena_bytes(); }
+  Step::Audit audit() override { return s->audit(x, y); }
 };
 
 inline std::unique_ptr<Workload> make_workload(const std::string& name, int threads) {

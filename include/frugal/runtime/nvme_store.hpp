@@ -254,7 +254,7 @@ class NvmeStore {
     for (int c = kMaxChunks - 1; c >= 0; --c) free_chunks[n_free++] = c;
     int in_flight = 0;
     int err = 0;
-    std::uint64_t err_at = 0;
+    std::uint64_t err_at = UINT64_MAX;
     std::size_t pos = 0;
 
     auto submit = [&](int c) {
@@ -303,15 +303,15 @@ class NvmeStore {
       --in_flight;
 
       Chunk& k = chunk_[c];
-      if (res <= 0 && err == 0) {
-        err = res < 0 ? -res : (is_write ? EIO : ENODATA);
-        err_at = k.file_offset + k.done;
-      }
+      if (res <= 0 && err == 0) err = res < 0 ? -res : (is_write ? EIO : ENODATA);
       if (res > 0) k.done += std::size_t(res);
       if (err == 0 && k.done < k.io_len) {
         submit(c);  // a short transfer: continue where it stopped
         continue;
       }
+      // Chunks complete out of order: the error names the first byte that
+      // did not make it, whichever chunk failed first.
+      if (k.done < k.io_len) err_at = std::min(err_at, k.file_offset + k.done);
       if (err == 0 && !is_write) std::memcpy(user + k.user_pos, k.buf, k.len);
       free_chunks[n_free++] = c;
     }
