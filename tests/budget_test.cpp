@@ -315,3 +315,37 @@ TEST_CASE("measured op times refine the cost model: a step whose prediction is f
   CHECK(step.plan().total_bytes() <= budget);
   CHECK(losses == free.losses);
 }
+
+TEST_CASE("the end of a step fetches what the next step reads first, and a changed parameter is fetched again",
+          "[budget][prefetch]") {
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  // Two identical runs, one unconstrained, one at the smallest budget; in
+  // both, a parameter is edited between steps 2 and 3.
+  auto run = [&](bool tight, std::size_t& early) {
+    zoo::Workload w = zoo::make(c);
+    Budget b;
+    if (tight) {
+      b.device = zoo::plan(w).plan.total_bytes() - 1;
+      b.device = zoo::plan(w, {}, b).plan.min_feasible_bytes;
+    }
+    Step step = zoo::compile(w, b);
+    early = step.plan().early_fetches.size();
+    std::vector<float> losses;
+    for (int s = 0; s < 5; ++s) {
+      if (s == 3) {
+        Tensor p = w.model->parameters().front();
+        for (std::int64_t i = 0; i < p.numel(); ++i) p.data<float>()[i] *= 0.5f;
+        step.parameters_changed();
+      }
+      auto batch = w.batch(std::uint64_t(s + 1));
+      losses.push_back(step.run(batch[0], batch[1]));
+    }
+    return losses;
+  };
+  std::size_t early_free = 0, early_tight = 0;
+  auto free = run(false, early_free);
+  auto tight = run(true, early_tight);
+  CHECK(early_free == 0);
+  CHECK(early_tight > 0);
+  CHECK(tight == free);
+}

@@ -136,8 +136,13 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     Candidate c{v, std::size_t(bytes), u.back(), u.front(), true, {Option{}}};
     for (bool jit : {false, true}) {
       double exposed = 0;
-      int in = jit ? u.front() : fetch_start(u.front(), 0, ci, exposed);
       int out = jit ? u.back() : dirty ? evict_done(u.back(), T - 1, co, exposed) : u.back();
+      double in_exposed = 0;
+      int in = jit ? u.front() : fetch_start(u.front(), 0, ci, in_exposed);
+      // A fetch that cannot hide behind the ops before its reader starts in
+      // the step before, beside that step's tail (Plan::early_fetches).
+      if (!jit && in == 0) in_exposed = std::max(0.0, in_exposed - compute(out + 1, T - 1));
+      exposed += in_exposed;
       if (jit) exposed = ci + co;
       if (jit && c.options.size() > 1 && c.options.back().in_start == in && c.options.back().out_done == out) continue;
       Option o{Choice::host, exposed + prices.overlap_slowdown * (ci + co)};
@@ -145,7 +150,8 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       o.host = {{{0, T - 1}, bytes}};
       o.out_done = out;
       o.in_start = in;
-      o.reason = cat("lives on the host between steps: fetched before its first read (", ci, " ms)",
+      o.reason = cat("lives on the host between steps: fetched before its first read (", ci, " ms",
+                     !jit && in == 0 ? ", issued during the step before" : "", ")",
                      dirty ? cat(", written back after its update (", co, " ms)") : std::string(), ", ", exposed,
                      " ms not hidden by compute");
       if (o.device[0].span.empty() && o.device[1].span.empty()) continue;

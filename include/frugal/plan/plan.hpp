@@ -39,6 +39,16 @@ struct Plan {
   std::size_t nvme_bytes = 0;  // the NVMe file this plan needs
   int transfer_slots = 0;      // copy-engine events
   NodeId original_nodes = 0;   // nodes of the captured graph; a rewrite's own nodes come after
+  // Fetches of host-resident persistents that step i starts for step i+1:
+  // the fetch at schedule position `fetch` is issued after position `after`
+  // of the step before, because nothing touches its destination from there
+  // to the end of that step, nor in the next step before the fetch, and its
+  // source is final (written back) by then.
+  struct EarlyFetch {
+    int fetch = 0;
+    int after = 0;
+  };
+  std::vector<EarlyFetch> early_fetches;
 
   // What the budget solver decided and why (empty without a binding budget).
   struct Decision {
@@ -78,6 +88,41 @@ inline std::vector<NodeId> schedule_of(const Graph& g, std::span<const ValueId> 
 }
 
 namespace plan {
+
+// Which fetches of host-resident persistents can start in the step before
+// (see Plan::early_fetches). Needs the arena placed.
+inline void find_early_fetches(const Graph& g, Plan& p, std::span<const ValueId> roots) {
+  const int T = int(p.schedule.size());
+  std::vector<char> is_root_buffer(p.intervals.size(), 0);
+  for (ValueId r : roots)
+    if (p.buffer_of[std::size_t(r)] >= 0) is_root_buffer[std::size_t(p.buffer_of[std::size_t(r)])] = 1;
+  for (int t = 0; t < T; ++t) {
+    const Node& n = g.node(p.schedule[std::size_t(t)]);
+    auto* tr = dynamic_cast<const ops::Transfer*>(n.op.get());
+    if (!tr || tr->kind() != ops::TransferKind::fetch_start) continue;
+    const ValueId home = n.inputs[0];
+    const Value& hv = g.value(home);
+    if (hv.kind != ValueKind::parameter && hv.kind != ValueKind::state) continue;
+    const int own = p.buffer_of[std::size_t(n.outputs[0])];
+    const std::size_t lo = p.offsets[std::size_t(own)], hi = lo + p.intervals[std::size_t(own)].bytes;
+    // The source is final once this step has written it back.
+    int after = 0;
+    for (int u = 0; u < T; ++u) {
+      const Node& m = g.node(p.schedule[std::size_t(u)]);
+      auto* w = dynamic_cast<const ops::Transfer*>(m.op.get());
+      if (w && w->kind() == ops::TransferKind::write_back_done && m.inputs[1] == home) after = std::max(after, u);
+    }
+    bool ok = true;
+    for (std::size_t b = 0; b < p.intervals.size() && ok; ++b) {
+      const Interval& iv = p.intervals[b];
+      if (p.offsets[b] >= hi || lo >= p.offsets[b] + iv.bytes) continue;  // other bytes
+      if (is_root_buffer[b]) ok = false;                                   // read after the step
+      else if (int(b) != own && iv.first < t) ok = false;  // the next step uses these bytes before the fetch
+      else after = std::max(after, iv.last);
+    }
+    if (ok && after < T - 1) p.early_fetches.push_back({t, after});
+  }
+}
 
 // Slots in the host pool and the NVMe file for the copies a budget plan
 // makes: each lives from its eviction to the last fetch that reads it.
@@ -155,6 +200,7 @@ inline Plan plan_schedule(const Graph& g, std::vector<NodeId> schedule, std::spa
     p.persistent_by_kind[val.kind == ValueKind::parameter ? "parameters" : "optimizer state"] += val.meta.nbytes();
   }
   plan::place_tiers(g, p);
+  plan::find_early_fetches(g, p, roots);
   return p;
 }
 

@@ -142,7 +142,43 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
     if (arena(v) && std::find(holding.begin(), holding.end(), v) == holding.end())
       err("the step's result ", label(v), " is overwritten before the step ends");
 
-  // 4. Host and NVMe copies: each has a slot, and two copies alive at the
+  // 4. Fetches issued by the step before: nothing else may use their bytes
+  // from that point to the end of the step, nor in the next step before the
+  // fetch, and their source must be written back by then.
+  for (const auto& e : p.early_fetches) {
+    if (e.fetch < 0 || e.fetch >= end || e.after < 0 || e.after >= end) {
+      err("an early fetch names positions ", e.fetch, " and ", e.after, " outside the schedule");
+      continue;
+    }
+    const Node& f = g.node(p.schedule[std::size_t(e.fetch)]);
+    auto* tr = dynamic_cast<const ops::Transfer*>(f.op.get());
+    if (!tr || tr->kind() != ops::TransferKind::fetch_start) {
+      err("position ", e.fetch, " is marked as an early fetch but runs ", f.op->name());
+      continue;
+    }
+    const ValueId dst = f.outputs[0];
+    auto touches = [&](ValueId v) { return arena(v) && overlap(v, dst); };
+    for (int t = 0; t < end; ++t) {
+      if (t < e.fetch || t > e.after) {
+        const Node& m = g.node(p.schedule[std::size_t(t)]);
+        for (ValueId v : m.inputs)
+          if (touches(v))
+            err("the early fetch of ", label(dst), " at position ", e.fetch, " (issued after position ", e.after,
+                " of the step before) overlaps ", label(v), " read at position ", t);
+        for (ValueId v : m.outputs)
+          if (touches(v))
+            err("the early fetch of ", label(dst), " overlaps ", label(v), " written at position ", t);
+      }
+      const Node& m = g.node(p.schedule[std::size_t(t)]);
+      auto* w = dynamic_cast<const ops::Transfer*>(m.op.get());
+      if (w && w->kind() == ops::TransferKind::write_back_done && m.inputs[1] == f.inputs[0] && t > e.after)
+        err("the early fetch of ", label(dst), " reads its source before position ", t, " writes it back");
+    }
+    for (ValueId v : roots)
+      if (arena(v) && overlap(v, dst)) err("the early fetch of ", label(dst), " overlaps the step's result ", label(v));
+  }
+
+  // 5. Host and NVMe copies: each has a slot, and two copies alive at the
   // same time never share bytes.
   struct Held {
     ValueId v;

@@ -56,6 +56,13 @@ class Executor {
       }
       bound_.push_back(std::move(b));
     }
+    // Fetches for the next step, issued after a position of this one.
+    early_at_.assign(bound_.size(), {});
+    early_.assign(bound_.size(), 0);
+    for (auto& e : plan.early_fetches) {
+      early_at_[std::size_t(e.after)].push_back(std::size_t(e.fetch));
+      early_[std::size_t(e.fetch)] = 1;
+    }
   }
   ~Executor() {
     if (arena_) backend_.deallocate(arena_);
@@ -67,15 +74,19 @@ class Executor {
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     copies_.reset_error();
+    const bool fetched = prefetched_;  // this step's early fetches were issued by the last one
+    prefetched_ = false;
     try {
-      for (const Bound& b : bound_) {
+      for (std::size_t i = 0; i < bound_.size(); ++i) {
+        const Bound& b = bound_[i];
         auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
-        else transfer(b.move);
+        else if (!(fetched && early_[i])) transfer(b.move);
         if (times) {
           backend_.synchronize();
           times->record(b.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
+        for (std::size_t f : early_at_[i]) transfer(bound_[f].move);  // the next step's, beside this one's tail
       }
     } catch (...) {
       try {
@@ -86,7 +97,13 @@ class Executor {
     }
     copies_.drain();
     backend_.synchronize();
+    prefetched_ = !early_fetch_count_zero();
   }
+
+  // The next step fetches everything itself: after anything outside a step
+  // wrote the arena or a host-resident parameter (an audit, a loaded
+  // checkpoint).
+  void forget_prefetch() { prefetched_ = false; }
 
   void* address(ValueId v) const { return address_.at(std::size_t(v)); }
   std::size_t arena_bytes() const { return arena_bytes_; }
@@ -95,7 +112,10 @@ class Executor {
   static constexpr std::size_t kCanaryBytes = 4096;
 
   // For audits: fill the arena and the canary with one byte value...
-  void fill(unsigned char pattern) { backend_.fill(arena_, pattern, arena_bytes_ + kCanaryBytes); }
+  void fill(unsigned char pattern) {
+    prefetched_ = false;
+    backend_.fill(arena_, pattern, arena_bytes_ + kCanaryBytes);
+  }
   // ...and, after a step, find one past the highest byte that differs from
   // it: the high-water mark of what the step actually wrote. Scans down from
   // the top through a small host window, so an audit costs no arena-sized copy.
@@ -193,6 +213,14 @@ class Executor {
   std::size_t arena_bytes_ = 0;
   std::vector<void*> address_;
   std::vector<Bound> bound_;
+  std::vector<std::vector<std::size_t>> early_at_;  // by position: early fetches issued after it
+  std::vector<char> early_;                         // by position: an early fetch
+  bool prefetched_ = false;
+  bool early_fetch_count_zero() const {
+    for (auto& e : early_at_)
+      if (!e.empty()) return false;
+    return true;
+  }
 };
 
 }  // namespace frugal

@@ -167,7 +167,14 @@ class Step {
   void set_steps_run(std::int64_t n) {
     if (n < 0) fail("step.set_steps_run: the step counter cannot be negative (got ", n, ")");
     steps_ = n;
+    executor_->forget_prefetch();
   }
+
+  // Under a budget that keeps parameters or optimizer state on the host, the
+  // end of each step already fetches what the next step reads first. Call
+  // this after writing those tensors between steps (loading a checkpoint,
+  // editing weights), so the next step fetches them again.
+  void parameters_changed() { executor_->forget_prefetch(); }
 
  private:
   void maybe_replan() {
