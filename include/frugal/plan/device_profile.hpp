@@ -175,7 +175,8 @@ class FlatJson {
   }
   double number(const std::string& key) const {
     const Field& f = field(key);
-    if (f.is_string) fail<DataError>(source_, ": field '", key, "' should be a number, found the string \"", f.text, "\"");
+    if (f.is_string)
+      fail<DataError>(source_, ": field '", key, "' should be a number, found the string \"", f.text, "\"");
     double v = 0;
     auto r = std::from_chars(f.text.data(), f.text.data() + f.text.size(), v);
     if (r.ec != std::errc() || r.ptr != f.text.data() + f.text.size() || !std::isfinite(v))
@@ -189,8 +190,12 @@ class FlatJson {
   }
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
   void expect(char c) {
-    if (peek() != c) bad(pos_ < s_.size() ? cat("expected '", c, "', found '", s_[pos_], "'") : cat("expected '", c, "', found the end of the text"));
-    ++pos_;
+    if (peek() == c) {
+      ++pos_;
+      return;
+    }
+    if (pos_ >= s_.size()) bad(cat("expected '", c, "', found the end of the text"));
+    bad(cat("expected '", c, "', found '", s_[pos_], "'"));
   }
   void skip_space() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;

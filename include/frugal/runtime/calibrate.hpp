@@ -103,21 +103,24 @@ class HostBuffer {
 // executor runs it.
 class TimedOp {
  public:
-  TimedOp(Backend& b, std::shared_ptr<const Op> op, std::vector<Shape> in_shapes, char* base)
+  TimedOp(Backend& b, std::shared_ptr<const Op> op, std::vector<Shape> in_shapes, char* base, std::size_t room)
       : b_(b), op_(std::move(op)), in_shapes_(std::move(in_shapes)) {
     for (auto& s : in_shapes_) in_meta_.push_back({DType::f32, s});
     out_meta_ = op_->infer(in_meta_);
     for (auto& m : out_meta_) out_shapes_.push_back(m.shape);
     std::size_t at = 0;
-    for (std::size_t i = 0; i < in_shapes_.size(); ++i, at += align_up(in_meta_[i - 1].nbytes()))
+    for (std::size_t i = 0; i < in_shapes_.size(); ++i) {
       in_.push_back({base + at, DType::f32, &in_shapes_[i]});
-    for (std::size_t i = 0; i < out_shapes_.size(); ++i, at += align_up(out_meta_[i - 1].nbytes()))
+      at += align_up(in_meta_[i].nbytes());
+    }
+    for (std::size_t i = 0; i < out_shapes_.size(); ++i) {
       out_.push_back({base + at, out_meta_[i].dtype, &out_shapes_[i]});
-    bytes_ = at;
+      at += align_up(out_meta_[i].nbytes());
+    }
+    if (at > room)
+      fail("calibrate: ", op_->name(), " needs ", format_bytes(at), " but the pool has ", format_bytes(room));
     kernel_ = &b.kernel_for(*op_);
   }
-  // Device bytes the operands occupy from `base`.
-  std::size_t bytes() const { return bytes_; }
   // `calls` back-to-back runs, then a synchronize.
   void run(int calls = 1) const {
     for (int i = 0; i < calls; ++i) (*kernel_)(*op_, KernelArgs{in_, out_, 0, nullptr, 0});
@@ -131,7 +134,6 @@ class TimedOp {
   std::vector<Shape> in_shapes_, out_shapes_;
   std::vector<TensorMeta> in_meta_, out_meta_;
   std::vector<TensorRef> in_, out_;
-  std::size_t bytes_ = 0;
   const Kernel* kernel_ = nullptr;
 };
 
@@ -181,11 +183,12 @@ inline DeviceProfile calibrate(Backend& backend, int threads, const std::string&
   HostBuffer host(kPool, 0x3f);
 
   {  // large f32 GEMM: the flop rate of matmul, linear and convolution
-    TimedOp gemm(backend, std::make_shared<ops::MatMul>(false, false), {Shape{512, 512}, Shape{512, 512}}, pool.get());
+    TimedOp gemm(backend, std::make_shared<ops::MatMul>(false, false), {Shape{512, 512}, Shape{512, 512}}, pool.get(),
+                 kPool);
     p.gemm_flops = gemm.cost().flops / median_seconds([&] { gemm.run(); });
   }
   {  // tiny ops: what every op pays whatever its size
-    TimedOp tiny(backend, std::make_shared<ops::Binary<math::Add>>(), {Shape{64}, Shape{64}}, pool.get());
+    TimedOp tiny(backend, std::make_shared<ops::Binary<math::Add>>(), {Shape{64}, Shape{64}}, pool.get(), kPool);
     constexpr int calls = 200;
     p.op_latency_s = median_seconds([&] { tiny.run(calls); }) / calls;
   }
@@ -209,7 +212,7 @@ inline DeviceProfile calibrate(Backend& backend, int threads, const std::string&
   {  // memory-bound elementwise op over three 16 MiB operands: the stream
      // rate, alone and then with a copy reading its first input beside it
     std::int64_t n = std::int64_t(16_MiB / 4);
-    TimedOp add(backend, std::make_shared<ops::Binary<math::Add>>(), {Shape{n}, Shape{n}}, pool.get());
+    TimedOp add(backend, std::make_shared<ops::Binary<math::Add>>(), {Shape{n}, Shape{n}}, pool.get(), kPool);
     double alone = median_seconds([&] { add.run(); });
     p.stream_bytes = add.cost().bytes / alone;
     double beside;
