@@ -1,0 +1,342 @@
+// plan/budget_exact.hpp and plan/budget_exhaustive.hpp: on seeded random
+// problems shaped like a training step, the ILP's optimum equals exhaustive
+// search's, exhaustive search equals plain enumeration, the greedy never
+// beats either, and below the least feasible peak all three find nothing.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <frugal/plan/budget_exact.hpp>
+
+using namespace frugal;
+using namespace frugal::plan;
+
+namespace {
+
+struct Shape {
+  int min_layers = 3, max_layers = 7;
+  std::int64_t unit = 4096;  // activation sizes are multiples of this (plus `odd` bytes)
+  std::int64_t odd = 0;      // add up to this many stray bytes to each size: rows nowhere near round numbers
+};
+
+// A step of L layers: forward op k at position k, its backward at 2L-1-k.
+// Layer k produces a_k (the next layer's input, needed again by layer k+1's
+// backward) and s_k (saved for its own backward). A value is a candidate over
+// the idle window between its last forward use and its backward use. Options:
+// keep; swap to host (frees the window less the copy times at each end, costs
+// the copies the window's compute cannot hide); recompute (frees the whole
+// window, costs the producer's time, requires the producer's input kept);
+// sometimes spill to NVMe. A few random requirements tie swaps together.
+BudgetProblem step_problem(std::uint64_t seed, const Shape& shape = {}) {
+  std::mt19937_64 rng(seed);
+  auto uni = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
+  auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };
+  const int L = pick(shape.min_layers, shape.max_layers);
+  const bool with_nvme = uni(0, 1) < 0.3 && L <= 5;
+  BudgetProblem p;
+  p.positions = 2 * L;
+  p.op_ms.resize(std::size_t(p.positions));
+  for (auto& ms : p.op_ms) ms = uni(0.2, 3.0);
+  p.base.assign(std::size_t(p.positions), std::int64_t(pick(1, 8)) * shape.unit * 16);  // parameters
+  for (auto& b : p.base) b += std::int64_t(uni(0, 4)) * shape.unit;                  // workspace
+  const double host_ms_per_unit = uni(0.05, 0.6), nvme_ms_per_unit = host_ms_per_unit * uni(2, 5);
+
+  struct Value {
+    int producer, last_forward, backward, input;  // input: candidate index of the producer's input, or -1
+  };
+  std::vector<Value> values;
+  std::vector<int> a_candidate(std::size_t(L), -1);
+  std::int64_t swappable = 0;
+  for (int k = 0; k < L; ++k) {
+    // s_k: produced at k, needed by backward k at 2L-1-k.
+    // a_k: produced at k, read by forward k+1, needed by backward k+1 at 2L-2-k.
+    for (int which = 0; which < 2; ++which) {
+      const bool is_a = which == 0;
+      if (is_a && k == L - 1) continue;  // the output goes straight into the loss
+      Value v{k, is_a ? k + 1 : k, is_a ? 2 * L - 2 - k : 2 * L - 1 - k, k > 0 ? a_candidate[std::size_t(k - 1)] : -1};
+      const std::int64_t bytes = std::int64_t(pick(1, 24)) * shape.unit + (shape.odd ? std::int64_t(pick(0, int(shape.odd))) : 0);
+      for (int t = v.producer; t <= v.backward; ++t) p.base[std::size_t(t)] += bytes;
+      if (v.backward - v.last_forward < 2) continue;  // no idle window
+      Candidate c;
+      c.bytes = std::size_t(bytes);
+      c.before = v.last_forward;
+      c.after = v.backward;
+      c.options.push_back(Option{});
+      const Span window{v.last_forward + 1, v.backward - 1};
+      double window_ms = 0;
+      for (int t = window.first; t <= window.last; ++t) window_ms += p.op_ms[std::size_t(t)];
+      auto transfer = [&](Choice kind, double ms_per_unit) {
+        const double copy_ms = double(bytes) / double(shape.unit) * ms_per_unit;
+        Option o;
+        o.choice = kind;
+        // Freed once the copy out has run beside the window's first ops, taken back when the fetch starts.
+        int out = window.first;
+        for (double done = 0; out <= window.last && done < copy_ms; ++out) done += p.op_ms[std::size_t(out)];
+        int in = window.last + 1;
+        for (double done = 0; in > window.first && done < copy_ms;) done += p.op_ms[std::size_t(--in)];
+        o.out_done = out;
+        o.in_start = in;
+        o.cost_ms = std::max(0.0, 2 * copy_ms - window_ms) + 0.01;
+        if (out <= in - 1) o.device.push_back({{out, in - 1}, -bytes});
+        (kind == Choice::host ? o.host : o.nvme).push_back({window, bytes});
+        return o;
+      };
+      c.options.push_back(transfer(Choice::host, host_ms_per_unit));
+      swappable += bytes;
+      Option re;
+      re.choice = Choice::recompute;
+      re.cost_ms = p.op_ms[std::size_t(v.producer)];
+      re.device.push_back({window, -bytes});
+      if (v.input >= 0) re.requires_.push_back({v.input, 1u});  // the producer's input must still be there
+      c.options.push_back(re);
+      if (with_nvme) c.options.push_back(transfer(Choice::nvme, nvme_ms_per_unit));
+      if (is_a) a_candidate[std::size_t(k)] = int(p.candidates.size());
+      p.candidates.push_back(std::move(c));
+    }
+  }
+  // A few swaps that may not share the copy engine with another's swap.
+  const int n = int(p.candidates.size());
+  for (int r = 0; r < n / 3 && n > 1; ++r) {
+    int i = pick(0, n - 1), c = pick(0, n - 1);
+    if (c == i) continue;
+    p.candidates[std::size_t(i)].options[1].requires_.push_back({c, ~0u & ~(1u << 1)});
+  }
+  if (uni(0, 1) < 0.6) p.host_budget = std::max<std::int64_t>(1, std::int64_t(double(swappable) * uni(0.2, 0.7)));
+  if (with_nvme) p.nvme_budget = std::max<std::int64_t>(1, std::int64_t(double(swappable) * uni(0.2, 0.7)));
+  return p;
+}
+
+std::int64_t unconstrained_peak(const BudgetProblem& p) { return *std::max_element(p.base.begin(), p.base.end()); }
+
+// Every choice vector, one by one: the oracle for exhaustive search's pruning.
+Solution enumerate_all(const BudgetProblem& p, std::int64_t target) {
+  std::vector<int> choice(p.candidates.size(), 0), best;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (;;) {
+    Evaluation e = evaluate(p, choice);
+    if (fits_target(p, e, target) && e.cost_ms < best_cost) best_cost = e.cost_ms, best = choice;
+    std::size_t i = 0;
+    while (i < choice.size() && ++choice[i] == int(p.candidates[i].options.size())) choice[i++] = 0;
+    if (i == choice.size()) break;
+  }
+  return make_solution(p, best.empty() ? std::vector<int>(p.candidates.size(), 0) : best, target);
+}
+
+// The targets worth asking about: the unconstrained peak, the least feasible
+// peak, a byte under it, and a few in between.
+std::vector<std::int64_t> targets_for(const BudgetProblem& p, std::int64_t least, std::uint64_t seed) {
+  std::mt19937_64 rng(seed * 7919 + 1);
+  const std::int64_t top = unconstrained_peak(p);
+  std::vector<std::int64_t> t{top, least, least - 1, least / 2};
+  for (int k = 0; k < 4; ++k) t.push_back(least + std::int64_t(std::uniform_real_distribution<double>(0, 1)(rng) * double(top - least)));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("exhaustive search finds what enumerating every choice finds", "[budget-exact]") {
+  int checked = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 3, .max_layers = 5});
+    if (option_combinations(p) > 20000) continue;
+    const std::int64_t top = unconstrained_peak(p);
+    for (double f : {1.0, 0.9, 0.8, 0.7, 0.6, 0.5}) {
+      const std::int64_t target = std::int64_t(double(top) * f);
+      Solution ex = solve_exhaustive(p, target), all = enumerate_all(p, target);
+      INFO("seed " << seed << " target " << target);
+      REQUIRE(ex.feasible == all.feasible);
+      if (ex.feasible) REQUIRE(std::fabs(ex.eval.cost_ms - all.eval.cost_ms) <= 1e-9);
+      ++checked;
+    }
+  }
+  CHECK(checked >= 100);
+}
+
+TEST_CASE("the ILP's optimum is exhaustive search's, and the greedy never beats it", "[budget-exact]") {
+  if (!kExactSolverHasGlpk) WARN("built without GLPK: solve_exact is exhaustive search here; install libglpk-dev");
+  int feasible = 0, infeasible = 0, greedy_optimal = 0, greedy_feasible = 0;
+  for (std::uint64_t seed = 1; seed <= 80; ++seed) {
+    BudgetProblem p = step_problem(seed);
+    ExactResult least = solve_exhaustive_min_memory(p);
+    REQUIRE(least.solution.feasible);
+    const std::int64_t m = least.solution.eval.device_peak;
+    for (std::int64_t target : targets_for(p, m, seed)) {
+      INFO("seed " << seed << ": " << p.candidates.size() << " candidates, " << p.positions << " positions, target "
+                   << target << ", least peak " << m);
+      p.device_budget = target;
+      Solution ex = solve_exhaustive(p, target);
+      ExactResult ilp = solve_exact(p, target);
+      Solution greedy = solve_greedy(p, target);
+      INFO("ILP status: " << ilp.status);
+      REQUIRE(ex.feasible == ilp.solution.feasible);
+      REQUIRE(ex.feasible == (target >= m));
+      if (!ex.feasible) {
+        CHECK(ilp.proved_infeasible);
+        CHECK_FALSE(greedy.feasible);
+        ++infeasible;
+        continue;
+      }
+      ++feasible;
+      CHECK(ilp.optimal);
+      if (kExactSolverHasGlpk) CHECK(ilp.status == "optimal");  // GLPK's first answer fit: the model, not the re-check, got it right
+      CHECK(std::fabs(ilp.solution.eval.cost_ms - ex.eval.cost_ms) <= 1e-9);
+      const Evaluation e = evaluate(p, ilp.solution.choice);
+      CHECK(e.fits(p));
+      CHECK(e.device_peak <= target);
+      if (greedy.feasible) {
+        ++greedy_feasible;
+        CHECK(greedy.eval.cost_ms >= ex.eval.cost_ms - 1e-9);
+        if (greedy.eval.cost_ms <= ex.eval.cost_ms + 1e-9) ++greedy_optimal;
+      }
+    }
+  }
+  // Both sides of the boundary were asked about, and the greedy is not
+  // trivially optimal (else the gap would say nothing).
+  CHECK(feasible >= 300);
+  CHECK(infeasible >= 150);
+  CHECK(greedy_optimal < greedy_feasible);
+}
+
+TEST_CASE("below the least feasible peak none of the three finds an answer; at it the exact ones do", "[budget-exact]") {
+  for (std::uint64_t seed = 100; seed <= 130; ++seed) {
+    BudgetProblem p = step_problem(seed);
+    const std::int64_t m = solve_exhaustive_min_memory(p).solution.eval.device_peak;
+    INFO("seed " << seed << ", least peak " << m);
+    for (std::int64_t target : {m - 1, m - 4096, m * 9 / 10, std::int64_t(0)}) {
+      CHECK_FALSE(solve_greedy(p, target).feasible);
+      CHECK_FALSE(solve_exhaustive(p, target).feasible);
+      ExactResult ilp = solve_exact(p, target);
+      CHECK_FALSE(ilp.solution.feasible);
+      CHECK(ilp.proved_infeasible);
+    }
+    CHECK(solve_exhaustive(p, m).feasible);
+    ExactResult at = solve_exact(p, m);
+    CHECK(at.solution.feasible);
+    CHECK(at.solution.eval.device_peak == m);
+  }
+}
+
+TEST_CASE("the exact least-memory answer has exhaustive search's peak and cost", "[budget-exact]") {
+  for (std::uint64_t seed = 200; seed <= 240; ++seed) {
+    BudgetProblem p = step_problem(seed);
+    ExactResult want = solve_exhaustive_min_memory(p);
+    ExactResult got = solve_exact_min_memory(p);
+    INFO("seed " << seed << ": " << got.status);
+    REQUIRE(got.solution.feasible);
+    CHECK(got.optimal);
+    CHECK(got.solution.eval.device_peak == want.solution.eval.device_peak);
+    CHECK(std::fabs(got.solution.eval.cost_ms - want.solution.eval.cost_ms) <= 1e-9);
+    // The greedy's least memory is never below the true least.
+    CHECK(solve_min_memory(p).eval.device_peak >= got.solution.eval.device_peak);
+  }
+}
+
+TEST_CASE("hundreds of MiB with stray bytes: the ILP's answers fit to the byte at the tightest budget", "[budget-exact]") {
+  // Sizes up to 24 x 16 MiB plus up to 255 odd bytes: GLPK's double
+  // tolerances are then far coarser than a byte, and exactness rests on
+  // re-checking its answers.
+  for (std::uint64_t seed = 300; seed <= 330; ++seed) {
+    BudgetProblem p = step_problem(seed, {.unit = std::int64_t(16) << 20, .odd = 255});
+    ExactResult least = solve_exhaustive_min_memory(p);
+    const std::int64_t m = least.solution.eval.device_peak;
+    for (std::int64_t target : {m, m + 1, m + 255, m - 1}) {
+      ExactResult ilp = solve_exact(p, target);
+      Solution ex = solve_exhaustive(p, target);
+      INFO("seed " << seed << ", target " << target << ", least " << m << ": " << ilp.status);
+      REQUIRE(ilp.solution.feasible == ex.feasible);
+      if (!ex.feasible) continue;
+      CHECK(ilp.solution.eval.device_peak <= target);
+      CHECK(ilp.optimal);
+      CHECK(std::fabs(ilp.solution.eval.cost_ms - ex.eval.cost_ms) <= 1e-9);
+    }
+  }
+}
+
+TEST_CASE("options beaten or tied by another are dropped only where nothing needs them", "[budget-exact]") {
+  // Candidate 0 must free 10 bytes at position 1. Options 1 and 2 are the
+  // same swap, option 3 the same but dearer; candidate 1's only eviction
+  // requires candidate 0 to take option 2 (say, a shared copy stream), and
+  // the target needs both evictions.
+  BudgetProblem p;
+  p.positions = 3;
+  p.base = {50, 100, 50};
+  Candidate c0;
+  c0.options.resize(4);
+  for (int j = 1; j <= 3; ++j) {
+    c0.options[std::size_t(j)].choice = Choice::host;
+    c0.options[std::size_t(j)].cost_ms = j == 3 ? 2.0 : 1.0;
+    c0.options[std::size_t(j)].device.push_back({{1, 1}, -10});
+  }
+  Candidate c1;
+  c1.options.resize(2);
+  c1.options[1].cost_ms = 0.5;
+  c1.options[1].device.push_back({{0, 2}, -20});
+  c1.options[1].requires_.push_back({0, 1u << 2});
+  p.candidates = {c0, c1};
+  ExactResult r = solve_exact(p, 70);
+  INFO(r.status);
+  REQUIRE(r.solution.feasible);
+  CHECK(r.optimal);
+  CHECK(r.solution.choice == std::vector<int>{2, 1});
+  CHECK(r.solution.eval.cost_ms == 1.5);
+  // Without the requirement, option 1 (the tie's lower index) serves.
+  p.candidates[1].options[1].requires_.clear();
+  r = solve_exact(p, 70);
+  CHECK(r.solution.choice == std::vector<int>{1, 1});
+}
+
+TEST_CASE("exhaustive search refuses a problem with too many combinations, saying what to use", "[budget-exact]") {
+  BudgetProblem p;
+  p.positions = 4;
+  p.base.assign(4, 100);
+  for (int i = 0; i < 21; ++i) {
+    Candidate c;
+    c.options.resize(2);
+    c.options[1].device.push_back({{1, 2}, -1});
+    p.candidates.push_back(c);
+  }
+  REQUIRE(option_combinations(p) > kExhaustiveCombinationLimit);
+  CHECK_THROWS_WITH(solve_exhaustive(p, 90), Catch::Matchers::Contains("use solve_exact (GLPK)"));
+}
+
+TEST_CASE("a problem too big for exhaustive search: GLPK solves it, a build without GLPK names libglpk-dev", "[budget-exact]") {
+  BudgetProblem p;
+  p.positions = 4;
+  p.base = {80, 100, 100, 80};
+  for (int i = 0; i < 21; ++i) {
+    Candidate c;
+    c.options.resize(2);
+    c.options[1].device.push_back({{1, 2}, -1});
+    p.candidates.push_back(c);
+  }
+  if (kExactSolverHasGlpk) {
+    // Each eviction frees one byte at positions 1 and 2: ten are needed.
+    for (int i = 0; i < 21; ++i) p.candidates[std::size_t(i)].options[1].cost_ms = 1 + 0.01 * i;
+    ExactResult r = solve_exact(p, 90);
+    REQUIRE(r.optimal);
+    CHECK(r.solution.choice == std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+    // Positions 0 and 3 hold 80 whatever is evicted: the 20 cheapest evictions get there.
+    ExactResult least = solve_exact_min_memory(p);
+    CHECK(least.optimal);
+    CHECK(least.solution.eval.device_peak == 80);
+    CHECK(std::fabs(least.solution.eval.cost_ms - 21.9) < 1e-9);
+  } else {
+    CHECK_THROWS_WITH(solve_exact(p, 90), Catch::Matchers::Contains("install libglpk-dev"));
+    CHECK_THROWS_WITH(solve_exact_min_memory(p), Catch::Matchers::Contains("install libglpk-dev"));
+  }
+}
+
+TEST_CASE("a problem that reads outside its schedule is refused by name", "[budget-exact]") {
+  BudgetProblem p;
+  p.positions = 3;
+  p.base.assign(3, 10);
+  Candidate c;
+  c.options.resize(2);
+  c.options[1].device.push_back({{1, 3}, -5});
+  p.candidates.push_back(c);
+  CHECK_THROWS_WITH(solve_exact(p, 8), Catch::Matchers::Contains("outside the schedule"));
+}
