@@ -9,13 +9,19 @@
 // 3. Solve greedily for the budget, rewrite, plan, and check the real arena
 //    (offsets leave gaps the abstract problem does not see); tighten the
 //    target by the overshoot and retry a few times, else fall back to 2.
+// A step of up to kExactPositions ops is solved exactly instead (an ILP
+// through GLPK, budget_exact.hpp), both for its least memory and for the
+// budget, with the greedy as the fallback if the exact solve gives out.
 #include <numeric>
 
+#include "budget_exact.hpp"
 #include "budget_greedy.hpp"
 #include "plan.hpp"
 #include "rewrite.hpp"
 
 namespace frugal::plan {
+
+inline constexpr int kExactPositions = 40;
 
 struct BudgetedPlan {
   std::shared_ptr<Graph> graph;  // the graph the plan runs: the input, or its rewrite
@@ -74,7 +80,22 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     return BudgetedPlan{std::move(rw.graph), std::move(p)};
   };
 
-  BudgetedPlan least = realize(solve_min_memory(problem));
+  const bool exact = problem.positions <= kExactPositions;
+  auto least_solution = [&] {
+    if (exact) {
+      ExactResult r = solve_exact_min_memory(problem, 10);
+      if (r.solution.feasible) return r.solution;
+    }
+    return solve_min_memory(problem);
+  };
+  auto solve_for = [&](std::int64_t target) {
+    if (exact) {
+      ExactResult r = solve_exact(problem, target, 10);
+      if (r.solution.feasible || r.proved_infeasible) return r.solution;
+    }
+    return solve_greedy(problem, target);
+  };
+  BudgetedPlan least = realize(least_solution());
   const std::size_t min_feasible = least.plan.total_bytes();
   if (budget.device < min_feasible)
     fail<BudgetError>("device budget ", format_bytes(budget.device), " (", budget.device,
@@ -88,7 +109,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
 
   std::int64_t target = std::int64_t(budget.device);
   for (int attempt = 0; attempt < 6 && target > 0; ++attempt) {
-    Solution s = solve_greedy(problem, target);
+    Solution s = solve_for(target);
     if (!s.feasible) break;
     BudgetedPlan bp = realize(s);
     if (bp.plan.total_bytes() <= budget.device) {
