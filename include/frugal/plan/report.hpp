@@ -35,6 +35,8 @@ inline std::string describe_value(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
   if (val.producer < 0) return cat(value_kind_name(val.kind), " '", val.name, "' ", val.meta.str());
   const Node& n = g.node(val.producer);
+  if (auto* t = dynamic_cast<const ops::Transfer*>(n.op.get()))  // a budget plan's copy: say of what
+    return cat(t->name(), " (", phase_name(n.phase), ") of ", t->what());
   return cat(n.op->name(), " (", phase_name(n.phase), ") ", val.meta.str());
 }
 

@@ -20,7 +20,8 @@ class Executor {
  public:
   // `nvme_dir` holds the NVMe tier's file when the plan spills there.
   Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend, const std::string& nvme_dir = "")
-      : graph_(std::move(graph)), backend_(backend), host_(plan.host_bytes), copies_(std::size_t(plan.transfer_slots)) {
+      : graph_(std::move(graph)), backend_(backend), host_(plan.host_bytes) {
+    if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
     if (plan.nvme_bytes) {
       if (nvme_dir.empty())
         fail("the plan spills ", format_bytes(plan.nvme_bytes), " to NVMe but no directory was given (Budget::nvme_dir)");
@@ -73,7 +74,7 @@ class Executor {
   // `times`, when given, receives each node's wall time (the backend
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
-    copies_.reset_error();
+    if (copies_) copies_->reset_error();
     const bool fetched = prefetched_;  // this step's early fetches were issued by the last one
     prefetched_ = false;
     try {
@@ -90,12 +91,12 @@ class Executor {
       }
     } catch (...) {
       try {
-        copies_.drain();  // nothing may still be copying into memory the caller reuses
+        if (copies_) copies_->drain();  // nothing may still be copying into memory the caller reuses
       } catch (...) {
       }
       throw;
     }
-    copies_.drain();
+    if (copies_) copies_->drain();
     backend_.synchronize();
     prefetched_ = !early_fetch_count_zero();
   }
@@ -190,12 +191,12 @@ class Executor {
       case Move::memory:
         if (m.kind == ops::TransferKind::evict_start || m.kind == ops::TransferKind::fetch_start ||
             m.kind == ops::TransferKind::write_back_start)
-          copies_.copy(m.slot, m.dst, m.src, m.bytes);
+          copies_->copy(m.slot, m.dst, m.src, m.bytes);
         else
-          copies_.wait(m.slot);
+          copies_->wait(m.slot);
         return;
-      case Move::nvme_write: return copies_.write_nvme(m.slot, *nvme_, m.nvme_offset, m.src, m.bytes);
-      case Move::nvme_read: return copies_.read_nvme(m.slot, *nvme_, m.nvme_offset, m.dst, m.bytes);
+      case Move::nvme_write: return copies_->write_nvme(m.slot, *nvme_, m.nvme_offset, m.src, m.bytes);
+      case Move::nvme_read: return copies_->read_nvme(m.slot, *nvme_, m.nvme_offset, m.dst, m.bytes);
     }
   }
   TensorRef ref(ValueId v) const {
@@ -207,7 +208,7 @@ class Executor {
   std::shared_ptr<const Graph> graph_;
   Backend& backend_;
   HostPool host_;
-  CopyEngine copies_;
+  std::optional<CopyEngine> copies_;
   std::unique_ptr<NvmeStore> nvme_;
   std::byte* arena_ = nullptr;
   std::size_t arena_bytes_ = 0;

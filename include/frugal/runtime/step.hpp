@@ -151,7 +151,7 @@ class Step {
 
   // How many times the step re-planned with measured op times (0 or 1), and
   // the measured median step time that decided it (0 before it is known).
-  int replans() const { return replanned_ ? 1 : 0; }
+  int replans() const { return replans_; }
   double measured_step_ms() const { return measured_ms_; }
 
   const Plan& plan() const { return p_.plan; }
@@ -204,6 +204,7 @@ class Step {
     p_.plan = std::move(next.second);
     executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
     replanned_ = true;
+    ++replans_;
   }
 
   Parts p_;
@@ -211,7 +212,8 @@ class Step {
   std::unique_ptr<plan::OpTimeRecorder> recorder_;
   std::array<double, kTimedSteps> step_ms_{};
   int timed_steps_ = 0;
-  bool replanned_ = false, replan_due_ = false;
+  bool replanned_ = false, replan_due_ = false;  // re-planning was tried; it is due before the next step
+  int replans_ = 0;
   double measured_ms_ = 0;
   std::vector<Tensor> outputs_;
   std::int64_t steps_ = 0;
