@@ -15,7 +15,13 @@
 #include "plan/verify.hpp"
 #include "runtime/compile.hpp"
 #include "runtime/process_memory.hpp"
+// The CPU kernels are compiled (and register themselves) in every file that
+// includes this header, unless FRUGAL_KERNELS_ELSEWHERE is defined there: a
+// program of many files can define it in all but one of them and compile the
+// kernels once.
+#ifndef FRUGAL_KERNELS_ELSEWHERE
 #include "backend/cpu/cpu_backend.hpp"
+#endif
 #include "nn/activation.hpp"
 #include "nn/linear.hpp"
 #include "nn/sequential.hpp"
