@@ -2,6 +2,7 @@
 // capture -> autograd -> optimizer ops -> plan -> Step.
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <omp.h>
 
 #include "../graph/capture.hpp"
@@ -122,7 +123,9 @@ inline plan::PriceModel prices_from(std::shared_ptr<const plan::CostModel> cm) {
 // This machine's profile for a backend, calibrated once per process (and
 // cached on disk across processes).
 inline DeviceProfile machine_profile(Backend& backend, int threads, const std::string& nvme_dir) {
+  static std::mutex lock;  // steps may be compiled from several threads
   static std::map<std::string, DeviceProfile> known;
+  std::lock_guard guard(lock);
   std::string key = cat(backend.name(), "/", threads, "/", nvme_dir);
   auto it = known.find(key);
   if (it == known.end()) it = known.emplace(key, load_or_calibrate(backend, threads, nvme_dir)).first;
