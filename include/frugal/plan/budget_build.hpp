@@ -31,7 +31,6 @@ struct Prices {
   double overlap_slowdown = 0.1;  // how much an overlapped copy slows compute, as a fraction of its time
 };
 
-inline constexpr std::size_t kTierAlignment = 4096;  // host pool and NVMe slots (O_DIRECT)
 inline constexpr std::size_t kMinPersistentCandidate = 1 << 10;  // smaller state is not worth a transfer
 
 // The value whose buffer a view (reshape) reads, following views back.

@@ -13,6 +13,9 @@
 
 namespace frugal::plan {
 
+// Host pool and NVMe slots are aligned for O_DIRECT.
+inline constexpr std::size_t kTierAlignment = 4096;
+
 // Values that live in the step's arena (everything but persistent state).
 inline bool in_arena(const Value& v) { return v.kind == ValueKind::input || v.kind == ValueKind::activation; }
 

@@ -96,6 +96,13 @@ inline void find_early_fetches(const Graph& g, Plan& p, std::span<const ValueId>
   std::vector<char> is_root_buffer(p.intervals.size(), 0);
   for (ValueId r : roots)
     if (p.buffer_of[std::size_t(r)] >= 0) is_root_buffer[std::size_t(p.buffer_of[std::size_t(r)])] = 1;
+  // Where each persistent is last written back: its home is final from there.
+  std::vector<int> written_back(g.num_values(), 0);
+  for (int u = 0; u < T; ++u) {
+    const Node& m = g.node(p.schedule[std::size_t(u)]);
+    auto* w = dynamic_cast<const ops::Transfer*>(m.op.get());
+    if (w && w->kind() == ops::TransferKind::write_back_done) written_back[std::size_t(m.inputs[1])] = u;
+  }
   for (int t = 0; t < T; ++t) {
     const Node& n = g.node(p.schedule[std::size_t(t)]);
     auto* tr = dynamic_cast<const ops::Transfer*>(n.op.get());
@@ -105,13 +112,7 @@ inline void find_early_fetches(const Graph& g, Plan& p, std::span<const ValueId>
     if (hv.kind != ValueKind::parameter && hv.kind != ValueKind::state) continue;
     const int own = p.buffer_of[std::size_t(n.outputs[0])];
     const std::size_t lo = p.offsets[std::size_t(own)], hi = lo + p.intervals[std::size_t(own)].bytes;
-    // The source is final once this step has written it back.
-    int after = 0;
-    for (int u = 0; u < T; ++u) {
-      const Node& m = g.node(p.schedule[std::size_t(u)]);
-      auto* w = dynamic_cast<const ops::Transfer*>(m.op.get());
-      if (w && w->kind() == ops::TransferKind::write_back_done && m.inputs[1] == home) after = std::max(after, u);
-    }
+    int after = written_back[std::size_t(home)];  // the source is final once written back
     bool ok = true;
     for (std::size_t b = 0; b < p.intervals.size() && ok; ++b) {
       const Interval& iv = p.intervals[b];
@@ -130,15 +131,17 @@ inline void place_tiers(const Graph& g, Plan& p) {
   p.tier_offset_of.assign(g.num_values(), std::nullopt);
   for (ValueKind tier : {ValueKind::host, ValueKind::nvme}) {
     std::vector<Interval> iv;
+    std::vector<int> slot_of(g.num_values(), -1);  // by value id: its interval in iv
     for (int t = 0; t < int(p.schedule.size()); ++t) {
       const Node& n = g.node(p.schedule[std::size_t(t)]);
       for (ValueId o : n.outputs)
-        if (g.value(o).kind == tier)
-          iv.push_back({o, align_up(std::max<std::size_t>(g.value(o).meta.nbytes(), 1), 4096),
+        if (g.value(o).kind == tier) {
+          slot_of[std::size_t(o)] = int(iv.size());
+          iv.push_back({o, align_up(std::max<std::size_t>(g.value(o).meta.nbytes(), 1), kTierAlignment),
                         g.value(o).meta.nbytes(), t, t});
+        }
       for (ValueId in : n.inputs)
-        for (auto& x : iv)
-          if (x.value == in) x.last = t;
+        if (slot_of[std::size_t(in)] >= 0) iv[std::size_t(slot_of[std::size_t(in)])].last = t;
     }
     Placement pl = assign_offsets(iv);
     for (std::size_t i = 0; i < iv.size(); ++i) p.tier_offset_of[std::size_t(iv[i].value)] = pl.offset[i];
