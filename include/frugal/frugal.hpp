@@ -41,3 +41,7 @@
 #include "data/idx.hpp"
 #include "nn/graph_conv.hpp"
 #include "data/graph.hpp"
+#include "data/augment.hpp"
+#include "data/planetoid.hpp"
+#include "data/sampler.hpp"
+#include "data/text.hpp"
