@@ -135,23 +135,23 @@ class ResNet : public Layer {
 
 // ResNet-18 for CIFAR, exactly the peer's model: 3x3 stem of 64, no max-pool,
 // [2, 2, 2, 2] BasicBlocks of widths 64, 128, 256, 512, global average pool, fc.
-inline std::unique_ptr<ResNet<BasicBlock>> resnet18_cifar(std::int64_t num_classes = 10) {
+inline std::unique_ptr<ResNet<BasicBlock>> resnet18_cifar(std::int64_t num_classes = 10, std::int64_t in_channels = 3) {
   return std::make_unique<ResNet<BasicBlock>>(
-      64, std::vector<ResNetStage>{{64, 2, 1}, {128, 2, 2}, {256, 2, 2}, {512, 2, 2}}, num_classes);
+      64, std::vector<ResNetStage>{{64, 2, 1}, {128, 2, 2}, {256, 2, 2}, {512, 2, 2}}, num_classes, in_channels);
 }
 
 // ResNet-20 of He et al. (2016) for CIFAR: 3x3 stem of 16, three stages of
 // three BasicBlocks of widths 16, 32, 64 (projection shortcuts, "option B").
-inline std::unique_ptr<ResNet<BasicBlock>> resnet20_cifar(std::int64_t num_classes = 10) {
+inline std::unique_ptr<ResNet<BasicBlock>> resnet20_cifar(std::int64_t num_classes = 10, std::int64_t in_channels = 3) {
   return std::make_unique<ResNet<BasicBlock>>(16, std::vector<ResNetStage>{{16, 3, 1}, {32, 3, 2}, {64, 3, 2}},
-                                              num_classes);
+                                              num_classes, in_channels);
 }
 
 // ResNet-50 with a CIFAR stem: 3x3 conv of 64, no max-pool, Bottleneck
 // blocks [3, 4, 6, 3] of widths 64..512 (outputs 256..2048), fc.
-inline std::unique_ptr<ResNet<Bottleneck>> resnet50_cifar(std::int64_t num_classes = 10) {
+inline std::unique_ptr<ResNet<Bottleneck>> resnet50_cifar(std::int64_t num_classes = 10, std::int64_t in_channels = 3) {
   return std::make_unique<ResNet<Bottleneck>>(
-      64, std::vector<ResNetStage>{{64, 3, 1}, {128, 4, 2}, {256, 6, 2}, {512, 3, 2}}, num_classes);
+      64, std::vector<ResNetStage>{{64, 3, 1}, {128, 4, 2}, {256, 6, 2}, {512, 3, 2}}, num_classes, in_channels);
 }
 
 }  // namespace frugal::nn

@@ -305,6 +305,19 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
   return detail::finish({std::move(c), std::move(roots), nullptr, loss.id, {}, std::move(grad_of)}, budget, o);
 }
 
+// What compile_inference() would plan, without allocating anything.
+template <class Fn>
+PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, CompileOptions o = {}, Budget budget = {}) {
+  auto c = detail::capture(fn, specs);
+  std::vector<ValueId> outs;
+  for (auto& v : c.results) outs.push_back(v.id);
+  detail::Prepared p{std::move(c), outs, nullptr, kNoValue, outs, {}};
+  Plan plan = detail::plan_prepared(p, budget, o);
+  std::size_t in = 0;
+  for (auto& s : specs) in += s.meta.nbytes();
+  return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
+}
+
 // Forward only: fn returns one Var or a std::vector<Var>; after run() they
 // are in step.output(i).
 template <class Fn>

@@ -29,6 +29,7 @@ class Executor {
     }
     arena_bytes_ = plan.arena_bytes;
     arena_ = static_cast<std::byte*>(backend_.allocate(arena_bytes_ + kCanaryBytes));
+    fill(kWatermark);  // so high_water() can tell what the steps have written
     address_.assign(graph_->num_values(), nullptr);
     for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
       const Value& val = graph_->value(v);
@@ -111,15 +112,22 @@ class Executor {
 
   // Beyond the arena lies a canary region: a step must never touch it.
   static constexpr std::size_t kCanaryBytes = 4096;
+  static constexpr unsigned char kWatermark = 0xA5;
 
   // For audits: fill the arena and the canary with one byte value...
   void fill(unsigned char pattern) {
     prefetched_ = false;
+    filled_with_ = pattern;
     backend_.fill(arena_, pattern, arena_bytes_ + kCanaryBytes);
   }
   // ...and, after a step, find one past the highest byte that differs from
   // it: the high-water mark of what the step actually wrote. Scans down from
   // the top through a small host window, so an audit costs no arena-sized copy.
+  // One past the highest arena byte any step has written since the arena was
+  // last filled: the measured device high-water mark. (A value whose top
+  // bytes equal the fill byte would hide them; audit() uses two patterns for
+  // an exact answer, this reading is for progress reports.)
+  std::size_t high_water() const { return touched_up_to(filled_with_); }
   std::size_t touched_up_to(unsigned char pattern) const {
     unsigned char window[1 << 16];
     std::size_t end = arena_bytes_ + kCanaryBytes;
@@ -208,6 +216,7 @@ class Executor {
   std::shared_ptr<const Graph> graph_;
   Backend& backend_;
   HostPool host_;
+  unsigned char filled_with_ = kWatermark;
   std::optional<CopyEngine> copies_;
   std::unique_ptr<NvmeStore> nvme_;
   std::byte* arena_ = nullptr;

@@ -161,6 +161,14 @@ class Step {
   plan::VerifyReport verify() const { return plan::verify(*p_.graph, p_.plan, p_.roots); }
   const Graph& graph() const { return *p_.graph; }
   std::size_t arena_bytes() const { return p_.plan.arena_bytes; }
+  // Device bytes in use, measured: the highest arena byte the steps so far
+  // have written (the arena is filled with a marker byte when allocated and
+  // scanned from the top), plus the parameters and optimizer state the plan
+  // keeps on the device. Never more than plan().total_bytes(); equal to it
+  // once a step has run, since the prediction is exact.
+  std::size_t measured_device_bytes() const {
+    return std::max(earlier_high_water_, executor_->high_water()) + p_.plan.persistent_bytes;
+  }
   std::int64_t steps_run() const { return steps_; }
   // Sets the step counter, as a resumed run does: random ops (dropout) key
   // their streams by it, so step n draws the same numbers either way.
@@ -199,6 +207,7 @@ class Step {
       replanned_ = true;
       return;
     }
+    earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());
     executor_.reset();
     p_.graph = std::move(next.first);
     p_.plan = std::move(next.second);
@@ -215,6 +224,7 @@ class Step {
   bool replanned_ = false, replan_due_ = false;  // re-planning was tried; it is due before the next step
   int replans_ = 0;
   double measured_ms_ = 0;
+  std::size_t earlier_high_water_ = 0;  // of the executors a re-plan replaced
   std::vector<Tensor> outputs_;
   std::int64_t steps_ = 0;
 };
