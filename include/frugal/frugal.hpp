@@ -41,3 +41,5 @@
 #include "data/idx.hpp"
 #include "nn/graph_conv.hpp"
 #include "data/graph.hpp"
+#include "io/safetensors.hpp"
+#include "io/checkpoint.hpp"
