@@ -912,6 +912,9 @@ TEST_CASE("loss scaling rejects what it cannot guard, and bad options", "[mixed]
     const std::vector<Tensor>& params() const override { return p; }
     void append_update(Var, Var, std::size_t) override {}
     void begin_step() override {}
+    std::string kind() const override { return "plain"; }
+    std::int64_t steps() const override { return 0; }
+    void set_steps(std::int64_t) override {}
   };
   nn::manual_seed(1);
   MixedMlp model(4, 4, 2, DType::f16);

@@ -45,3 +45,5 @@
 #include "data/planetoid.hpp"
 #include "data/sampler.hpp"
 #include "data/text.hpp"
+#include "io/safetensors.hpp"
+#include "io/checkpoint.hpp"

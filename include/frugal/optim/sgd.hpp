@@ -45,7 +45,20 @@ class SGD final : public Optimizer, public SkippableOptimizer {
   void set_lr(double lr) { h_->lr = lr; }
   double lr() const { return h_->lr; }
   // Steps run (the host's count, advanced before each step).
-  std::int64_t steps() const { return h_->step; }
+  std::int64_t steps() const override { return h_->step; }
+  void set_steps(std::int64_t n) override {
+    if (n < 0) fail("optim::SGD: the step count cannot be negative (got ", n, ")");
+    h_->step = n;
+  }
+  std::string kind() const override { return "sgd"; }
+  // Per parameter "momentum_buffer"; "steps_taken" under loss scaling.
+  std::vector<StateTensor> state() const override {
+    std::vector<StateTensor> out;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (momentum_[i].defined()) out.push_back({i, "momentum_buffer", momentum_[i]});
+    if (taken_.defined()) out.push_back({kNoParam, "steps_taken", taken_});
+    return out;
+  }
   // Steps whose update was applied: steps() unless loss scaling skipped some.
   std::int64_t steps_taken() const { return taken_.defined() ? taken_.data<std::int64_t>()[0] : h_->step; }
   // Momentum buffers, by parameter index (undefined until compiled).
