@@ -1,0 +1,218 @@
+#pragma once
+// What every sample does around its own model and data: split the device
+// budget between the training and the evaluation step, print the plan,
+// resume from and save checkpoints, show progress, keep the loss history,
+// and end with the JSON line and the plot.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <frugal/frugal.hpp>
+
+#include "cli.hpp"
+#include "json_line.hpp"
+#include "plot.hpp"
+#include "progress.hpp"
+
+namespace samples {
+
+// The device budget, split: the evaluation step gets what it needs up to a
+// quarter of the budget, training the rest; together they never exceed it.
+struct BudgetSplit {
+  std::size_t total = 0;  // 0: no budget
+  frugal::Budget train, eval;
+};
+
+class Session {
+ public:
+  Session(std::string sample, CommonArgs& args) : sample_(std::move(sample)), a_(args) {
+    out_ = a_.json ? stderr : stdout;
+  }
+
+  std::FILE* out() const { return out_; }
+  const CommonArgs& args() const { return a_; }
+  const std::string& name() const { return sample_; }
+
+  // `train_total` / `eval_total`: device bytes of the unconstrained plans.
+  BudgetSplit split_budget(std::size_t train_total, std::size_t eval_total) const {
+    BudgetSplit s;
+    s.train.host = s.eval.host = a_.host.empty() ? 0 : frugal::parse_bytes(a_.host);
+    s.train.nvme_dir = a_.nvme_dir;
+    if (a_.budget.empty()) return s;
+    if (a_.budget.back() == '%') {
+      double pct = 0;
+      try {
+        pct = std::stod(a_.budget.substr(0, a_.budget.size() - 1));
+      } catch (...) {
+      }
+      if (!(pct > 0)) frugal::fail("--budget ", a_.budget, ": a percentage must be positive, e.g. 40%");
+      s.total = std::size_t(double(train_total + eval_total) * pct / 100.0);
+    } else {
+      s.total = frugal::parse_bytes(a_.budget);
+    }
+    if (s.total == 0) frugal::fail("--budget must be more than 0 bytes");
+    std::size_t eval_share = std::min(eval_total, s.total / 4);
+    s.eval.device = eval_share < eval_total ? eval_share : 0;  // 0: its unconstrained plan already fits
+    s.train.device = s.total - eval_share;
+    eval_bytes_ = eval_share;
+    return s;
+  }
+
+  // Prints what will happen: the plan of the training step under the budget.
+  void print_plan(const frugal::Step& train, const frugal::Step& eval, const BudgetSplit& b,
+                  std::size_t unconstrained_train) const {
+    std::fprintf(out_, "%s", train.summary().c_str());
+    if (b.total)
+      std::fprintf(out_, "device budget %s: training step %s (unconstrained %s), evaluation step %s\n",
+                   frugal::format_bytes(b.total).c_str(), frugal::format_bytes(train.plan().total_bytes()).c_str(),
+                   frugal::format_bytes(unconstrained_train).c_str(),
+                   frugal::format_bytes(eval.plan().total_bytes()).c_str());
+    std::fflush(out_);
+  }
+
+  // Loads --resume (after the steps are compiled: the optimizer's state
+  // exists from then on) and returns the step to continue from. `config`
+  // describes the model and data settings; a checkpoint of another
+  // configuration is refused.
+  std::int64_t resume(frugal::nn::Module& model, frugal::Optimizer& opt, std::vector<frugal::Step*> steps,
+                      const std::string& config) {
+    config_ = config;
+    if (a_.resume.empty()) return 0;
+    frugal::io::TrainingState st = frugal::io::load_checkpoint(a_.resume, model, opt);
+    auto it = st.metadata.find("sample");
+    if (it == st.metadata.end() || it->second != sample_)
+      frugal::fail<frugal::DataError>(a_.resume, ": a checkpoint of '", it == st.metadata.end() ? "?" : it->second,
+                                      "', not of ", sample_);
+    it = st.metadata.find("config");
+    if (it == st.metadata.end() || it->second != config)
+      frugal::fail<frugal::DataError>(a_.resume, ": saved with the configuration\n  ",
+                                      it == st.metadata.end() ? "(none)" : it->second, "\nbut this run has\n  ",
+                                      config, "\nresume with the same options");
+    for (auto& [name, t] : st.extra) {
+      if (name == "train_loss") history_.train.assign(t.data<float>(), t.data<float>() + t.numel());
+      if (name == "val_step")
+        for (std::int64_t i = 0; i < t.numel(); ++i) val_steps_.push_back(t.data<std::int64_t>()[i]);
+      if (name == "val_loss")
+        for (std::int64_t i = 0; i < t.numel(); ++i) val_values_.push_back(t.data<double>()[i]);
+    }
+    if (std::int64_t(history_.train.size()) != st.step || val_steps_.size() != val_values_.size())
+      frugal::fail<frugal::DataError>(a_.resume, ": its loss history (", history_.train.size(),
+                                      " steps) does not match its step counter ", st.step);
+    for (frugal::Step* s : steps) {
+      s->set_steps_run(st.step);
+      s->parameters_changed();
+    }
+    resumed_from_ = st.step;
+    std::fprintf(out_, "resumed from %s at step %lld\n", a_.resume.c_str(), static_cast<long long>(st.step));
+    return st.step;
+  }
+
+  void start(std::int64_t first, std::int64_t total, const std::string& unit, double per_step,
+             std::size_t budget_bytes) {
+    total_ = total;
+    progress_.emplace(out_, first, total, unit, per_step, budget_bytes, a_.log_every);
+  }
+
+  // After each training step.
+  void step_done(std::int64_t step, float loss, double ms, std::size_t device_bytes, frugal::nn::Module& model,
+                 frugal::Optimizer& opt) {
+    if (!std::isfinite(loss))
+      frugal::fail("the loss is ", loss, " at step ", step + 1,
+                   ": training diverged (lower the learning rate, or check the data)");
+    history_.train.push_back(loss);
+    step_ms_.push_back(ms);
+    last_loss_ = loss;
+    peak_seen_ = std::max(peak_seen_, device_bytes);
+    progress_->update(step, loss, device_bytes);
+    if (a_.save_every > 0 && (step + 1) % a_.save_every == 0 && step + 1 < total_) save(model, opt, step + 1);
+  }
+
+  // A scheduled evaluation (part of the history a checkpoint carries).
+  void validation(std::int64_t step, double value, const std::string& line) {
+    val_steps_.push_back(step);
+    val_values_.push_back(value);
+    progress_->note(line);
+  }
+  void note(const std::string& line) {
+    if (progress_) progress_->note(line);
+    else std::fprintf(out_, "%s\n", line.c_str());
+  }
+
+  void save(frugal::nn::Module& model, frugal::Optimizer& opt, std::int64_t step) {
+    if (a_.checkpoint.empty()) return;
+    frugal::Tensor tl({std::int64_t(history_.train.size())}, frugal::DType::f32);
+    std::copy(history_.train.begin(), history_.train.end(), tl.data<float>());
+    frugal::Tensor vs({std::int64_t(val_steps_.size())}, frugal::DType::i64);
+    frugal::Tensor vl({std::int64_t(val_values_.size())}, frugal::DType::f64);
+    std::copy(val_steps_.begin(), val_steps_.end(), vs.data<std::int64_t>());
+    std::copy(val_values_.begin(), val_values_.end(), vl.data<double>());
+    frugal::io::save_checkpoint(a_.checkpoint, model, opt, step, {{"sample", sample_}, {"config", config_}},
+                                {{"train_loss", tl}, {"val_step", vs}, {"val_loss", vl}});
+  }
+
+  double step_ms_median() const {
+    if (step_ms_.empty()) return 0;
+    std::vector<double> v = step_ms_;
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  }
+  float last_loss() const { return last_loss_; }
+  std::int64_t resumed_from() const { return resumed_from_; }
+  std::size_t eval_share() const { return eval_bytes_; }
+
+  // The fields every sample's JSON line has.
+  JsonLine summary_json(std::int64_t steps, std::size_t peak_device, const BudgetSplit& b,
+                        const frugal::Step& train, std::size_t unconstrained_total) const {
+    JsonLine j;
+    j.add("sample", sample_)
+        .add("steps", steps)
+        .add("final_loss", double(last_loss_))
+        .add("step_ms_median", step_ms_median())
+        .add("peak_device_bytes", peak_device)
+        .add("budget_bytes", b.total)
+        .add("unconstrained_bytes", unconstrained_total)
+        .add("train_step_bytes", train.plan().total_bytes())
+        .add("eval_step_bytes", peak_device - train.measured_device_bytes())
+        .add("recomputed", std::int64_t(train.plan().count(frugal::plan::Choice::recompute)))
+        .add("swapped_to_host", std::int64_t(train.plan().count(frugal::plan::Choice::host)))
+        .add("resumed_from", resumed_from_)
+        .add("seed", a_.seed)
+        .add("threads", a_.threads);
+    return j;
+  }
+
+  // --plot: loss curves and device memory over one step.
+  void write_plot(const std::string& title, const frugal::Plan& budgeted, const frugal::Plan& unconstrained,
+                  std::size_t budget, std::size_t measured, const std::string& val_label,
+                  std::optional<std::pair<std::int64_t, double>> final_val = std::nullopt) const {
+    if (a_.plot.empty()) return;
+    LossPlot lp{history_.train, {}, val_label};
+    for (std::size_t i = 0; i < val_steps_.size(); ++i) lp.val.push_back({val_steps_[i], val_values_[i]});
+    if (final_val && (lp.val.empty() || lp.val.back().first != final_val->first)) lp.val.push_back(*final_val);
+    MemoryPlot mp{device_bytes_per_position(budgeted), device_bytes_per_position(unconstrained), double(budget),
+                  double(measured)};
+    write_text_file(a_.plot, plot_svg(title, lp, mp));
+  }
+
+ private:
+  std::string sample_;
+  CommonArgs& a_;
+  std::FILE* out_;
+  std::string config_;
+  LossPlot history_;
+  std::vector<std::int64_t> val_steps_;
+  std::vector<double> val_values_;
+  std::vector<double> step_ms_;
+  std::optional<Progress> progress_;
+  std::int64_t total_ = 0, resumed_from_ = 0;
+  float last_loss_ = std::nanf("");
+  std::size_t peak_seen_ = 0;
+  mutable std::size_t eval_bytes_ = 0;
+};
+
+}  // namespace samples
