@@ -91,7 +91,11 @@ std::vector<Copy> match(const std::filesystem::path& path, const NamedTensors& e
     if (!wanted.count(nt->first)) unexpected.push_back(nt->first);
   if (!unexpected.empty()) {
     std::string list;
-    for (std::size_t i = 0; i < unexpected.size() && i < 8; ++i) list += (i ? ", '" : "'") + unexpected[i] + "'";
+    for (std::size_t i = 0; i < unexpected.size() && i < 8; ++i) {
+      list += i ? ", '" : "'";
+      list += unexpected[i];
+      list += '\'';
+    }
     if (unexpected.size() > 8) list += cat(" and ", unexpected.size() - 8, " more");
     fail<DataError>(path.string(), ": the file has ", unexpected.size(), " tensor", unexpected.size() == 1 ? "" : "s",
                     " the ", what, " does not: ", list);

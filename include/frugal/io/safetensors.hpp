@@ -74,7 +74,10 @@ struct SafetensorsFile {
     for (auto& [n, t] : tensors)
       if (n == name) return t;
     std::string some;
-    for (std::size_t i = 0; i < tensors.size() && i < 8; ++i) some += (i ? ", " : "") + tensors[i].first;
+    for (std::size_t i = 0; i < tensors.size() && i < 8; ++i) {
+      if (i) some += ", ";
+      some += tensors[i].first;
+    }
     if (tensors.size() > 8) some += ", ...";
     fail<DataError>(path.string(), ": no tensor named '", name, "' (the file has ", tensors.size(), " tensor",
                     tensors.size() == 1 ? "" : "s", some.empty() ? "" : ": ", some, ")");
@@ -95,7 +98,10 @@ inline std::string safetensors_header(const std::vector<const std::pair<std::str
     h += "\"__metadata__\":{";
     bool f = true;
     for (auto& [k, v] : metadata) {
-      h += (f ? "" : ",") + json_quote(k) + ":" + json_quote(v);
+      if (!f) h += ',';
+      h += json_quote(k);
+      h += ':';
+      h += json_quote(v);
       f = false;
     }
     h += "}";
@@ -104,9 +110,15 @@ inline std::string safetensors_header(const std::vector<const std::pair<std::str
   std::size_t offset = 0;
   for (auto* nt : sorted) {
     const Tensor& t = nt->second;
-    h += (first ? "" : ",") + json_quote(nt->first) + ":{\"dtype\":\"" + safetensors_dtype(t.dtype()) +
-         "\",\"shape\":[";
-    for (int d = 0; d < t.shape().rank(); ++d) h += (d ? "," : "") + std::to_string(t.shape()[d]);
+    if (!first) h += ',';
+    h += json_quote(nt->first);
+    h += ":{\"dtype\":\"";
+    h += safetensors_dtype(t.dtype());
+    h += "\",\"shape\":[";
+    for (int d = 0; d < t.shape().rank(); ++d) {
+      if (d) h += ',';
+      h += std::to_string(t.shape()[d]);
+    }
     h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
     offset += t.nbytes();
     first = false;
