@@ -21,8 +21,20 @@
 
 namespace samples {
 
+// The least device budget a step can be planned in: planning it under one
+// byte fails, and the error says what the least is.
+template <class PlanFn>
+std::size_t smallest_budget(PlanFn&& plan_under) {
+  try {
+    plan_under(frugal::Budget{.device = 1});
+  } catch (const frugal::BudgetError& e) {
+    return e.smallest_feasible_bytes;
+  }
+  return 1;
+}
+
 // The device budget, split: the evaluation step gets what it needs up to a
-// quarter of the budget, training the rest; together they never exceed it.
+// quarter of the budget (more if it cannot run in less), training the rest; together they never exceed it.
 struct BudgetSplit {
   std::size_t total = 0;  // 0: no budget
   frugal::Budget train, eval;
@@ -38,8 +50,9 @@ class Session {
   const CommonArgs& args() const { return a_; }
   const std::string& name() const { return sample_; }
 
-  // `train_total` / `eval_total`: device bytes of the unconstrained plans.
-  BudgetSplit split_budget(std::size_t train_total, std::size_t eval_total) const {
+  // `train_total` / `eval_total`: device bytes of the unconstrained plans;
+  // `eval_min`: the least the evaluation step can run in (smallest_budget).
+  BudgetSplit split_budget(std::size_t train_total, std::size_t eval_total, std::size_t eval_min) const {
     BudgetSplit s;
     s.train.host = s.eval.host = a_.host.empty() ? 0 : frugal::parse_bytes(a_.host);
     s.train.nvme_dir = a_.nvme_dir;
@@ -56,11 +69,32 @@ class Session {
       s.total = frugal::parse_bytes(a_.budget);
     }
     if (s.total == 0) frugal::fail("--budget must be more than 0 bytes");
-    std::size_t eval_share = std::min(eval_total, s.total / 4);
+    const std::size_t eval_share = std::min(eval_total, std::max(eval_min, s.total / 4));
+    if (eval_share >= s.total)
+      frugal::fail<frugal::BudgetError>("--budget ", frugal::format_bytes(s.total), " (", s.total,
+                                        " bytes) cannot hold even the evaluation step, which needs at least ",
+                                        frugal::format_bytes(eval_min), ", and the training step besides");
     s.eval.device = eval_share < eval_total ? eval_share : 0;  // 0: its unconstrained plan already fits
     s.train.device = s.total - eval_share;
     eval_bytes_ = eval_share;
     return s;
+  }
+
+  // Compiles the training step in its share of the budget; if that share is
+  // too small, says how large --budget must be.
+  template <class CompileFn>
+  frugal::Step compile_training(const BudgetSplit& b, CompileFn&& compile_fn) const {
+    try {
+      return compile_fn(b.train);
+    } catch (const frugal::BudgetError& e) {
+      if (!b.total || !e.smallest_feasible_bytes) throw;
+      const std::size_t need = e.smallest_feasible_bytes + eval_bytes_;
+      frugal::fail<frugal::BudgetError>(
+          "--budget ", frugal::format_bytes(b.total), " is too small: the evaluation step takes ",
+          frugal::format_bytes(eval_bytes_), ", leaving ", frugal::format_bytes(b.train.device),
+          " for training, which needs at least ", frugal::format_bytes(e.smallest_feasible_bytes),
+          "; use --budget ", need, " (", frugal::format_bytes(need), ") or more.\nThe planner said: ", e.what());
+    }
   }
 
   // Prints what will happen: the plan of the training step under the budget.

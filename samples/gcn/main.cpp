@@ -121,10 +121,14 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   PlannedStep free_train = plan_training(train_fn, train_in, opt, copts);
   model.eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, copts);
-  samples::BudgetSplit budget = session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes());
+  const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
+    return plan_inference(eval_fn, eval_in, copts, b);
+  });
+  samples::BudgetSplit budget =
+      session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
   Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model.train();
-  Step step = compile(train_fn, train_in, opt, budget.train, copts);
+  Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
 
   const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs : 200;
   char config[200];

@@ -16,6 +16,8 @@ struct ShapeError : Error {
 };
 struct BudgetError : Error {
   using Error::Error;
+  BudgetError(const std::string& what, std::size_t smallest) : Error(what), smallest_feasible_bytes(smallest) {}
+  std::size_t smallest_feasible_bytes = 0;  // the least device budget that plan fits, when known
 };
 struct DataError : Error {
   using Error::Error;

@@ -98,13 +98,14 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   BudgetedPlan least = realize(least_solution());
   const std::size_t min_feasible = least.plan.total_bytes();
   if (budget.device < min_feasible)
-    fail<BudgetError>("device budget ", format_bytes(budget.device), " (", budget.device,
+    throw BudgetError(cat("device budget ", format_bytes(budget.device), " (", budget.device,
                       " bytes) is infeasible: the smallest feasible budget is ", min_feasible, " bytes (",
                       format_bytes(min_feasible), "), with every activation this planner can recompute, swap",
                       budget.nvme_dir.empty() ? "" : " or spill", " moved off the device",
                       budget.host ? cat(" and a host pool of at most ", format_bytes(budget.host)) : std::string(),
                       "; unconstrained the step needs ", format_bytes(base.total_bytes()),
-                      ". Largest consumers at that plan's peak:", largest_consumers(*least.graph, least.plan));
+                      ". Largest consumers at that plan's peak:", largest_consumers(*least.graph, least.plan)),
+                      min_feasible);
   least.plan.min_feasible_bytes = min_feasible;
 
   std::int64_t target = std::int64_t(budget.device);

@@ -2,6 +2,7 @@
 // Runs a Plan on a Backend: one arena allocated up front, every kernel bound
 // and every operand address resolved before the first step, so a step itself
 // allocates nothing.
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -76,7 +77,11 @@ class Executor {
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     if (copies_) copies_->reset_error();
-    const bool fetched = prefetched_;  // this step's early fetches were issued by the last one
+    // This step's early fetches were issued by its last run, and still hold
+    // what they copied only if no other step ran since: another step (an
+    // evaluation step, a second model sharing weights) may have written the
+    // host-resident parameters they were fetched from.
+    const bool fetched = prefetched_ && prefetch_run_ == runs_of_any_executor();
     prefetched_ = false;
     try {
       for (std::size_t i = 0; i < bound_.size(); ++i) {
@@ -100,6 +105,7 @@ class Executor {
     if (copies_) copies_->drain();
     backend_.synchronize();
     prefetched_ = !early_fetch_count_zero();
+    prefetch_run_ = ++runs_of_any_executor();
   }
 
   // The next step fetches everything itself: after anything outside a step
@@ -226,6 +232,12 @@ class Executor {
   std::vector<std::vector<std::size_t>> early_at_;  // by position: early fetches issued after it
   std::vector<char> early_;                         // by position: an early fetch
   bool prefetched_ = false;
+  std::uint64_t prefetch_run_ = 0;  // runs_of_any_executor() when this one's early fetches were issued
+  // Counts the runs of every executor in the process.
+  static std::atomic<std::uint64_t>& runs_of_any_executor() {
+    static std::atomic<std::uint64_t> n{0};
+    return n;
+  }
   bool early_fetch_count_zero() const {
     for (auto& e : early_at_)
       if (!e.empty()) return false;
