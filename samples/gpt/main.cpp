@@ -133,7 +133,7 @@ int main(int argc, char** argv) try {
   Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
 
   const std::int64_t per_epoch = std::max<std::int64_t>(1, std::int64_t(split.train.size()) / (B * T));
-  const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs * per_epoch : 1200;
+  const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs * per_epoch : 1800;
   char config[256];
   std::snprintf(config, sizeof config, "data=%s vocab=%lld context=%lld layers=%lld d_model=%lld heads=%lld batch=%lld "
                 "dropout=%g lr=%g steps=%lld seed=%lld", real ? "shakespeare" : "generated",

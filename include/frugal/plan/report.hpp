@@ -118,8 +118,17 @@ inline std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    o += c;
+    if (c == '\n') {
+      o += "\\n";
+    } else if (c == '\t') {
+      o += "\\t";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+      o += buf;
+    } else {
+      o += c;
+    }
   }
   return o;
 }
