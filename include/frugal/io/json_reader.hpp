@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/utf8.hpp"
 
 namespace frugal::io {
 
@@ -193,23 +194,6 @@ class JsonParser {
     }
     return u;
   }
-  static void put_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
 
   std::string string() {
     expect('"');
@@ -251,7 +235,7 @@ class JsonParser {
           } else if (cp >= 0xDC00 && cp < 0xE000) {
             error("a \\u escape of a lone low surrogate");
           }
-          put_utf8(out, cp);
+          append_utf8(out, cp);
           break;
         }
         default:

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "../core/error.hpp"
+#include "../core/utf8.hpp"
 #include "../graph/op.hpp"
 
 namespace frugal {
@@ -216,23 +217,6 @@ class FlatJson {
     pos_ += 4;
     return v;
   }
-  static void utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
-  }
   std::string read_string() {
     expect('"');
     std::string out;
@@ -267,7 +251,7 @@ class FlatJson {
           } else if (cp >= 0xDC00 && cp < 0xE000) {
             bad("an unpaired surrogate");
           }
-          utf8(out, cp);
+          append_utf8(out, cp);
           break;
         }
         default: bad("an unknown escape in a string");
