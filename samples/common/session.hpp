@@ -16,6 +16,7 @@
 
 #include "cli.hpp"
 #include "json_line.hpp"
+#include "metrics.hpp"
 #include "plot.hpp"
 #include "progress.hpp"
 

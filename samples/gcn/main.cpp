@@ -154,11 +154,8 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
     for (std::int64_t i : nodes) {
       const float* row = z + i * C;
       const int label = d.labels.data<std::int32_t>()[i];
-      double m = row[0], s = 0;
-      for (std::int64_t c = 1; c < C; ++c) m = std::max(m, double(row[c]));
-      for (std::int64_t c = 0; c < C; ++c) s += std::exp(double(row[c]) - m);
-      loss += m + std::log(s) - double(row[label]);
-      correct += std::max_element(row, row + C) - row == label;
+      loss += samples::row_nll(row, C, label);
+      correct += samples::row_correct(row, C, label);
     }
     return std::make_pair(loss / double(nodes.size()), double(correct) / double(nodes.size()));
   };

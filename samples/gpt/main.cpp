@@ -56,14 +56,7 @@ double cross_entropy_of(const Tensor& logits, const Tensor& targets) {
   const std::int64_t V = logits.shape()[2], rows = targets.numel();
   const float* z = logits.data<float>();
   double total = 0;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = z + r * V;
-    double m = row[0];
-    for (std::int64_t v = 1; v < V; ++v) m = std::max(m, double(row[v]));
-    double s = 0;
-    for (std::int64_t v = 0; v < V; ++v) s += std::exp(double(row[v]) - m);
-    total += m + std::log(s) - double(row[targets.data<std::int32_t>()[r]]);
-  }
+  for (std::int64_t r = 0; r < rows; ++r) total += samples::row_nll(z + r * V, V, targets.data<std::int32_t>()[r]);
   return total / double(rows);
 }
 

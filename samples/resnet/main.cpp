@@ -155,11 +155,8 @@ int main(int argc, char** argv) try {
       for (std::int64_t r = 0; r < EB; ++r) {
         const float* row = z + r * 10;
         const int label = d.test.labels.data<std::int32_t>()[first_img + r];
-        double m = row[0], s = 0;
-        for (int c = 1; c < 10; ++c) m = std::max(m, double(row[c]));
-        for (int c = 0; c < 10; ++c) s += std::exp(double(row[c]) - m);
-        loss += m + std::log(s) - double(row[label]);
-        correct += int(std::max_element(row, row + 10) - row) == label;
+        loss += samples::row_nll(row, 10, label);
+        correct += samples::row_correct(row, 10, label);
         ++seen;
       }
     }
