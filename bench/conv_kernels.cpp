@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 7;
   std::int64_t images = 0, batch = 32;
   bool compare = false;
+  std::string engine_name = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -168,18 +169,18 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--compare") compare = true;
     else if (a == "--engine" && i + 1 < argc) {
-      std::string e = argv[++i];
-      cpu::set_conv_engine(e == "blas" ? cpu::ConvEngine::blas : e == "avx512" ? cpu::ConvEngine::avx512 : cpu::ConvEngine::automatic);
+      engine_name = argv[++i];
     }
     else {
       std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--compare]\n");
       return 2;
     }
   }
+  const cpu::ConvEngine engine = cpu::conv_engine_from(engine_name);
   omp_set_num_threads(threads);
   cpu::set_blas_threads(threads);
   std::printf("ResNet-18 CIFAR convolutions, batch %lld, %d threads, %s engine, fastest of %d; ms per call\n",
-              (long long)batch, threads, cpu::conv_uses_avx512() ? "avx512" : "blas", reps);
+              (long long)batch, threads, engine == cpu::ConvEngine::avx512 ? "avx512" : "blas", reps);
   std::printf("%-24s %5s %7s %7s %7s %7s | %7s %7s %7s\n", "layer", "count", "imgs", "fwd", "bwd-dat", "bwd-wt",
               "GF/s f", "GF/s d", "GF/s w");
   double sum_f = 0, sum_d = 0, sum_w = 0, alt_f = 0, alt_d = 0, alt_w = 0, flops_total = 0;
@@ -190,20 +191,20 @@ int main(int argc, char** argv) {
     auto x = random_vec(xs.numel(), 1), w = random_vec(ws.numel(), 2);
     auto dy = random_vec(g.n * g.cout * g.hw_out(), 3);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
-    auto sf = ops::conv_scratch(g, DType::f32, ops::ConvPass::forward, images);
-    auto sd = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_data, images);
-    auto sw = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_weight, images);
+    auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images);
+    auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images);
+    auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images);
     Buf bf(sf.bytes()), bd(sd.bytes()), bw(sw.bytes());
-    auto carve = [](const ops::ConvScratch& s, Buf& b) {
+    auto carve = [](const cpu::ConvScratch& s, Buf& b) {
       KernelArgs a;
       a.workspace = b.p;
       a.workspace_bytes = s.bytes();
       return cpu::conv_detail::carve<float>(s, a, "bench");
     };
     auto wf = carve(sf, bf), wd = carve(sd, bd), ww = carve(sw, bw);
-    double tf = time_ms(reps, [&] { cpu::conv2d_forward<float>(g, sf, wf, x.data(), w.data(), nullptr, y.data()); });
-    double td = L.needs_dx ? time_ms(reps, [&] { cpu::conv2d_backward_data<float>(g, sd, wd, dy.data(), w.data(), dx.data()); }) : 0;
-    double tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<float>(g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); });
+    double tf = time_ms(reps, [&] { cpu::conv2d_forward<float>(engine, g, sf, wf, x.data(), w.data(), nullptr, y.data()); });
+    double td = L.needs_dx ? time_ms(reps, [&] { cpu::conv2d_backward_data<float>(engine, g, sd, wd, dy.data(), w.data(), dx.data()); }) : 0;
+    double tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<float>(engine, g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); });
     double gf = g.flops() / 1e6;
     std::printf("%-24s %5lld %7lld %7.2f %7.2f %7.2f | %7.1f %7.1f %7.1f\n", L.name, (long long)L.count,
                 (long long)sf.images, tf, td, tw, gf / tf, td > 0 ? gf / td : 0.0, gf / tw);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <frugal/frugal.hpp>
+#include "frugal/backend/cpu/matmul.hpp"  // the kernels themselves
 
 using namespace frugal;
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "frugal/frugal.hpp"
+#include "frugal/backend/cpu/conv.hpp"  // which engine runs
 
 using namespace frugal;
 using Clock = std::chrono::steady_clock;
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   int threads = 2, steps = 10, warmup = 2, reps = 3;
   std::int64_t batch = 32;
   std::string model_name = "resnet18";
+  std::string engine_name = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "%s needs a value\n", a.c_str()), std::exit(2), ""); };
@@ -90,8 +92,7 @@ int main(int argc, char** argv) {
     else if (a == "--model") model_name = next();
     else if (a == "--profile-reps") reps = std::atoi(next());
     else if (a == "--engine") {
-      std::string e = next();
-      cpu::set_conv_engine(e == "blas" ? cpu::ConvEngine::blas : e == "avx512" ? cpu::ConvEngine::avx512 : cpu::ConvEngine::automatic);
+      engine_name = next();
     }
     else {
       std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512]\n");
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
   Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
                       {input<float>({batch, 3, 32, 32}), input<std::int32_t>({batch})}, opt, {},
-                      {.threads = threads});
+                      {.backend_options = {.conv_engine = engine_name}, .threads = threads});
   Tensor x({batch, 3, 32, 32}), y({batch}, DType::i32);
   Rng r(1);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(r.normal());
@@ -126,7 +127,7 @@ int main(int argc, char** argv) {
   }
   std::sort(t.begin(), t.end());
   std::printf("%s batch %lld, %d threads, %s convolutions: median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
-              model_name.c_str(), (long long)batch, threads, cpu::conv_uses_avx512() ? "avx512" : "blas", t[t.size() / 2], t.front(), t.back(), steps, first, last);
+              model_name.c_str(), (long long)batch, threads, cpu::conv_engine_from(engine_name) == cpu::ConvEngine::avx512 ? "avx512" : "blas", t[t.size() / 2], t.front(), t.back(), steps, first, last);
   std::printf("arena %.1f MiB (peak %.1f MiB), parameters and state %.1f MiB\n", step.plan().arena_bytes / 1048576.0,
               step.plan().peak_bytes / 1048576.0, step.plan().persistent_bytes / 1048576.0);
 

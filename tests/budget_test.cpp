@@ -3,8 +3,6 @@
 // change a single bit of what the step computes, must keep the step inside
 // the budget, and an infeasible budget must fail at compile naming the
 // smallest feasible one.
-// The CPU kernels are compiled by the suite's other files.
-#define FRUGAL_KERNELS_ELSEWHERE
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -360,7 +358,7 @@ TEST_CASE("on steps of up to 40 ops the greedy solver is within 5% of the exact 
   std::vector<double> gaps;
   int infeasible_greedy = 0, solved = 0;
   auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 2));
-  plan::PriceModel price = detail::prices_from(cm);
+  plan::PriceModel price = plan::prices_from(cm);
   for (std::uint64_t seed = 1; seed <= 60 && solved < 120; ++seed) {
     Rng r(seed * 7 + 1);
     const int in = 4 + int(r.below(20)), width = 8 + int(r.below(40)), depth = 1 + int(r.below(2)),
@@ -402,4 +400,50 @@ TEST_CASE("on steps of up to 40 ops the greedy solver is within 5% of the exact 
                               << infeasible_greedy);
   CHECK(median <= 0.05);
   CHECK(p90 <= 0.05);
+}
+
+TEST_CASE("compile under a binding budget measures nothing, writes no file and makes one backend unless asked",
+          "[budget][profile]") {
+  auto cache = fresh_dir("no-hidden-work");
+  const char* old_cache = std::getenv("FRUGAL_CACHE_DIR");
+  const char* old_forced = std::getenv("FRUGAL_PROFILE");
+  std::string saved_cache = old_cache ? old_cache : "", saved_forced = old_forced ? old_forced : "";
+  ::setenv("FRUGAL_CACHE_DIR", cache.c_str(), 1);
+  ::unsetenv("FRUGAL_PROFILE");
+  nn::manual_seed(3);
+  nn::Linear a(64, 256), b(256, 256), c(256, 8);
+  auto params = a.parameters();
+  for (auto& t : b.parameters()) params.push_back(t);
+  for (auto& t : c.parameters()) params.push_back(t);
+  auto fn = [&](Var x, Var y) { return cross_entropy(c(relu(b(relu(a(x))))), y); };
+  std::vector<InputSpec> in{input<float>({128, 64}), input<std::int32_t>({128})};
+  optim::SGD opt(params, {.lr = 0.1});
+  // Backends made: the extra-kernels hook runs once each time one is built.
+  int backends = 0;
+  CompileOptions o;
+  o.backend_options.extra_kernels = {[&](KernelTable&) { ++backends; }};
+  const std::size_t full = plan_training(fn, in, opt, o).plan.total_bytes();
+  backends = 0;
+  std::size_t least = 0;
+  try {
+    compile(fn, in, opt, Budget{.device = 1}, o);
+  } catch (const BudgetError& e) {
+    least = e.smallest_feasible_bytes;
+  }
+  REQUIRE(least > 0);
+  REQUIRE(least < full);
+  backends = 0;
+  Step s = compile(fn, in, opt, Budget{.device = (least + full) / 2}, o);
+  CHECK(backends == 1);
+  CHECK_FALSE(s.plan().decisions.empty());
+  CHECK(std::filesystem::is_empty(cache));  // no calibration was cached: none ran
+  CHECK_THAT(s.summary(), Catch::Contains("priced with frugal's built-in cpu rates"));
+  // Asked for, calibration runs, is cached and is said.
+  o.calibrate = true;
+  Step measured = compile(fn, in, opt, Budget{.device = (least + full) / 2}, o);
+  CHECK_FALSE(std::filesystem::is_empty(cache));
+  CHECK_THAT(measured.summary(), Catch::Contains("priced with this machine's measured rates"));
+  old_cache ? ::setenv("FRUGAL_CACHE_DIR", saved_cache.c_str(), 1) : ::unsetenv("FRUGAL_CACHE_DIR");
+  if (old_forced) ::setenv("FRUGAL_PROFILE", saved_forced.c_str(), 1);
+  std::filesystem::remove_all(cache);
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "op_harness.hpp"
+#include <frugal/backend/cpu/conv.hpp>  // the kernels themselves, for chunking and engine checks
 #include "reference_conv.hpp"
 
 using namespace optest;
@@ -37,10 +38,13 @@ struct ThreadCount {
   ~ThreadCount() { omp_set_num_threads(saved); }
 };
 
+// Steps the harness (and run_op) compile use this engine while it lives.
 struct EngineChoice {
-  frugal::cpu::ConvEngine saved = frugal::cpu::conv_engine_setting();
-  explicit EngineChoice(frugal::cpu::ConvEngine e) { frugal::cpu::set_conv_engine(e); }
-  ~EngineChoice() { frugal::cpu::set_conv_engine(saved); }
+  std::string saved = harness_options().backend_options.conv_engine;
+  explicit EngineChoice(frugal::cpu::ConvEngine e) {
+    harness_options().backend_options.conv_engine = e == frugal::cpu::ConvEngine::blas ? "blas" : "avx512";
+  }
+  ~EngineChoice() { harness_options().backend_options.conv_engine = saved; }
 };
 
 // The engines this CPU can run: BLAS always, AVX-512 where the CPU has it.
@@ -135,7 +139,7 @@ void expect_f32_close(const std::string& what, const std::vector<float>& got, co
 
 struct Workspace {
   std::vector<std::byte> bytes;
-  frugal::KernelArgs args(const frugal::ops::ConvScratch& s) {
+  frugal::KernelArgs args(const frugal::cpu::ConvScratch& s) {
     bytes.assign(s.bytes() + 256, std::byte{0});
     frugal::KernelArgs a;
     auto p = reinterpret_cast<std::uintptr_t>(bytes.data());
@@ -185,24 +189,24 @@ TEST_CASE("conv2d kernels give the reference result for every chunk size and thr
         const std::string what =
             cat(sh.name, ", ", engine_name(engine), ", ", threads, " threads, ", images, " images per chunk");
         Workspace wf, wd, ww;
-        auto sf = ops::conv_scratch(g, DType::f32, ops::ConvPass::forward, images);
-        auto sd = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_data, images);
-        auto sw = ops::conv_scratch(g, DType::f32, ops::ConvPass::backward_weight, images);
+        auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images);
+        auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images);
+        auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images);
         auto af = wf.args(sf), ad = wd.args(sd), aw = ww.args(sw);
         std::vector<float> y(want_y.v.size()), dx(x.size()), dw(w.size()), y2(y.size()), dw2(dw.size());
-        cpu::conv2d_forward<float>(g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
+        cpu::conv2d_forward<float>(engine, g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
                                    y.data());
-        cpu::conv2d_backward_data<float>(g, sd, cpu::conv_detail::carve<float>(sd, ad, "t"), dy.data(), w.data(),
+        cpu::conv2d_backward_data<float>(engine, g, sd, cpu::conv_detail::carve<float>(sd, ad, "t"), dy.data(), w.data(),
                                          dx.data());
-        cpu::conv2d_backward_weight<float>(g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(), dy.data(),
+        cpu::conv2d_backward_weight<float>(engine, g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(), dy.data(),
                                            dw.data(), nullptr);
         expect_f32_close(what + " forward", y, want_y, scale_y, g.k());
         expect_f32_close(what + " data gradient", dx, want_dx, scale_dx, g.cout_g() * g.kh * g.kw);
         expect_f32_close(what + " weight gradient", dw, want_dw, scale_dw, g.n * g.hw_out());
         // Same inputs, same thread count: the same bits.
-        cpu::conv2d_forward<float>(g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
+        cpu::conv2d_forward<float>(engine, g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
                                    y2.data());
-        cpu::conv2d_backward_weight<float>(g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(), dy.data(),
+        cpu::conv2d_backward_weight<float>(engine, g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(), dy.data(),
                                            dw2.data(), nullptr);
         INFO(what);
         CHECK(std::memcmp(y.data(), y2.data(), y.size() * 4) == 0);
@@ -274,7 +278,7 @@ std::vector<frugal::Tensor> run_op(std::function<std::vector<Var>(const Vars&)> 
         for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
         return build(vs);
       },
-      {});
+      {}, {}, harness_options());
   s.run();
   std::vector<frugal::Tensor> out;
   for (std::size_t i = 0;; ++i) {

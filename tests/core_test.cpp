@@ -1,6 +1,4 @@
 // core/: dtypes, half-precision storage, shapes, byte sizes, errors, RNG.
-// The CPU kernels are compiled by the suite's other files.
-#define FRUGAL_KERNELS_ELSEWHERE
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -12,5 +12,5 @@ endfunction()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${work}/prefix)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install_consumer -B ${work}/build -DCMAKE_BUILD_TYPE=Release
     -DCMAKE_PREFIX_PATH=${work}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
-run(${CMAKE_COMMAND} --build ${work}/build)
+run(${CMAKE_COMMAND} --build ${work}/build --parallel 2)
 run(${work}/build/consumer)

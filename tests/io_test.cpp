@@ -1,8 +1,6 @@
 // io/: safetensors files (round trip, the exact layout, every corruption a
 // clear error, atomic writes that never lose an earlier file) and training
 // checkpoints (a resumed run continues bit for bit; mismatches are errors).
-// The CPU kernels are compiled by the suite's other files.
-#define FRUGAL_KERNELS_ELSEWHERE
 #include <catch2/catch.hpp>
 
 #include <sys/resource.h>

@@ -15,6 +15,10 @@
 #include <sstream>
 
 #include <frugal/frugal.hpp>
+// Kernel-level checks call the CPU kernels' helpers directly.
+#include <frugal/backend/cpu/blas.hpp>
+#include <frugal/backend/cpu/convert.hpp>
+#include <frugal/backend/cpu/matmul.hpp>
 
 #include "reference_mixed.hpp"
 #include "toy_task.hpp"
@@ -609,8 +613,8 @@ TEST_CASE("bf16/f16 products plan their f32 workspace; f32 ones need none", "[mi
       CHECK(ws.empty());
     } else {
       REQUIRE(ws.size() == 2);
-      CHECK(ws[0] == ops::f32_images(4 * 5 * 6, 4 * 6 * 3, 4 * 5 * 3).bytes);
-      CHECK(ws[1] == ops::f32_images(7 * 6, 3 * 6, 7 * 3).bytes);
+      CHECK(ws[0] == cpu::f32_images(4 * 5 * 6, 4 * 6 * 3, 4 * 5 * 3).bytes);
+      CHECK(ws[1] == cpu::f32_images(7 * 6, 3 * 6, 7 * 3).bytes);
       // [A | B | C] at aligned offsets: 480 B -> 512, 288 B -> 512, then 240 B.
       CHECK(ws[0] == 512 + 512 + 240);
     }

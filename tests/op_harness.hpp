@@ -189,10 +189,17 @@ inline std::vector<frugal::Tensor> make_inputs(const Case& c, const Arrays& vals
   return ts;
 }
 
+// The options every step the harness compiles uses (a test may pick the CPU
+// backend's convolution engine through them, say).
+inline frugal::CompileOptions& harness_options() {
+  static frugal::CompileOptions o;
+  return o;
+}
+
 // Forward through frugal in dtype dt; returns the output tensor.
 inline frugal::Tensor run_forward(const Case& c, const Arrays& vals, frugal::DType dt) {
   std::vector<frugal::Tensor> ts = make_inputs(c, vals, dt);
-  frugal::Step step = frugal::compile_inference([&] { return c.build(bind_inputs(c, ts)); }, {});
+  frugal::Step step = frugal::compile_inference([&] { return c.build(bind_inputs(c, ts)); }, {}, {}, harness_options());
   step.run();
   return step.output(0).clone();
 }
@@ -216,7 +223,7 @@ inline GradRun run_backward(const Case& c, const Arrays& vals, const ref::Array&
         frugal::Var y = c.build(bind_inputs(c, ts));
         return frugal::sum(y * frugal::persistent_var(rt, frugal::ValueKind::state, "R"));
       },
-      {}, wrt);
+      {}, wrt, {}, harness_options());
   step.run();
   GradRun out;
   out.loss = step.last_loss_f64();

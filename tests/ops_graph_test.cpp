@@ -4,6 +4,7 @@
 // dense references, GCNConv / SAGEConv / Gcn, and a GCN that trains with an
 // audited plan.
 #include "op_harness.hpp"
+#include <frugal/backend/cpu/parallel.hpp>  // the kernels' parallel grain
 #include "reference_graph.hpp"
 
 using namespace optest;

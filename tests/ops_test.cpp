@@ -406,7 +406,7 @@ TEST_CASE("a small network: linear, gelu, linear, log_softmax, cross_entropy", "
 // ---- large cases: the multi-threaded kernel paths ---------------------------------
 
 TEST_CASE("large inputs take the multi-threaded paths and still match the reference", "[ops][threads]") {
-  frugal::cpu::CpuBackend().set_threads(2);
+  frugal::make_backend("cpu")->set_threads(2);
   check_forward_large(unary("relu [300,200]", x({300, 200}), [](Var v) { return frugal::relu(v); }, ref::relu));
   check_forward_large(binary("add [300,200]+[200]", x({300, 200}), x({200}), [](Var a, Var b) { return a + b; },
                              ref::add));

@@ -416,32 +416,38 @@ class DoubleViaScratch final : public Op {
  public:
   std::string name() const override { return "double_via_scratch"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override { return {in[0]}; }
-  std::size_t workspace_bytes(std::span<const TensorMeta> in, std::span<const TensorMeta>) const override {
-    return in[0].nbytes() + 100;  // deliberately not a multiple of the alignment
-  }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     return {*a.grad_outputs[0] * 2.0};
   }
 };
 
-const bool double_via_scratch_registered = cpu::kernels().add<DoubleViaScratch>([](const DoubleViaScratch&,
-                                                                                   const KernelArgs& a) {
-  REQUIRE(a.workspace != nullptr);
-  REQUIRE(a.workspace_bytes == std::size_t(a.in[0].numel()) * 4 + 100);
-  REQUIRE(a.out.size() == 1);
-  auto* w = static_cast<float*>(a.workspace);
-  std::memcpy(w, a.in[0].data, std::size_t(a.in[0].numel()) * 4);
-  for (std::int64_t i = 0; i < a.in[0].numel(); ++i) w[i] *= 2;
-  std::memcpy(a.out[0].data, w, std::size_t(a.in[0].numel()) * 4);
-});
+// A program's own op gets its kernel (and the kernel's scratch size) into
+// the backend's table through BackendOptions::extra_kernels.
+void add_double_via_scratch(KernelTable& t) {
+  t.add<DoubleViaScratch>(
+      [](const DoubleViaScratch&, const KernelArgs& a) {
+        REQUIRE(a.workspace != nullptr);
+        REQUIRE(a.workspace_bytes == std::size_t(a.in[0].numel()) * 4 + 100);
+        REQUIRE(a.out.size() == 1);
+        auto* w = static_cast<float*>(a.workspace);
+        std::memcpy(w, a.in[0].data, std::size_t(a.in[0].numel()) * 4);
+        for (std::int64_t i = 0; i < a.in[0].numel(); ++i) w[i] *= 2;
+        std::memcpy(a.out[0].data, w, std::size_t(a.in[0].numel()) * 4);
+      },
+      [](const DoubleViaScratch&, std::span<const TensorMeta> in, std::span<const TensorMeta>) {
+        return in[0].nbytes() + 100;  // deliberately not a multiple of the alignment
+      });
+}
 
 }  // namespace
 
 TEST_CASE("an op's scratch space is a planned value, live only while the op runs", "[plan][executor]") {
-  REQUIRE(double_via_scratch_registered);
+  CompileOptions o;
+  o.backend_options.extra_kernels = {add_double_via_scratch};
   Tensor x({64, 16});
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(i % 7) - 3;
-  Step s = compile_inference([](Var v) { return relu(apply1<DoubleViaScratch>({v}) + 1.0); }, {input<float>({64, 16})});
+  Step s = compile_inference([](Var v) { return relu(apply1<DoubleViaScratch>({v}) + 1.0); }, {input<float>({64, 16})},
+                             {}, o);
   // The workspace is one more value of the graph, in the arena, of the
   // op's requested size, and the report counts it as workspace.
   std::size_t ws_values = 0;
@@ -465,7 +471,7 @@ TEST_CASE("an op's scratch space is a planned value, live only while the op runs
   // Its gradient sees only the real output.
   nn::Linear fc(16, 16);
   Step g = compile_gradients([&](Var v) { return sum(apply1<DoubleViaScratch>({fc(v)})); }, {input<float>({64, 16})},
-                             fc.parameters());
+                             fc.parameters(), {}, o);
   g.run(x);
   CHECK(g.verify().ok());
 }

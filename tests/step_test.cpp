@@ -1,7 +1,5 @@
 // capture -> autograd -> plan -> run, end to end: training, determinism,
 // the arena, optimizers against their reference rules, and errors.
-// The CPU kernels are compiled by the suite's other files.
-#define FRUGAL_KERNELS_ELSEWHERE
 #include <catch2/catch.hpp>
 
 #include <cmath>

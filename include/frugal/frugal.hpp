@@ -1,5 +1,5 @@
 #pragma once
-// The umbrella header: the whole public vocabulary and the CPU backend.
+// The umbrella header: the whole public vocabulary (no kernels; see kernels.hpp).
 #include "core/bytes.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -15,13 +15,9 @@
 #include "plan/verify.hpp"
 #include "runtime/compile.hpp"
 #include "runtime/process_memory.hpp"
-// The CPU kernels are compiled (and register themselves) in every file that
-// includes this header, unless FRUGAL_KERNELS_ELSEWHERE is defined there: a
-// program of many files can define it in all but one of them and compile the
-// kernels once.
-#ifndef FRUGAL_KERNELS_ELSEWHERE
-#include "backend/cpu/cpu_backend.hpp"
-#endif
+// No kernel is compiled here: a program compiles frugal's kernels once,
+// through frugal_add_kernels(target) in CMake or <frugal/kernels.hpp> in one
+// of its files.
 #include "nn/activation.hpp"
 #include "nn/linear.hpp"
 #include "nn/sequential.hpp"

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernel_queries.hpp"
 #include "op.hpp"
 #include "value.hpp"
 
@@ -29,6 +30,9 @@ struct Node {
   std::vector<NodeId> after;  // ordering edges beyond data flow (readers before an in-place writer)
   Phase phase = Phase::forward;
   bool has_workspace = false;  // the last output is the op's scratch space
+  // Inputs whose memory the output may take over when they die here: the
+  // op's candidates (Op::inplace_inputs) that the backend's kernel accepts.
+  std::vector<int> inplace;
   // The outputs the op computes, without its scratch space.
   std::span<const ValueId> results() const {
     return {outputs.data(), outputs.size() - (has_workspace ? 1 : 0)};
@@ -39,6 +43,12 @@ struct Node {
 // appended in a valid topological order, which is the default schedule.
 class Graph {
  public:
+  Graph() = default;
+  // A graph for the backend these queries come from: every node added gets
+  // the scratch its kernel there needs, and that kernel's in-place choices.
+  explicit Graph(KernelQueries q) : queries_(std::move(q)) {}
+  const KernelQueries& kernel_queries() const { return queries_; }
+
   ValueId add_input(TensorMeta meta, std::string name) {
     return add_value({.meta = std::move(meta), .kind = ValueKind::input, .name = std::move(name)});
   }
@@ -78,7 +88,9 @@ class Graph {
     for (auto& m : out_meta) {
       node.outputs.push_back(add_value({.meta = m, .kind = ValueKind::activation, .producer = nid}));
     }
-    if (std::size_t ws = node.op->workspace_bytes(in, out_meta); ws > 0) {
+    node.inplace = queries_.inplace_inputs ? queries_.inplace_inputs(*node.op) : node.op->inplace_inputs();
+    std::size_t ws = queries_.workspace_bytes ? queries_.workspace_bytes(*node.op, in, out_meta) : 0;
+    if (ws > 0) {
       node.outputs.push_back(add_value({.meta = {DType::u8, Shape{std::int64_t(ws)}},
                                         .kind = ValueKind::activation,
                                         .producer = nid,
@@ -170,6 +182,7 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::map<const void*, ValueId> by_storage_;
+  KernelQueries queries_;
   Phase phase_ = Phase::forward;
 };
 

@@ -35,7 +35,9 @@ class Op {
   // Checks the inputs and returns the outputs' dtypes and shapes. Throws a
   // ShapeError naming the op and the offending shapes.
   virtual std::vector<TensorMeta> infer(std::span<const TensorMeta> inputs) const = 0;
-  virtual std::vector<std::optional<Var>> backward(const BackwardArgs& args) const;
+  // Declared inline here so Op has no key function: a class's vtable and
+  // virtual functions are then emitted only in files that make one.
+  inline virtual std::vector<std::optional<Var>> backward(const BackwardArgs& args) const;
   virtual Cost cost(std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs) const {
     double bytes = 0;
     for (auto& m : inputs) bytes += double(m.nbytes());
@@ -54,16 +56,8 @@ class Op {
   // True when the output is input 0 reinterpreted (reshape): it shares that
   // input's memory instead of copying it.
   virtual bool is_view() const { return false; }
-  // Scratch bytes the kernel needs while it runs (an im2col buffer, a
-  // BLAS-side conversion of bf16 operands). The graph gives the node one
-  // extra, last output of this many u8 that nothing reads, so the planner
-  // places the scratch like any value, live only at this op, and it counts
-  // against the budget. Kernels find it as KernelArgs::workspace.
-  virtual std::size_t workspace_bytes(std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs) const {
-    (void)inputs;
-    (void)outputs;
-    return 0;
-  }
+  // (Scratch space is not the op's to say: each backend's kernel table
+  // answers it for its own kernel, runtime/backend.hpp.)
 };
 
 }  // namespace frugal

@@ -19,7 +19,7 @@ class Binary final : public Op {
                        " do not broadcast (trailing dimensions must match or be 1)");
     return {{in[0].dtype, *out}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
   Cost cost(std::span<const TensorMeta>, std::span<const TensorMeta> out) const override {
     return {double(out[0].shape.numel()), 3.0 * double(out[0].nbytes())};
   }

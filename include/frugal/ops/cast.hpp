@@ -90,7 +90,7 @@ class Cast final : public Op {
                        " (cast converts between f32, f64, bf16 and f16)");
     return {{to_, in[0].shape}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     return {double(in[0].shape.numel()), double(in[0].nbytes() + out[0].nbytes())};
   }

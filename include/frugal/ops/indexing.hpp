@@ -70,7 +70,7 @@ class Concat final : public Op {
     }
     return {{in[0].dtype, with_dim(in[0].shape, axis, total)}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
 
  private:
   int axis_;
@@ -174,7 +174,7 @@ class SliceGrad final : public SliceBase {
                        range(n_).count, " from an axis of ", n_);
     return {{in[0].dtype, with_dim(in[0].shape, axis, n_)}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     return {0, double(in[0].nbytes() + out[0].nbytes())};
   }
@@ -241,7 +241,7 @@ class IndexAdd final : public Op {
                        axis_, " must agree)");
     return {base};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
 
  private:
   int axis_;
@@ -315,7 +315,7 @@ class ScatterAdd final : public Op {
       fail<ShapeError>(name(), ": source ", src.str(), " must have the shape of ids ", ids.str());
     return {out};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
 
  private:
   int axis_;

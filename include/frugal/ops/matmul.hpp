@@ -2,26 +2,13 @@
 // Batched matrix products. The transposes ride along as flags, so a
 // backward never materialises a transposed copy.
 //
-// bf16/f16 operands: the kernel converts them to f32 into the op's planned
-// workspace, multiplies in f32 (f32 accumulation) and rounds the product on
+// bf16/f16 operands: the CPU kernel converts them to f32 into its planned
+// workspace (backend/cpu/matmul.hpp sizes it), multiplies in f32 (f32 accumulation) and rounds the product on
 // store; the output has the inputs' dtype. (OpenBLAS's sbgemm would skip the
 // conversion, but Debian's 0.3.21 build does not export it.)
 #include "binary.hpp"
 
 namespace frugal::ops {
-
-// Where a bf16/f16 product keeps the f32 images of its operands and its
-// result inside the workspace: [A | B | C], each at an aligned offset.
-struct F32Images {
-  std::size_t a = 0, b = 0, c = 0, bytes = 0;
-};
-inline F32Images f32_images(std::int64_t a_elems, std::int64_t b_elems, std::int64_t c_elems) {
-  F32Images w;
-  w.b = align_up(std::size_t(a_elems) * 4);
-  w.c = w.b + align_up(std::size_t(b_elems) * 4);
-  w.bytes = w.c + std::size_t(c_elems) * 4;
-  return w;
-}
 
 // C = op(A) · op(B), op(X) = X or Xᵀ over the last two axes. Leading (batch)
 // axes must be equal, or one side must be a plain matrix shared by all.
@@ -62,14 +49,10 @@ class MatMul final : public Op {
     out.push_back(d.n);
     return {{in[0].dtype, Shape(out)}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     Dims d = dims(in[0].shape, in[1].shape);
     return {2.0 * double(d.batch * d.m * d.n * d.k), double(in[0].nbytes() + in[1].nbytes() + out[0].nbytes())};
-  }
-  std::size_t workspace_bytes(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
-    if (!is_half(in[0].dtype)) return 0;
-    return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
   }
 
  private:
@@ -100,15 +83,10 @@ class Linear final : public Op {
     out.back() = w[0];
     return {{in[0].dtype, Shape(out)}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     double rows = double(in[0].shape.numel() / in[0].shape.dim(-1));
     return {2.0 * rows * double(in[1].shape.numel()), double(in[0].nbytes() + in[1].nbytes() + out[0].nbytes())};
-  }
-  // x, w and y in f32; the bias is added into y's image.
-  std::size_t workspace_bytes(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
-    if (!is_half(in[0].dtype)) return 0;
-    return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
   }
 
  private:

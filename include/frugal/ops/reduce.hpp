@@ -39,7 +39,7 @@ class Sum final : public Op {
     expect_float_storage(name(), in[0]);
     return {{in[0].dtype, reduced_shape(in[0].shape, axes_for(in[0].shape), keepdim_)}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
 
   static Shape reduced_shape(const Shape& s, const std::vector<int>& axes, bool keepdim) {
     std::vector<std::int64_t> d;
@@ -70,7 +70,7 @@ class BroadcastTo final : public Op {
       fail<ShapeError>("broadcast_to: cannot broadcast ", in[0].shape.str(), " to ", shape_.str());
     return {{in[0].dtype, shape_}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
 
  private:
   Shape shape_;

@@ -16,7 +16,7 @@ class Reshape final : public Op {
     expect_arity(name(), in, 1);
     return {{in[0].dtype, resolve(in[0].shape)}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override;
   bool is_view() const override { return true; }
   Shape resolve(const Shape& from) const {
     std::vector<std::int64_t> d = dims_;

@@ -76,7 +76,7 @@ class Spmm final : public Op {
       fail<ShapeError>(name(), ": t_values ", in[7].str(), " must match values ", values.str());
     return {{x.dtype, Shape{in[0].shape[0] - 1, x.shape[1]}}};
   }
-  std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
+  inline std::vector<std::optional<Var>> backward(const BackwardArgs& args) const override;
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     double nnz = double(in[1].shape[0]), f = double(in[3].shape[1]);
     double bytes = double(in[0].nbytes() + in[1].nbytes() + in[2].nbytes() + out[0].nbytes()) +

@@ -16,6 +16,7 @@
 
 #include "budget_exact.hpp"
 #include "budget_greedy.hpp"
+#include "cost_model.hpp"
 #include "plan.hpp"
 #include "rewrite.hpp"
 
@@ -35,6 +36,19 @@ struct PriceModel {
   double overlap_slowdown = 0.1;
 };
 
+// The solver's prices from a cost model (the profile's roofline, or
+// measured medians where a step has been timed).
+inline PriceModel prices_from(std::shared_ptr<const CostModel> cm) {
+  PriceModel m;
+  m.op_ms = [cm](const Graph& g, NodeId n) { return cm->op_ms(g, n); };
+  m.copy_ms = [cm](std::size_t b) { return cm->copy_ms(b); };
+  bool nvme = cm->profile().nvme_write_bytes > 0 && cm->profile().nvme_read_bytes > 0;
+  m.nvme_write_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_write_ms(b) : cm->copy_ms(b) * 20; };
+  m.nvme_read_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_read_ms(b) : cm->copy_ms(b) * 20; };
+  m.overlap_slowdown = cm->profile().overlap_slowdown;
+  return m;
+}
+
 inline std::string largest_consumers(const Graph& g, const Plan& plan, std::size_t count = 5) {
   std::vector<std::pair<std::size_t, std::string>> big;
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
@@ -49,10 +63,24 @@ inline std::string largest_consumers(const Graph& g, const Plan& plan, std::size
   return list;
 }
 
+// The step planned with no eviction: what every budget solve starts from.
+struct Unconstrained {
+  std::vector<NodeId> schedule;
+  Plan plan;
+};
+inline Unconstrained plan_unconstrained(const Graph& g, std::span<const ValueId> roots, PlanOptions o = {}) {
+  std::vector<NodeId> schedule = schedule_of(g, roots, o);
+  Plan base = plan_schedule(g, schedule, roots, o.inplace);
+  return {std::move(schedule), std::move(base)};
+}
+
+// Solves from `start` (plan_unconstrained of g), so a caller that already
+// planned the step unconstrained (to see whether the budget binds) does not
+// plan it twice.
 inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const ValueId> roots, const Budget& budget,
-                                 const PriceModel& price, PlanOptions o = {}) {
-  std::vector<NodeId> schedule = schedule_of(*g, roots, o);
-  Plan base = plan_schedule(*g, schedule, roots, o.inplace);
+                                 const PriceModel& price, PlanOptions o, Unconstrained start) {
+  std::vector<NodeId> schedule = std::move(start.schedule);
+  Plan base = std::move(start.plan);
   double base_ms = 0;
   for (NodeId n : schedule) base_ms += price.op_ms(*g, n);
   base.unconstrained_bytes = base.total_bytes();
@@ -120,6 +148,12 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     target -= std::int64_t(bp.plan.total_bytes() - budget.device) + std::int64_t(kAlignment);
   }
   return least;
+}
+
+inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const ValueId> roots, const Budget& budget,
+                                 const PriceModel& price, PlanOptions o = {}) {
+  Unconstrained start = plan_unconstrained(*g, roots, o);
+  return solve_budget(std::move(g), roots, budget, price, o, std::move(start));
 }
 
 }  // namespace frugal::plan

@@ -69,7 +69,7 @@ inline Buffers assign_buffers(const Graph& g, const std::vector<NodeId>& schedul
       if (node.op->is_view() && k == 0 && b.buffer_of[std::size_t(node.inputs[0])] >= 0) {
         chosen = b.buffer_of[std::size_t(node.inputs[0])];  // a view shares memory whatever its lifetime
       } else if (inplace) {
-        for (int i : node.op->inplace_inputs()) {
+        for (int i : node.inplace) {
           ValueId in = node.inputs[std::size_t(i)];
           int buf = b.buffer_of[std::size_t(in)];
           const TensorMeta& im = g.value(in).meta;

@@ -71,6 +71,7 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
   os << "budget " << format_bytes(p.budget_bytes) << ": the step needs " << format_bytes(p.total_bytes())
      << " on the device (unconstrained " << format_bytes(p.unconstrained_bytes) << ", smallest feasible "
      << format_bytes(p.min_feasible_bytes) << "), predicted " << ms << " ms per step\n";
+  if (!p.priced_with.empty()) os << "  priced with " << p.priced_with << "\n";
   if (p.decisions.empty()) return os.str();
   os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
      << p.count(Choice::nvme) << " spill to NVMe";

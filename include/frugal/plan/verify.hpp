@@ -104,7 +104,7 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
           keep.push_back(w);  // a view: both names for the same bytes
           continue;
         }
-        for (int i : node->op->inplace_inputs())
+        for (int i : node->inplace)
           if (node->inputs[std::size_t(i)] == w && same_range(v, w) && g.value(w).meta.shape == g.value(v).meta.shape)
             sanctioned = true;
         bool is_input = std::find(node->inputs.begin(), node->inputs.end(), w) != node->inputs.end();

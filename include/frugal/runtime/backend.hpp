@@ -1,13 +1,17 @@
 #pragma once
-// What the runtime needs from a backend, and how backends make themselves
-// known. runtime/ never includes a backend: a backend header registers a
-// factory here when it is included (frugal.hpp includes the CPU one).
+// What the runtime needs from a backend. runtime/ never includes a backend:
+// backends are compiled with frugal's kernels, once per program
+// (frugal_add_kernels in CMake, or <frugal/kernels.hpp> in one file), and
+// reached through make_backend, which is defined there.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <typeindex>
 
+#include "../graph/kernel_queries.hpp"
 #include "../graph/op.hpp"
 
 namespace frugal {
@@ -30,30 +34,52 @@ struct KernelArgs {
   // Steps run before this one. Random ops key their counter-based streams
   // by it, so a recomputation inside a step replays the same numbers.
   std::uint64_t step = 0;
-  // The op's planned scratch space (Op::workspace_bytes), or null.
+  // The op's planned scratch space (KernelEntry::workspace_bytes), or null.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };
 
 using Kernel = std::function<void(const Op&, const KernelArgs&)>;
+using WorkspaceFn = std::function<std::size_t(const Op&, std::span<const TensorMeta>, std::span<const TensorMeta>)>;
 
-// Kernels keyed by the op's C++ type; a backend owns one table.
+// What a backend answers for one op type: the kernel, the scratch bytes it
+// needs for given shapes (planned like any value, so it counts against the
+// budget), and which of the op's in-place candidates (Op::inplace_inputs)
+// this kernel really may overwrite.
+struct KernelEntry {
+  Kernel run;
+  WorkspaceFn workspace;              // null: no scratch
+  std::optional<std::vector<int>> inplace;  // null: every candidate the op declares
+};
+
+// Kernels keyed by the op's C++ type; a backend owns one table and fills it
+// in its constructor (nothing registers itself, so nothing can be dropped).
 class KernelTable {
  public:
+  // `ws(op, inputs, outputs)` sizes the kernel's scratch for those shapes.
   template <class OpT, class Fn>
-  bool add(Fn fn) {
-    table_[std::type_index(typeid(OpT))] = [fn](const Op& op, const KernelArgs& a) {
-      fn(static_cast<const OpT&>(op), a);
-    };
-    return true;
+  KernelEntry& add(Fn fn) {
+    KernelEntry& e = table_[std::type_index(typeid(OpT))];
+    e = {};
+    e.run = [fn](const Op& op, const KernelArgs& a) { fn(static_cast<const OpT&>(op), a); };
+    return e;
   }
-  const Kernel* find(const Op& op) const {
+  template <class OpT, class Fn, class Ws>
+  KernelEntry& add(Fn fn, Ws ws) {
+    KernelEntry& e = add<OpT>(std::move(fn));
+    e.workspace = [ws](const Op& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+      return std::size_t(ws(static_cast<const OpT&>(op), in, out));
+    };
+    return e;
+  }
+  const KernelEntry* find(const Op& op) const {
     auto it = table_.find(std::type_index(typeid(op)));
     return it == table_.end() ? nullptr : &it->second;
   }
+  std::size_t size() const { return table_.size(); }
 
  private:
-  std::map<std::type_index, Kernel> table_;
+  std::map<std::type_index, KernelEntry> table_;
 };
 
 class Backend {
@@ -70,35 +96,57 @@ class Backend {
   virtual void set_threads(int n) = 0;
   virtual void synchronize() {}
 
-  const Kernel& kernel_for(const Op& op) const {
-    const Kernel* k = kernels().find(op);
-    if (!k) fail("backend '", name(), "' has no kernel for op '", op.name(), "'");
-    return *k;
+  const KernelEntry& entry_for(const Op& op) const {
+    const KernelEntry* e = kernels().find(op);
+    if (!e) fail("backend '", name(), "' has no kernel for op '", op.name(), "'");
+    return *e;
+  }
+  const Kernel& kernel_for(const Op& op) const { return entry_for(op).run; }
+
+  // Scratch bytes this backend's kernel needs for `op` on these shapes.
+  std::size_t workspace_bytes(const Op& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) const {
+    const KernelEntry* e = kernels().find(op);
+    return e && e->workspace ? e->workspace(op, in, out) : 0;
   }
 };
 
-using BackendFactory = std::function<std::unique_ptr<Backend>()>;
+// Options a backend takes when it is made.
+struct BackendOptions {
+  // cpu: which engine runs f32/bf16/f16 convolutions ("auto": AVX-512 where
+  // the CPU has it, else BLAS; "blas"; "avx512", an error without it).
+  std::string conv_engine = "auto";
+  // Kernels for ops of the program's own, added to the backend's table after
+  // frugal's (an entry for an op frugal already knows replaces frugal's).
+  std::vector<std::function<void(KernelTable&)>> extra_kernels;
+};
 
-inline std::map<std::string, BackendFactory>& backend_registry() {
-  static std::map<std::string, BackendFactory> r;
-  return r;
+// What a graph asks of the backend that will run it, as nodes are added:
+// the planner sizes scratch and in-place reuse from the backend's own
+// kernels, while graph/ and plan/ never see a backend. The queries keep the
+// backend alive.
+inline KernelQueries kernel_queries(std::shared_ptr<const Backend> backend) {
+  KernelQueries q;
+  q.backend = backend->name();
+  q.workspace_bytes = [backend](const Op& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+    return backend->workspace_bytes(op, in, out);
+  };
+  q.inplace_inputs = [backend](const Op& op) {
+    std::vector<int> wanted = op.inplace_inputs();
+    const KernelEntry* e = backend->kernels().find(op);
+    if (!e || !e->inplace) return wanted;
+    std::vector<int> allowed;
+    for (int i : wanted)
+      if (std::find(e->inplace->begin(), e->inplace->end(), i) != e->inplace->end()) allowed.push_back(i);
+    return allowed;
+  };
+  return q;
 }
 
-inline bool register_backend(const std::string& name, BackendFactory f) {
-  backend_registry()[name] = std::move(f);
-  return true;
-}
-
-inline std::unique_ptr<Backend> make_backend(const std::string& name) {
-  auto& r = backend_registry();
-  auto it = r.find(name);
-  if (it == r.end()) {
-    std::string known;
-    for (auto& [k, _] : r) known += (known.empty() ? "" : ", ") + k;
-    fail("backend '", name, "' is not available (built in: ", known.empty() ? "none" : known,
-         "); include <frugal/frugal.hpp>, and for 'cuda' build with FRUGAL_WITH_CUDA");
-  }
-  return it->second();
-}
+// Defined with the compiled kernels (frugal_add_kernels(target) in CMake, or
+// #include <frugal/kernels.hpp> in exactly one file of the program). An
+// undefined reference to these at link time means neither was done.
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
+// The backends this program was built with, e.g. {"cpu"}.
+std::vector<std::string> available_backends();
 
 }  // namespace frugal

@@ -7,9 +7,9 @@
 
 #include "../graph/capture.hpp"
 #include "../ops/all.hpp"
-#include "../plan/budget_solve.hpp"
+#include "../plan/budget.hpp"
 #include "../plan/cost_model.hpp"
-#include "calibrate.hpp"
+#include "../plan/device_profile.hpp"
 #include "loss_scaling.hpp"
 #include "step.hpp"
 
@@ -28,6 +28,7 @@ InputSpec input(Shape shape, std::string name = "") {
 
 struct CompileOptions {
   std::string backend = "cpu";
+  BackendOptions backend_options;  // e.g. the CPU's convolution engine, kernels for the program's own ops
   int threads = 0;          // 0: leave the process's setting alone
   bool keep_grads = false;  // keep parameter gradients readable with step.grad(p)
   PlanOptions plan;         // planner switches (reordering, in-place)
@@ -35,9 +36,16 @@ struct CompileOptions {
   // Dynamic loss scaling for f16 training (optim::LossScaler, which the
   // caller keeps alive while the step lives); training steps only.
   LossScalerBase* loss_scaler = nullptr;
-  // The rates the budget solver prices its choices with. Null: the cached
-  // calibration of this machine (runtime/calibrate.hpp), measured once.
+  // The rates the budget solver prices its choices with. Null: the file
+  // named by FRUGAL_PROFILE if set, else this machine's calibration when
+  // `calibrate` is on, else the backend's built-in rates. The plan summary
+  // says which priced it.
   const DeviceProfile* profile = nullptr;
+  // Under a binding budget, measure this machine's rates (about a second,
+  // then cached per machine in ~/.cache/frugal or FRUGAL_CACHE_DIR) instead
+  // of using the built-in ones. Off by default: compile does nothing on the
+  // machine beyond planning unless asked to.
+  bool calibrate = false;
   // Under a binding budget, time the ops of the first steps and re-plan
   // once if the predicted step time is off by more than 20%.
   bool replan = true;
@@ -77,9 +85,15 @@ struct Captured {
   std::vector<Var> results;
 };
 
+// The backend a step runs on, made once per compile: its kernel table sizes
+// the graph's scratch space as the graph is captured.
+inline std::shared_ptr<Backend> backend_for(const CompileOptions& o) {
+  return std::shared_ptr<Backend>(make_backend(o.backend, o.backend_options));
+}
+
 template <class Fn>
-Captured capture(Fn& fn, const std::vector<InputSpec>& specs) {
-  Captured c{std::make_shared<Graph>(), {}, {}};
+Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend) {
+  Captured c{std::make_shared<Graph>(kernel_queries(backend)), {}, {}};
   CaptureScope scope(*c.graph);
   std::vector<Var> vars;
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -99,94 +113,30 @@ Captured capture(Fn& fn, const std::vector<InputSpec>& specs) {
 // Everything compile() decides before memory exists: the captured graph,
 // which values must survive the step, and what the step reports.
 struct Prepared {
+  std::shared_ptr<Backend> backend;
   Captured c;
   std::vector<ValueId> roots;
   Optimizer* opt = nullptr;
   ValueId loss = kNoValue;
   std::vector<ValueId> outputs;
   std::map<const void*, ValueId> grad_of;
+  std::shared_ptr<plan::CostModel> prices;  // set by plan_prepared when the budget binds
 };
-
-// The solver's prices from a cost model (the profile's roofline, or
-// measured medians where a step has been timed).
-inline plan::PriceModel prices_from(std::shared_ptr<const plan::CostModel> cm) {
-  plan::PriceModel m;
-  m.op_ms = [cm](const Graph& g, NodeId n) { return cm->op_ms(g, n); };
-  m.copy_ms = [cm](std::size_t b) { return cm->copy_ms(b); };
-  bool nvme = cm->profile().nvme_write_bytes > 0 && cm->profile().nvme_read_bytes > 0;
-  m.nvme_write_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_write_ms(b) : cm->copy_ms(b) * 20; };
-  m.nvme_read_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_read_ms(b) : cm->copy_ms(b) * 20; };
-  m.overlap_slowdown = cm->profile().overlap_slowdown;
-  return m;
-}
-
-// This machine's profile for a backend, calibrated once per process (and
-// cached on disk across processes).
-inline DeviceProfile machine_profile(Backend& backend, int threads, const std::string& nvme_dir) {
-  static std::mutex lock;  // steps may be compiled from several threads
-  static std::map<std::string, DeviceProfile> known;
-  std::lock_guard guard(lock);
-  std::string key = cat(backend.name(), "/", threads, "/", nvme_dir);
-  auto it = known.find(key);
-  if (it == known.end()) it = known.emplace(key, load_or_calibrate(backend, threads, nvme_dir)).first;
-  return it->second;
-}
 
 // The threads a step will run with: the option, or the process's OpenMP setting.
 inline int step_threads(const CompileOptions& o) { return o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads()); }
 
-// The cost model a budget solve uses: the given profile, or this machine's.
-inline std::shared_ptr<plan::CostModel> cost_model_for(Backend& backend, const Budget& budget,
-                                                       const CompileOptions& o) {
-  if (o.profile) return std::make_shared<plan::CostModel>(*o.profile);
-  return std::make_shared<plan::CostModel>(machine_profile(backend, step_threads(o), budget.nvme_dir));
-}
+// Planning and building the step are the same code for every model, so a
+// program compiles them once, with the kernels (runtime/units/compile.hpp,
+// through frugal_add_kernels or <frugal/kernels.hpp>), not in every file
+// that calls compile().
 
 // Plans the prepared step within `budget` (rewriting its graph when the
-// budget forces evictions), and verifies the plan.
-inline Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o,
-                          std::shared_ptr<const plan::CostModel> cm = nullptr) {
-  if (!cm && budget.device > 0 && make_plan(*p.c.graph, p.roots, o.plan).total_bytes() > budget.device) {
-    auto backend = make_backend(o.backend);
-    cm = cost_model_for(*backend, budget, o);
-  }
-  if (!cm) cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults(o.backend, step_threads(o)));
-  auto solved = plan::solve_budget(p.c.graph, p.roots, budget, prices_from(cm), o.plan);
-  p.c.graph = std::move(solved.graph);
-  if (o.verify) {
-    auto report = plan::verify(*p.c.graph, solved.plan, p.roots);
-    if (!report.ok()) fail("internal error: the planner produced a plan its verifier rejects:\n", report.str());
-  }
-  return std::move(solved.plan);
-}
-
-inline Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
-  std::shared_ptr<Graph> captured = p.c.graph;
-  Plan plan = plan_prepared(p, budget, o);
-  auto backend = make_backend(o.backend);
-  if (o.threads > 0) backend->set_threads(o.threads);
-  Step::Parts parts{std::move(p.c.graph), std::move(plan), std::move(backend), p.opt, std::move(p.c.inputs),
-                    p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
-                    budget.nvme_dir};
-  if (o.replan && !parts.plan.decisions.empty()) {
-    // What re-planning needs: the graph before the rewrite, the budget, and
-    // a cost model that measured op times can refine.
-    auto cm = cost_model_for(*parts.backend, budget, o);
-    auto roots = parts.roots;
-    auto plan_opts = o.plan;
-    bool verify = o.verify;
-    parts.replanner = [captured, budget, cm, roots, plan_opts, verify](const plan::OpTimeRecorder& times) {
-      cm->set_measured(times);
-      auto solved = plan::solve_budget(captured, roots, budget, prices_from(cm), plan_opts);
-      if (verify) {
-        auto report = plan::verify(*solved.graph, solved.plan, roots);
-        if (!report.ok()) fail("internal error: a re-plan was rejected by the verifier:\n", report.str());
-      }
-      return std::pair{std::move(solved.graph), std::move(solved.plan)};
-    };
-  }
-  return Step(std::move(parts));
-}
+// budget forces evictions), and verifies the plan. The step is planned
+// unconstrained once; only a binding budget goes on to the solver.
+Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o);
+// The Step that runs the prepared graph as planned within `budget`.
+Step finish(Prepared p, const Budget& budget, const CompileOptions& o);
 
 inline Var single_loss(const Captured& c) {
   if (c.results.size() != 1) fail("compile: the step function must return exactly one loss Var");
@@ -195,7 +145,8 @@ inline Var single_loss(const Captured& c) {
 
 template <class Fn>
 Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer& opt, const CompileOptions& o) {
-  auto c = capture(fn, specs);
+  auto backend = backend_for(o);
+  auto c = capture(fn, specs, backend);
   Var loss = single_loss(c);
   Graph& g = *c.graph;
   CaptureScope scope(g);
@@ -220,7 +171,7 @@ Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer
            "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
   }
   auto grads = grad(o.loss_scaler ? o.loss_scaler->scale_loss(loss) : loss, wrt);
-  Prepared p{std::move(c), {loss.id}, &opt, loss.id, {}, {}};
+  Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
   for (std::size_t k = 0; k < wrt.size(); ++k) {
     if (!grads[k]) continue;  // the loss does not depend on it
@@ -280,7 +231,8 @@ template <class Fn>
 Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor> wrt, Budget budget = {},
                        CompileOptions o = {}) {
   if (o.loss_scaler) fail("compile_gradients: CompileOptions::loss_scaler applies to training steps (compile)");
-  auto c = detail::capture(fn, specs);
+  auto backend = detail::backend_for(o);
+  auto c = detail::capture(fn, specs, backend);
   Var loss = detail::single_loss(c);
   Graph& g = *c.graph;
   CaptureScope scope(g);
@@ -302,16 +254,18 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
     roots.push_back(grads[k]->id);
     grad_of[wrt[k].raw()] = grads[k]->id;
   }
-  return detail::finish({std::move(c), std::move(roots), nullptr, loss.id, {}, std::move(grad_of)}, budget, o);
+  return detail::finish({std::move(backend), std::move(c), std::move(roots), nullptr, loss.id, {}, std::move(grad_of), {}},
+                        budget, o);
 }
 
 // What compile_inference() would plan, without allocating anything.
 template <class Fn>
 PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, CompileOptions o = {}, Budget budget = {}) {
-  auto c = detail::capture(fn, specs);
+  auto backend = detail::backend_for(o);
+  auto c = detail::capture(fn, specs, backend);
   std::vector<ValueId> outs;
   for (auto& v : c.results) outs.push_back(v.id);
-  detail::Prepared p{std::move(c), outs, nullptr, kNoValue, outs, {}};
+  detail::Prepared p{std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}};
   Plan plan = detail::plan_prepared(p, budget, o);
   std::size_t in = 0;
   for (auto& s : specs) in += s.meta.nbytes();
@@ -323,10 +277,11 @@ PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, CompileOptions
 template <class Fn>
 Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
   if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
-  auto c = detail::capture(fn, specs);
+  auto backend = detail::backend_for(o);
+  auto c = detail::capture(fn, specs, backend);
   std::vector<ValueId> outs;
   for (auto& v : c.results) outs.push_back(v.id);
-  return detail::finish({std::move(c), outs, nullptr, kNoValue, outs, {}}, budget, o);
+  return detail::finish({std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}}, budget, o);
 }
 
 }  // namespace frugal

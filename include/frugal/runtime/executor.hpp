@@ -22,6 +22,11 @@ class Executor {
   // `nvme_dir` holds the NVMe tier's file when the plan spills there.
   Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend, const std::string& nvme_dir = "")
       : graph_(std::move(graph)), backend_(backend), host_(plan.host_bytes) {
+    // Scratch space and in-place reuse were planned from one backend's
+    // kernels; another backend's kernels may need different ones.
+    if (graph_->kernel_queries().backend != backend_.name())
+      fail("internal error: this graph was captured for backend '", graph_->kernel_queries().backend,
+           "' but is run on '", backend_.name(), "'; capture it through compile() with that backend");
     if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
     if (plan.nvme_bytes) {
       if (nvme_dir.empty())

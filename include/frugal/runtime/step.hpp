@@ -23,7 +23,7 @@ class Step {
   struct Parts {
     std::shared_ptr<Graph> graph;
     Plan plan;
-    std::unique_ptr<Backend> backend;
+    std::shared_ptr<Backend> backend;
     Optimizer* optimizer = nullptr;
     std::vector<ValueId> inputs;
     ValueId loss = kNoValue;

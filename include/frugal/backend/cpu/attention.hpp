@@ -26,7 +26,7 @@
 #include "../../ops/attention.hpp"
 #include "../../ops/gelu.hpp"
 #include "blas.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "row_math.hpp"
 
@@ -243,9 +243,5 @@ inline void attention_qkv_grad_kernel(const ops::CausalAttentionQkvGrad& op, con
   });
 }
 
-inline const bool attention_registered = kernels().add<ops::CausalAttention>(attention_kernel) &&
-                                         kernels().add<ops::CausalAttentionGrad>(attention_grad_kernel) &&
-                                         kernels().add<ops::CausalAttentionQkv>(attention_qkv_kernel) &&
-                                         kernels().add<ops::CausalAttentionQkvGrad>(attention_qkv_grad_kernel);
 
 }  // namespace frugal::cpu

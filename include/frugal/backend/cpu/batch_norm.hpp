@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "../../ops/batch_norm.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -179,10 +179,5 @@ inline void batch_norm_update_stats_kernel(const ops::BatchNormUpdateStats& op, 
   });
 }
 
-inline const bool batch_norm_registered =
-    kernels().add<ops::BatchNorm2dTrain>(batch_norm2d_train_kernel) &&
-    kernels().add<ops::BatchNorm2dEval>(batch_norm2d_eval_kernel) &&
-    kernels().add<ops::BatchNorm2dBackward>(batch_norm2d_backward_kernel) &&
-    kernels().add<ops::BatchNormUpdateStats>(batch_norm_update_stats_kernel);
 
 }  // namespace frugal::cpu

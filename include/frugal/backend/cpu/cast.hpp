@@ -2,7 +2,7 @@
 // cast between f32, f64, bf16 and f16: the shared ConvertTo functor over
 // every (from, to) pair.
 #include "../../ops/cast.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -22,6 +22,5 @@ inline void cast_kernel(const ops::Cast& op, const KernelArgs& a) {
   });
 }
 
-inline const bool cast_registered = kernels().add<ops::Cast>(cast_kernel);
 
 }  // namespace frugal::cpu

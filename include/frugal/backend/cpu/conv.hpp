@@ -1,6 +1,6 @@
 #pragma once
 // conv2d and its two backward ops on the CPU, in two engines over the same
-// planned scratch (ops::conv_scratch; the layout depends on shapes only):
+// planned scratch (conv_scratch; the layout depends on shapes only):
 //
 // - AVX-512 (conv_avx512.hpp), chosen at run time where the CPU has it, for
 //   f32/bf16/f16: im2col packed straight into 32-column panels, an 8x32 FMA
@@ -23,9 +23,10 @@
 #include <type_traits>
 
 #include "../../ops/conv.hpp"
+#include "../../runtime/backend.hpp"
 #include "blas.hpp"
 #include "conv_avx512.hpp"
-#include "kernel_table.hpp"
+#include "conv_scratch.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -62,7 +63,7 @@ struct Scratch {
 };
 
 template <class C>
-Scratch<C> carve(const ops::ConvScratch& s, const KernelArgs& a, const char* op) {
+Scratch<C> carve(const ConvScratch& s, const KernelArgs& a, const char* op) {
   if (s.bytes() > 0 && (!a.workspace || a.workspace_bytes < s.bytes()))
     fail("internal: ", op, " was given ", a.workspace_bytes, " bytes of scratch space but needs ", s.bytes());
   auto* base = static_cast<std::byte*>(a.workspace);
@@ -255,7 +256,7 @@ void narrow_all(const C* src, T* dst, std::int64_t n) {
 // nothing another thread reads, so a chunk needs no barrier inside.
 
 template <class T>
-void conv2d_forward_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
                     const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* w, const T* bias,
                     T* y) {
   using namespace conv_detail;
@@ -310,7 +311,7 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
 // barrier, col2im of its share of the input planes.
 
 template <class T>
-void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
                           const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* dy, const T* w, T* dx) {
   using namespace conv_detail;
   using C = compute_t<T>;
@@ -366,7 +367,7 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ops::ConvScratc
 // dy is shared, behind a barrier.
 
 template <class T>
-void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& s,
                                  const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* dy,
                                  T* dw) {
   using namespace conv_detail;
@@ -447,7 +448,7 @@ namespace conv_detail {
 
 using conv_fast::MR;
 using conv_fast::NR;
-static_assert(NR == ops::kConvPanel, "the planned scratch is sized for 32-column panels");
+static_assert(NR == kConvPanel, "the planned scratch is sized for 32-column panels");
 
 inline std::int64_t panels(std::int64_t n) { return (n + NR - 1) / NR; }
 
@@ -609,7 +610,7 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
 }
 
 template <class T>
-void conv2d_forward_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_forward_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                            const conv_detail::Scratch<float>& ws, const T* x, const T* w, const T* bias, T* y) {
   if constexpr (conv_detail::is_half_v<T>) {
     conv_detail::widen_all(w, ws.weight, g.cout * g.k());
@@ -621,11 +622,11 @@ void conv2d_forward_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s
 
 // The data gradient of a stride-1 convolution as the convolution of dy by
 // the flipped weight wf[gi][ci][co][kh-1-i][kw-1-j] = w[gi][co][ci][i][j]
-// (see ops::conv_data_grad_is_conv).
+// (see conv_data_grad_is_conv).
 template <class T>
-void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ConvScratch& s,
                                   const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
-  const ops::ConvGeometry f = ops::conv_data_grad_geometry(g);
+  const ops::ConvGeometry f = conv_data_grad_geometry(g);
   const std::int64_t k = g.k(), kf = f.k(), khw = g.kh * g.kw, cg = g.cout_g(), cin_g = g.cin_g();
   float* wf = ws.weight;
   parallel_for(g.groups * cin_g, kf, [&](std::int64_t b, std::int64_t e) {
@@ -645,10 +646,10 @@ void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ops::ConvScr
 // them into the column gradient; after a barrier, col2im of its share of
 // the planes (or, 1x1 stride 1 with one image, the product is dx itself).
 template <class T>
-void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                                  const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
   using namespace conv_detail;
-  if (ops::conv_data_grad_is_conv(g)) return conv2d_backward_data_as_conv(g, s, ws, dy, w, dx);
+  if (conv_data_grad_is_conv(g)) return conv2d_backward_data_as_conv(g, s, ws, dy, w, dx);
   const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g(), cin_g = g.cin_g();
   const float* wc = nullptr;
   if constexpr (is_half_v<T>) {
@@ -719,7 +720,7 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ops::ConvScra
 // of dwᵀ), packs those rows of im2col, and multiplies them by dy's panels
 // (packed together, behind a barrier), accumulating chunk after chunk.
 template <class T>
-void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                                    const conv_detail::Scratch<float>& ws, const T* x, const T* dy, T* dw) {
   using namespace conv_detail;
   const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
@@ -778,45 +779,48 @@ void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ops::ConvSc
 
 // ---- engines ---------------------------------------------------------------------------
 
-// Which engine runs f32, bf16 and f16 convolutions (f64 always uses BLAS):
-// automatic picks AVX-512 where the CPU has it. Tests and benchmarks force
-// one to compare them.
-enum class ConvEngine { automatic, blas, avx512 };
+// Which engine runs f32, bf16 and f16 convolutions (f64 always uses BLAS).
+// It is a property of the backend that owns the kernel table (chosen when
+// the backend is made, BackendOptions::conv_engine), never a process-wide
+// setting, so two steps in one process can use different engines.
+enum class ConvEngine { blas, avx512 };
 
-inline ConvEngine& conv_engine_setting() {
-  static ConvEngine e = ConvEngine::automatic;
-  return e;
+inline ConvEngine conv_engine_from(const std::string& name) {
+  if (name == "blas") return ConvEngine::blas;
+  if (name == "avx512") {
+    if (!conv_fast::available())
+      fail("cpu: the AVX-512 convolution engine was asked for (conv_engine \"avx512\"), but ",
+           conv_fast::kCompiledIn ? "this CPU has no AVX-512F" : "frugal's kernels were built without it (FRUGAL_WITH_AVX512=OFF)",
+           "; use \"auto\" or \"blas\"");
+    return ConvEngine::avx512;
+  }
+  if (name == "auto" || name.empty()) return conv_fast::available() ? ConvEngine::avx512 : ConvEngine::blas;
+  fail("cpu: unknown convolution engine '", name, "' (use \"auto\", \"blas\" or \"avx512\")");
 }
-inline void set_conv_engine(ConvEngine e) {
-  if (e == ConvEngine::avx512 && !conv_fast::available())
-    fail("cpu: the AVX-512 convolution engine was asked for, but this CPU has no AVX-512F");
-  conv_engine_setting() = e;
-}
-inline bool conv_uses_avx512() { return conv_engine_setting() != ConvEngine::blas && conv_fast::available(); }
 
 template <class T>
-void conv2d_forward(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_forward(ConvEngine e, const ops::ConvGeometry& g, const ConvScratch& s,
                     const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* w, const T* bias,
                     T* y) {
   if constexpr (!std::is_same_v<T, double>)
-    if (conv_uses_avx512()) return conv2d_forward_avx512<T>(g, s, ws, x, w, bias, y);
+    if (e == ConvEngine::avx512) return conv2d_forward_avx512<T>(g, s, ws, x, w, bias, y);
   conv2d_forward_blas<T>(g, s, ws, x, w, bias, y);
 }
 
 template <class T>
-void conv2d_backward_data(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_data(ConvEngine e, const ops::ConvGeometry& g, const ConvScratch& s,
                           const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* dy, const T* w, T* dx) {
   if constexpr (!std::is_same_v<T, double>)
-    if (conv_uses_avx512()) return conv2d_backward_data_avx512<T>(g, s, ws, dy, w, dx);
+    if (e == ConvEngine::avx512) return conv2d_backward_data_avx512<T>(g, s, ws, dy, w, dx);
   conv2d_backward_data_blas<T>(g, s, ws, dy, w, dx);
 }
 
 template <class T>
-void conv2d_backward_weight(const ops::ConvGeometry& g, const ops::ConvScratch& s,
+void conv2d_backward_weight(ConvEngine e, const ops::ConvGeometry& g, const ConvScratch& s,
                             const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* dy, T* dw,
                             T* db) {
   if constexpr (!std::is_same_v<T, double>) {
-    if (conv_uses_avx512()) conv2d_backward_weight_avx512<T>(g, s, ws, x, dy, dw);
+    if (e == ConvEngine::avx512) conv2d_backward_weight_avx512<T>(g, s, ws, x, dy, dw);
     else conv2d_backward_weight_blas<T>(g, s, ws, x, dy, dw);
   } else {
     conv2d_backward_weight_blas<T>(g, s, ws, x, dy, dw);
@@ -826,41 +830,49 @@ void conv2d_backward_weight(const ops::ConvGeometry& g, const ops::ConvScratch& 
 
 // ---- kernels ---------------------------------------------------------------------------
 
-inline void conv2d_kernel(const ops::Conv2d& op, const KernelArgs& a) {
+inline void conv2d_kernel(ConvEngine e, const ops::Conv2d& op, const KernelArgs& a) {
   conv_detail::dispatch_storage(a.in[0].dtype, "conv2d", [&](auto tag) {
     using T = decltype(tag);
     using C = conv_detail::compute_t<T>;
     auto g = op.geometry(*a.in[0].shape, *a.in[1].shape);
-    auto s = ops::conv_scratch(g, a.in[0].dtype, ops::ConvPass::forward);
-    conv2d_forward<T>(g, s, conv_detail::carve<C>(s, a, "conv2d"), a.in[0].as<T>(), a.in[1].as<T>(),
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::forward);
+    conv2d_forward<T>(e, g, s, conv_detail::carve<C>(s, a, "conv2d"), a.in[0].as<T>(), a.in[1].as<T>(),
                       op.has_bias() ? a.in[2].as<T>() : nullptr, a.out[0].as<T>());
   });
 }
 
-inline void conv2d_backward_data_kernel(const ops::Conv2dBackwardData& op, const KernelArgs& a) {
+inline void conv2d_backward_data_kernel(ConvEngine e, const ops::Conv2dBackwardData& op, const KernelArgs& a) {
   conv_detail::dispatch_storage(a.in[0].dtype, "conv2d_backward_data", [&](auto tag) {
     using T = decltype(tag);
     using C = conv_detail::compute_t<T>;
     auto g = op.geometry(*a.in[1].shape);
-    auto s = ops::conv_scratch(g, a.in[0].dtype, ops::ConvPass::backward_data);
-    conv2d_backward_data<T>(g, s, conv_detail::carve<C>(s, a, "conv2d_backward_data"), a.in[0].as<T>(),
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_data);
+    conv2d_backward_data<T>(e, g, s, conv_detail::carve<C>(s, a, "conv2d_backward_data"), a.in[0].as<T>(),
                             a.in[1].as<T>(), a.out[0].as<T>());
   });
 }
 
-inline void conv2d_backward_weight_kernel(const ops::Conv2dBackwardWeight& op, const KernelArgs& a) {
+inline void conv2d_backward_weight_kernel(ConvEngine e, const ops::Conv2dBackwardWeight& op, const KernelArgs& a) {
   conv_detail::dispatch_storage(a.in[0].dtype, "conv2d_backward_weight", [&](auto tag) {
     using T = decltype(tag);
     using C = conv_detail::compute_t<T>;
     auto g = op.geometry(*a.in[0].shape);
-    auto s = ops::conv_scratch(g, a.in[0].dtype, ops::ConvPass::backward_weight);
-    conv2d_backward_weight<T>(g, s, conv_detail::carve<C>(s, a, "conv2d_backward_weight"), a.in[0].as<T>(),
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_weight);
+    conv2d_backward_weight<T>(e, g, s, conv_detail::carve<C>(s, a, "conv2d_backward_weight"), a.in[0].as<T>(),
                               a.in[1].as<T>(), a.out[0].as<T>(), op.with_bias() ? a.out[1].as<T>() : nullptr);
   });
 }
 
-inline const bool conv_registered = kernels().add<ops::Conv2d>(conv2d_kernel) &&
-                                    kernels().add<ops::Conv2dBackwardData>(conv2d_backward_data_kernel) &&
-                                    kernels().add<ops::Conv2dBackwardWeight>(conv2d_backward_weight_kernel);
+// The workspace each conv op's kernel needs, for the kernel table.
+inline std::size_t conv2d_workspace(const ops::Conv2d& op, std::span<const TensorMeta> in) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::forward).bytes();
+}
+inline std::size_t conv2d_backward_data_workspace(const ops::Conv2dBackwardData& op, std::span<const TensorMeta> in) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_data).bytes();
+}
+inline std::size_t conv2d_backward_weight_workspace(const ops::Conv2dBackwardWeight& op,
+                                                    std::span<const TensorMeta> in) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_weight).bytes();
+}
 
 }  // namespace frugal::cpu

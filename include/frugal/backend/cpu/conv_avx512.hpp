@@ -17,10 +17,20 @@
 // op's planned scratch (indexed by panel, not by thread); A is read in place
 // through strides (or, when its rows are strided, packed 256 deep on the
 // stack inside the micro-kernel).
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
+
+#include "../../core/error.hpp"
+
+// Compiled only for x86-64, and not when the build turns it off
+// (FRUGAL_WITH_AVX512=OFF defines FRUGAL_NO_AVX512 for the kernel sources):
+// elsewhere the engine is absent and the BLAS engine runs every convolution.
+#if defined(__x86_64__) && !defined(FRUGAL_NO_AVX512)
+#define FRUGAL_CONV_AVX512 1
+#include <immintrin.h>
+#else
+#define FRUGAL_CONV_AVX512 0
+#endif
 
 namespace frugal::cpu::conv_fast {
 
@@ -29,12 +39,19 @@ inline constexpr int NR = 32;   // tile columns: two 16-float vectors
 inline constexpr int KC = 256;  // depth of a stack-packed block of A
 inline constexpr int KA = 1024; // depth of a block of A a caller packs for many panels
 
-// True when this CPU (and its OS) can run the AVX-512 engine.
+inline constexpr bool kCompiledIn = FRUGAL_CONV_AVX512;
+
+// True when the engine is compiled in and this CPU (and its OS) can run it.
 inline bool available() {
+#if FRUGAL_CONV_AVX512
   static const bool ok = __builtin_cpu_supports("avx512f");
   return ok;
+#else
+  return false;
+#endif
 }
 
+#if FRUGAL_CONV_AVX512
 // tile[i * NR + j] = sum_{p < K} A(i, p) * b[p * NR + j] for i < 8, with
 // A(i, p) = a[i * rs + p * cs] for i < mr (rows past mr repeat row mr - 1:
 // their results are computed and ignored). b is a 64-byte aligned panel.
@@ -84,5 +101,11 @@ __attribute__((target("avx512f"))) inline void micro_kernel(std::int64_t K, cons
     _mm512_store_ps(tile + i * NR + 16, c1[i]);
   }
 }
+#else
+// Never called: available() is false, so no engine choice reaches it.
+inline void micro_kernel(std::int64_t, const float*, std::int64_t, std::int64_t, int, const float*, float*) {
+  fail("internal error: the AVX-512 convolution micro-kernel was called but is not compiled in");
+}
+#endif
 
 }  // namespace frugal::cpu::conv_fast

@@ -1,37 +1,23 @@
 #pragma once
 // The CPU backend: a complete backend, not a test double. Its "device" is
-// host memory; GEMM goes to OpenBLAS, everything else is OpenMP.
+// host memory; GEMM goes to OpenBLAS, everything else is OpenMP. It is made
+// by make_backend("cpu") (units/backend.hpp), and fills its own kernel table
+// when constructed.
+#include <omp.h>
+
 #include <cstdlib>
 #include <cstring>
 
-#include "../../runtime/backend.hpp"
 #include "blas.hpp"
-#include "cast.hpp"
-#include "elementwise.hpp"
-#include "loss.hpp"
-#include "loss_scaling.hpp"
-#include "matmul.hpp"
-#include "optimizer.hpp"
-#include "reduce.hpp"
-#include "shape.hpp"
-#include "softmax.hpp"
-#include "spmm.hpp"
-#include "layer_norm.hpp"
-#include "embedding.hpp"
-#include "dropout.hpp"
-#include "attention.hpp"
-#include "indexing.hpp"
-#include "gelu.hpp"
-#include "conv.hpp"
-#include "batch_norm.hpp"
-#include "pool.hpp"
+#include "register.hpp"
 
 namespace frugal::cpu {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const BackendOptions& o = {}) { register_cpu_kernels(table_, o); }
   std::string name() const override { return "cpu"; }
-  const KernelTable& kernels() const override { return cpu::kernels(); }
+  const KernelTable& kernels() const override { return table_; }
   void* allocate(std::size_t bytes) override {
     void* p = std::aligned_alloc(kAlignment, align_up(bytes));
     if (!p) fail("cpu: cannot allocate an arena of ", format_bytes(bytes));
@@ -46,9 +32,9 @@ class CpuBackend final : public Backend {
     omp_set_num_threads(n);
     set_blas_threads(n);
   }
-};
 
-inline const bool cpu_backend_registered =
-    register_backend("cpu", [] { return std::unique_ptr<Backend>(new CpuBackend()); });
+ private:
+  KernelTable table_;
+};
 
 }  // namespace frugal::cpu

@@ -2,7 +2,7 @@
 // Dropout and its backward: one kernel, the mask regenerated from
 // (key, step, element) by Philox, one block per four elements.
 #include "../../ops/dropout.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -31,8 +31,5 @@ inline void dropout_kernel(const ops::DropoutOp& op, const KernelArgs& a) {
   });
 }
 
-inline const bool dropout_registered = kernels().add<ops::Dropout>([](const ops::Dropout& op, const KernelArgs& a) {
-  dropout_kernel(op, a);
-}) && kernels().add<ops::DropoutGrad>([](const ops::DropoutGrad& op, const KernelArgs& a) { dropout_kernel(op, a); });
 
 }  // namespace frugal::cpu

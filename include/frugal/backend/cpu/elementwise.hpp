@@ -4,7 +4,7 @@
 #include "../../ops/binary.hpp"
 #include "../../ops/fill.hpp"
 #include "convert.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "strided.hpp"
 
@@ -137,20 +137,16 @@ inline void fill_kernel(const ops::FillLike& op, const KernelArgs& a) {
   });
 }
 
+// One kernel per functor in the lists (ops/elementwise_math.hpp).
 template <class... F>
-bool register_unary(ops::FunctorList<F...>) {
-  (kernels().add<ops::Unary<F>>(unary_kernel<F>), ...);
-  (kernels().add<ops::UnaryGrad<F>>(unary_grad_kernel<F>), ...);
-  return true;
+void add_unary_kernels(KernelTable& t, ops::FunctorList<F...>) {
+  (t.add<ops::Unary<F>>(unary_kernel<F>), ...);
+  (t.add<ops::UnaryGrad<F>>(unary_grad_kernel<F>), ...);
 }
 template <class... F>
-bool register_binary(ops::FunctorList<F...>) {
-  (kernels().add<ops::Binary<F>>(binary_kernel<F>), ...);
-  return true;
+void add_binary_kernels(KernelTable& t, ops::FunctorList<F...>) {
+  (t.add<ops::Binary<F>>(binary_kernel<F>), ...);
 }
 
-inline const bool elementwise_registered = register_unary(ops::UnaryFunctors{}) &&
-                                           register_binary(ops::BinaryFunctors{}) &&
-                                           kernels().add<ops::FillLike>(fill_kernel);
 
 }  // namespace frugal::cpu

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "../../ops/embedding.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -79,7 +79,5 @@ inline void embedding_grad_kernel(const ops::EmbeddingGrad& op, const KernelArgs
   });
 }
 
-inline const bool embedding_registered =
-    kernels().add<ops::Embedding>(embedding_kernel) && kernels().add<ops::EmbeddingGrad>(embedding_grad_kernel);
 
 }  // namespace frugal::cpu

@@ -9,7 +9,7 @@
 
 #include "../../ops/indexing.hpp"
 #include "embedding.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "strided.hpp"
 
@@ -263,10 +263,5 @@ inline void scatter_add_kernel(const ops::ScatterAdd& op, const KernelArgs& a) {
   });
 }
 
-inline const bool indexing_registered =
-    kernels().add<ops::Concat>(concat_kernel) && kernels().add<ops::Split>(split_kernel) &&
-    kernels().add<ops::Slice>(slice_kernel) && kernels().add<ops::SliceGrad>(slice_grad_kernel) &&
-    kernels().add<ops::IndexSelect>(index_select_kernel) && kernels().add<ops::IndexAdd>(index_add_kernel) &&
-    kernels().add<ops::Gather>(gather_kernel) && kernels().add<ops::ScatterAdd>(scatter_add_kernel);
 
 }  // namespace frugal::cpu

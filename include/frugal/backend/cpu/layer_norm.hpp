@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "../../ops/layer_norm.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "row_math.hpp"
 
@@ -126,7 +126,5 @@ inline void layer_norm_grad_kernel(const ops::LayerNormGrad& op, const KernelArg
   });
 }
 
-inline const bool layer_norm_registered =
-    kernels().add<ops::LayerNorm>(layer_norm_kernel) && kernels().add<ops::LayerNormGrad>(layer_norm_grad_kernel);
 
 }  // namespace frugal::cpu

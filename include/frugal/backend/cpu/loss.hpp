@@ -2,8 +2,9 @@
 #include <cmath>
 #include <type_traits>
 
+#include "../../ops/elementwise_math.hpp"
 #include "../../ops/loss.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -94,7 +95,5 @@ inline void cross_entropy_grad_kernel(const ops::CrossEntropyGrad&, const Kernel
   });
 }
 
-inline const bool loss_registered = kernels().add<ops::CrossEntropy>(cross_entropy_kernel) &&
-                                    kernels().add<ops::CrossEntropyGrad>(cross_entropy_grad_kernel);
 
 }  // namespace frugal::cpu

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "../../ops/loss_scaling.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -57,8 +57,5 @@ inline void advance_step_count_kernel(const ops::AdvanceStepCount&, const Kernel
   if (a.in[1].as<float>()[0] == 0.0f) ++a.in[0].as<std::int64_t>()[0];
 }
 
-inline const bool loss_scaling_registered = kernels().add<ops::NonFiniteCheck>(non_finite_check_kernel) &&
-                                            kernels().add<ops::UpdateLossScale>(update_loss_scale_kernel) &&
-                                            kernels().add<ops::AdvanceStepCount>(advance_step_count_kernel);
 
 }  // namespace frugal::cpu

@@ -1,14 +1,35 @@
 #pragma once
 // matmul and linear on OpenBLAS GEMM. bf16/f16 operands are converted to f32
-// in the op's planned workspace (ops::f32_images), multiplied in f32 and
+// in the op's planned workspace (f32_images below), multiplied in f32 and
 // rounded once on store.
 #include "../../ops/matmul.hpp"
 #include "blas.hpp"
 #include "convert.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
+
+// Where a bf16/f16 product keeps the f32 images of its operands and its
+// result inside the workspace: [A | B | C], each at an aligned offset.
+struct F32Images {
+  std::size_t a = 0, b = 0, c = 0, bytes = 0;
+};
+inline F32Images f32_images(std::int64_t a_elems, std::int64_t b_elems, std::int64_t c_elems) {
+  F32Images w;
+  w.b = align_up(std::size_t(a_elems) * 4);
+  w.c = w.b + align_up(std::size_t(b_elems) * 4);
+  w.bytes = w.c + std::size_t(c_elems) * 4;
+  return w;
+}
+
+// The workspace the kernel table plans for matmul and linear: none in f32
+// and f64; the three f32 images for bf16/f16 (the bias is added into y's).
+template <class OpT>
+std::size_t f32_images_workspace(const OpT&, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+  if (!is_half(in[0].dtype)) return 0;
+  return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
+}
 
 // A batch of independent GEMMs runs one of two ways: one multi-threaded GEMM
 // after another, or parallel_for over the batch items with each GEMM on one
@@ -78,7 +99,7 @@ struct F32Views {
   float *a, *b, *c;
 };
 inline F32Views f32_views(const KernelArgs& k, const char* op) {
-  auto w = ops::f32_images(k.in[0].numel(), k.in[1].numel(), k.out[0].numel());
+  auto w = f32_images(k.in[0].numel(), k.in[1].numel(), k.out[0].numel());
   if (!k.workspace || k.workspace_bytes < w.bytes)
     fail("internal: ", op, " on ", dtype_name(k.in[0].dtype), " needs ", w.bytes, " bytes of workspace, got ",
          k.workspace_bytes);
@@ -137,7 +158,5 @@ inline void linear_kernel(const ops::Linear& op, const KernelArgs& a) {
   });
 }
 
-inline const bool matmul_registered =
-    kernels().add<ops::MatMul>(matmul_kernel) && kernels().add<ops::Linear>(linear_kernel);
 
 }  // namespace frugal::cpu

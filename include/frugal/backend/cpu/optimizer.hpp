@@ -1,6 +1,6 @@
 #pragma once
 #include "../../ops/optimizer_updates.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -61,7 +61,5 @@ inline void adamw_kernel(const ops::AdamWUpdate& op, const KernelArgs& a) {
   });
 }
 
-inline const bool optimizer_registered =
-    kernels().add<ops::SgdUpdate>(sgd_kernel) && kernels().add<ops::AdamWUpdate>(adamw_kernel);
 
 }  // namespace frugal::cpu

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "../../ops/pool.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -161,12 +161,5 @@ inline void global_avg_pool2d_backward_kernel(const ops::GlobalAvgPool2dBackward
   });
 }
 
-inline const bool pool_registered =
-    kernels().add<ops::MaxPool2d>(max_pool2d_kernel) &&
-    kernels().add<ops::MaxPool2dBackward>(max_pool2d_backward_kernel) &&
-    kernels().add<ops::AvgPool2d>(avg_pool2d_kernel) &&
-    kernels().add<ops::AvgPool2dBackward>(avg_pool2d_backward_kernel) &&
-    kernels().add<ops::GlobalAvgPool2d>(global_avg_pool2d_kernel) &&
-    kernels().add<ops::GlobalAvgPool2dBackward>(global_avg_pool2d_backward_kernel);
 
 }  // namespace frugal::cpu

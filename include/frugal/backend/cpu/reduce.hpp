@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "../../ops/reduce.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "strided.hpp"
 
@@ -116,7 +116,5 @@ inline void broadcast_kernel(const ops::BroadcastTo&, const KernelArgs& a) {
   });
 }
 
-inline const bool reduce_registered =
-    kernels().add<ops::Sum>(sum_kernel) && kernels().add<ops::BroadcastTo>(broadcast_kernel);
 
 }  // namespace frugal::cpu

@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "../../ops/shape_ops.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "strided.hpp"
 
@@ -46,7 +46,5 @@ inline void permute_kernel(const ops::Permute& op, const KernelArgs& a) {
   }
 }
 
-inline const bool shape_registered =
-    kernels().add<ops::Reshape>(reshape_kernel) && kernels().add<ops::Permute>(permute_kernel);
 
 }  // namespace frugal::cpu

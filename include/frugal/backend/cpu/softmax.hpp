@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "../../ops/softmax.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -97,10 +97,5 @@ void softmax_grad_kernel(const OpT& op, const KernelArgs& a) {
   });
 }
 
-inline const bool softmax_registered = kernels().add<ops::Softmax>(softmax_kernel<ops::Softmax, false>) &&
-                                       kernels().add<ops::LogSoftmax>(softmax_kernel<ops::LogSoftmax, true>) &&
-                                       kernels().add<ops::SoftmaxGrad>(softmax_grad_kernel<ops::SoftmaxGrad, false>) &&
-                                       kernels().add<ops::LogSoftmaxGrad>(
-                                           softmax_grad_kernel<ops::LogSoftmaxGrad, true>);
 
 }  // namespace frugal::cpu

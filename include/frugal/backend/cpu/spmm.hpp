@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "../../ops/spmm.hpp"
-#include "kernel_table.hpp"
+#include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
 namespace frugal::cpu {
@@ -272,8 +272,5 @@ inline void spmm_values_grad_kernel(const ops::SpmmValuesGrad&, const KernelArgs
   });
 }
 
-inline const bool spmm_registered = kernels().add<ops::Spmm>(spmm_kernel) &&
-                                    kernels().add<ops::SpmmPermuted>(spmm_permuted_kernel) &&
-                                    kernels().add<ops::SpmmValuesGrad>(spmm_values_grad_kernel);
 
 }  // namespace frugal::cpu

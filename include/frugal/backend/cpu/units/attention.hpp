@@ -1,0 +1,16 @@
+#pragma once
+// Kernel unit (compiled once per program; see ../register.hpp): fused causal
+// attention and its backward.
+#include "../attention.hpp"
+#include "../register.hpp"
+
+namespace frugal::cpu {
+
+void add_attention_kernels(KernelTable& t, const BackendOptions&) {
+  t.add<ops::CausalAttention>(attention_kernel);
+  t.add<ops::CausalAttentionGrad>(attention_grad_kernel);
+  t.add<ops::CausalAttentionQkv>(attention_qkv_kernel);
+  t.add<ops::CausalAttentionQkvGrad>(attention_qkv_grad_kernel);
+}
+
+}  // namespace frugal::cpu

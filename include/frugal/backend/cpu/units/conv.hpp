@@ -1,0 +1,21 @@
+#pragma once
+// Kernel unit (compiled once per program; see ../register.hpp): conv2d and
+// its backward ops, on the engine the backend was made with.
+#include "../conv.hpp"
+#include "../register.hpp"
+
+namespace frugal::cpu {
+
+void add_conv_kernels(KernelTable& t, const BackendOptions& o) {
+  const ConvEngine e = conv_engine_from(o.conv_engine);
+  t.add<ops::Conv2d>([e](const ops::Conv2d& op, const KernelArgs& a) { conv2d_kernel(e, op, a); },
+                     [](const ops::Conv2d& op, auto in, auto) { return conv2d_workspace(op, in); });
+  t.add<ops::Conv2dBackwardData>(
+      [e](const ops::Conv2dBackwardData& op, const KernelArgs& a) { conv2d_backward_data_kernel(e, op, a); },
+      [](const ops::Conv2dBackwardData& op, auto in, auto) { return conv2d_backward_data_workspace(op, in); });
+  t.add<ops::Conv2dBackwardWeight>(
+      [e](const ops::Conv2dBackwardWeight& op, const KernelArgs& a) { conv2d_backward_weight_kernel(e, op, a); },
+      [](const ops::Conv2dBackwardWeight& op, auto in, auto) { return conv2d_backward_weight_workspace(op, in); });
+}
+
+}  // namespace frugal::cpu

@@ -1,0 +1,22 @@
+#pragma once
+// Kernel unit (compiled once per program; see ../register.hpp): elementwise
+// math, the vectorised exact GELU, casts, reshape and permute.
+#include "../../../ops/gelu.hpp"
+#include "../cast.hpp"
+#include "../elementwise.hpp"
+#include "../register.hpp"
+#include "../shape.hpp"
+
+namespace frugal::cpu {
+
+void add_elementwise_kernels(KernelTable& t, const BackendOptions&) {
+  add_unary_kernels(t, ops::UnaryFunctors{});
+  add_unary_kernels(t, ops::FunctorList<math::GeluErfPoly>{});
+  add_binary_kernels(t, ops::BinaryFunctors{});
+  t.add<ops::FillLike>(fill_kernel);
+  t.add<ops::Cast>(cast_kernel);
+  t.add<ops::Reshape>(reshape_kernel);
+  t.add<ops::Permute>(permute_kernel);
+}
+
+}  // namespace frugal::cpu

@@ -1,0 +1,26 @@
+#pragma once
+// Kernel unit (compiled once per program; see ../register.hpp): sums and
+// broadcasts, softmax, cross-entropy and the loss-scaling checks.
+#include "../loss.hpp"
+#include "../loss_scaling.hpp"
+#include "../reduce.hpp"
+#include "../register.hpp"
+#include "../softmax.hpp"
+
+namespace frugal::cpu {
+
+void add_reduction_kernels(KernelTable& t, const BackendOptions&) {
+  t.add<ops::Sum>(sum_kernel);
+  t.add<ops::BroadcastTo>(broadcast_kernel);
+  t.add<ops::Softmax>(softmax_kernel<ops::Softmax, false>);
+  t.add<ops::LogSoftmax>(softmax_kernel<ops::LogSoftmax, true>);
+  t.add<ops::SoftmaxGrad>(softmax_grad_kernel<ops::SoftmaxGrad, false>);
+  t.add<ops::LogSoftmaxGrad>(softmax_grad_kernel<ops::LogSoftmaxGrad, true>);
+  t.add<ops::CrossEntropy>(cross_entropy_kernel);
+  t.add<ops::CrossEntropyGrad>(cross_entropy_grad_kernel);
+  t.add<ops::NonFiniteCheck>(non_finite_check_kernel);
+  t.add<ops::UpdateLossScale>(update_loss_scale_kernel);
+  t.add<ops::AdvanceStepCount>(advance_step_count_kernel);
+}
+
+}  // namespace frugal::cpu

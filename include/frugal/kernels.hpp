@@ -1,0 +1,24 @@
+#pragma once
+// frugal's kernels (and the planner, compiled once too), for a program that does not use CMake's
+// frugal_add_kernels(target): include this header in exactly one source file
+// of the program (a second one is a "multiple definition" link error, none
+// an "undefined reference to frugal::make_backend"). Every other file
+// includes <frugal/frugal.hpp>, which compiles no kernel.
+//
+// Compile that file with frugal's kernel flags, which frugal_add_kernels
+// applies for you: -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
+// (none of them changes a computed bit; they let GCC vectorise). Flags that
+// change results are refused here.
+#if defined(__FAST_MATH__)
+#error "frugal's kernels must not be compiled with -ffast-math (or -Ofast): it changes their results. Compile the file that includes <frugal/kernels.hpp> without it, or use frugal_add_kernels(target) in CMake."
+#endif
+#include "backend/cpu/units/attention.hpp"
+#include "backend/cpu/units/conv.hpp"
+#include "backend/cpu/units/elementwise.hpp"
+#include "backend/cpu/units/indexing.hpp"
+#include "backend/cpu/units/matmul.hpp"
+#include "backend/cpu/units/norm_pool.hpp"
+#include "backend/cpu/units/optimizer.hpp"
+#include "backend/cpu/units/reductions.hpp"
+#include "backend/units/make_backend.hpp"
+#include "runtime/units/compile.hpp"

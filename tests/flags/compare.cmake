@@ -1,0 +1,13 @@
+# Runs the two flag_bits programs and requires byte-identical outputs.
+foreach(exe A B)
+  execute_process(COMMAND ${${exe}} ${WORK_DIR}/${exe}.txt RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${${exe}} failed (${rc}): ${err}")
+  endif()
+endforeach()
+file(READ ${WORK_DIR}/A.txt a)
+file(READ ${WORK_DIR}/B.txt b)
+message("${A}:\n${a}")
+if(NOT a STREQUAL b)
+  message(FATAL_ERROR "the same step built with other user flags computed other bits:\n${B}:\n${b}")
+endif()
