@@ -3,6 +3,7 @@
 #include "core/bytes.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/rng.hpp"
 #include "core/shape.hpp"
 #include "core/tensor.hpp"

@@ -57,7 +57,7 @@ inline void panel(std::ostringstream& os, double x0, double y0, double w, double
   auto X = [&](double x) { return x0 + w * (x - xmin) / (xmax - xmin); };
   auto Y = [&](double y) { return y0 + h - h * (y - ymin) / (ymax - ymin); };
   os << "<text x=\"" << x0 << "\" y=\"" << y0 - 10 << "\" font-size=\"14\" font-weight=\"bold\">"
-     << frugal::plan::json_escape(title) << "</text>\n"
+     << frugal::json_escape(title) << "</text>\n"
      << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << w << "\" height=\"" << h
      << "\" fill=\"#fafafa\" stroke=\"#999\"/>\n";
   for (int k = 0; k <= 4; ++k) {
@@ -87,7 +87,7 @@ inline void panel(std::ostringstream& os, double x0, double y0, double w, double
     }
     os << "<line x1=\"" << x0 + w - 190 << "\" x2=\"" << x0 + w - 170 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4
        << "\" stroke=\"" << s.colour << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
-       << "/><text x=\"" << x0 + w - 164 << "\" y=\"" << ly << "\">" << frugal::plan::json_escape(s.label)
+       << "/><text x=\"" << x0 + w - 164 << "\" y=\"" << ly << "\">" << frugal::json_escape(s.label)
        << "</text>\n";
     ly += 16;
   }
@@ -100,7 +100,7 @@ inline std::string plot_svg(const std::string& title, const LossPlot& loss, cons
   std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << left << "\" y=\"26\" font-size=\"17\" font-weight=\"bold\">" << frugal::plan::json_escape(title)
+     << "<text x=\"" << left << "\" y=\"26\" font-size=\"17\" font-weight=\"bold\">" << frugal::json_escape(title)
      << "</text>\n";
 
   // Loss: raw training loss (light), its moving average, validation points.

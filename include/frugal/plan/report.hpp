@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "../core/json.hpp"
 #include "plan.hpp"
 
 namespace frugal::plan {
@@ -112,25 +113,6 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
   if (b.live.size() > show_live) os << "    ... and " << b.live.size() - show_live << " more\n";
   if (p.budget_bytes) os << budget_summary(g, p);
   return os.str();
-}
-
-inline std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-    } else if (c == '\t') {
-      o += "\\t";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-      o += buf;
-    } else {
-      o += c;
-    }
-  }
-  return o;
 }
 
 inline std::string json(const Graph& g, const Plan& p, const std::string& model) {
