@@ -7,6 +7,7 @@
 #include "core/rng.hpp"
 #include "core/shape.hpp"
 #include "core/tensor.hpp"
+#include "core/xml.hpp"
 #include "graph/capture.hpp"
 #include "ops/all.hpp"
 #include "plan/budget_solve.hpp"
