@@ -12,6 +12,12 @@
 
 #include <frugal/plan/budget_exact.hpp>
 
+// Whether glpk.h is installed must not matter: only FRUGAL_HAVE_GLPK, which
+// the build defines together with linking glpk, brings GLPK in.
+#if !defined(FRUGAL_HAVE_GLPK) && defined(GLP_MAJOR_VERSION)
+#error "plan/budget_ilp.hpp included glpk.h though FRUGAL_HAVE_GLPK is not defined"
+#endif
+
 using namespace frugal;
 using namespace frugal::plan;
 
@@ -328,6 +334,14 @@ TEST_CASE("a problem too big for exhaustive search: GLPK solves it, a build with
     CHECK_THROWS_WITH(solve_exact(p, 90), Catch::Matchers::Contains("install libglpk-dev"));
     CHECK_THROWS_WITH(solve_exact_min_memory(p), Catch::Matchers::Contains("install libglpk-dev"));
   }
+}
+
+TEST_CASE("FRUGAL_HAVE_GLPK alone decides whether the exact solver uses GLPK", "[budget-exact]") {
+#ifdef FRUGAL_HAVE_GLPK
+  CHECK(kExactSolverHasGlpk);
+#else
+  CHECK_FALSE(kExactSolverHasGlpk);  // even where glpk.h is installed
+#endif
 }
 
 TEST_CASE("a problem that reads outside its schedule is refused by name", "[budget-exact]") {

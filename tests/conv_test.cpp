@@ -152,6 +152,28 @@ struct Workspace {
 
 }  // namespace
 
+TEST_CASE("conv2d's backward returns one entry per input, with or without bias and an output gradient", "[conv]") {
+  for (bool bias : {false, true}) {
+    frugal::Graph g;
+    frugal::CaptureScope scope(g);
+    Var x{&g, g.add_input({DType::f32, {1, 2, 5, 5}}, "x")}, w{&g, g.add_input({DType::f32, {3, 2, 3, 3}}, "w")};
+    Var b{&g, g.add_input({DType::f32, {3}}, "b")};
+    Var y = frugal::conv2d(x, w, bias ? std::optional<Var>(b) : std::nullopt);
+    std::vector<Var> ins{x, w};
+    if (bias) ins.push_back(b);
+    std::vector<Var> outs{y};
+    auto op = g.node(frugal::NodeId(g.num_nodes()) - 1).op;
+    std::vector<std::optional<Var>> absent{std::nullopt}, present{y};
+    INFO("bias " << bias);
+    auto none = op->backward({ins, outs, absent});
+    CHECK(none.size() == ins.size());
+    for (auto& gi : none) CHECK_FALSE(gi.has_value());
+    auto some = op->backward({ins, outs, present});
+    REQUIRE(some.size() == ins.size());
+    for (std::size_t k = 0; k < ins.size(); ++k) CHECK(some[k]->shape() == ins[k].shape());
+  }
+}
+
 TEST_CASE("conv2d kernels give the reference result for every chunk size and thread count", "[conv][threads]") {
   using namespace frugal;
   // Each large enough (> 4 MFLOP) that the kernels take their parallel path.

@@ -136,3 +136,115 @@ TEST_CASE("tensors are aligned, zeroed, shared on copy and deep on clone", "[cor
   CHECK(shared.data<float>()[0] == 7);
   CHECK(deep.data<float>()[0] == 0);
 }
+
+// ---- core/json.hpp: the one JSON reader and escaper ----------------------------
+
+namespace {
+// The message of the DataError that parsing `text` throws ("no error" when it parses).
+std::string json_error(const std::string& text, bool object = false, std::size_t base = 0) {
+  try {
+    object ? parse_json_object(text, "t.json", base) : parse_json(text, "t.json", base);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST_CASE("JSON reader: nested objects and arrays, every number form, every escape and surrogate pairs", "[core][json]") {
+  const std::string text =
+      " {\"a\": {\"b\": [1, -2, 3.5e2, -0.25E-1, 0, 18446744073709551615, 18446744073709551616, 1e999],\n"
+      "  \"c\": {}, \"d\": [[], [[\"x\"]]]},\n"
+      "  \"s\": \"q\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\u20AC\\ud83d\\ude00\", \"e\": [] } ";
+  Json j = parse_json(text, "t.json");
+  REQUIRE(j.kind == Json::Kind::object);
+  REQUIRE(j.members.size() == 3);
+  CHECK(j.members[0].first == "a");
+  CHECK(j.members[1].first == "s");
+  CHECK(j.members[2].first == "e");
+  CHECK(j.pos == 1);
+  const Json& a = *j.find("a");
+  CHECK(a.pos == text.find("{\"b\""));
+  const Json& b = *a.find("b");
+  REQUIRE(b.kind == Json::Kind::array);
+  REQUIRE(b.items.size() == 8);
+  for (auto& n : b.items) CHECK(n.kind == Json::Kind::number);
+  CHECK(b.items[0].is_integer);
+  CHECK(b.items[0].integer == 1);
+  CHECK(b.items[0].number == 1.0);
+  CHECK_FALSE(b.items[1].is_integer);
+  CHECK(b.items[1].number == -2.0);
+  CHECK(b.items[1].describe() == "the negative number -2");
+  CHECK(b.items[2].number == 350.0);
+  CHECK(b.items[2].str == "3.5e2");
+  CHECK_FALSE(b.items[2].is_integer);
+  CHECK(b.items[3].number == -0.025);
+  CHECK(b.items[4].is_integer);
+  CHECK(b.items[4].integer == 0);
+  CHECK(b.items[5].is_integer);
+  CHECK(b.items[5].integer == UINT64_MAX);
+  CHECK_FALSE(b.items[6].is_integer);  // 2^64: still a number, not a 64-bit integer
+  CHECK(b.items[6].number == 18446744073709551616.0);
+  CHECK_THAT(b.items[6].describe(), Catch::Contains("too large for 64 bits"));
+  CHECK(std::isnan(b.items[7].number));  // beyond a double's range
+  CHECK(b.items[7].str == "1e999");
+  CHECK(a.find("c")->kind == Json::Kind::object);
+  CHECK(a.find("c")->members.empty());
+  const Json& d = *a.find("d");
+  REQUIRE(d.items.size() == 2);
+  CHECK(d.items[0].items.empty());
+  CHECK(d.items[1].items.at(0).items.at(0).str == "x");
+  CHECK(j.find("s")->str == "q\"\\/\b\f\n\r\t\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+  CHECK(j.find("e")->kind == Json::Kind::array);
+  CHECK(j.find("missing") == nullptr);
+  CHECK(parse_json("-0", "t").number == 0.0);
+  CHECK(parse_json("\"\"", "t").str.empty());
+}
+
+TEST_CASE("JSON reader: trailing garbage, truncation and malformed text are DataErrors naming the source and byte",
+          "[core][json]") {
+  using Catch::Contains;
+  CHECK_THAT(json_error("{\"a\": 1} x"), Contains("t.json is not valid JSON: at byte 9") &&
+                                           Contains("unexpected 'x' after the end of the JSON value"));
+  CHECK_THAT(json_error("[1] ]"), Contains("after the closing ']'"));
+  CHECK_THAT(json_error("12 13"), Contains("at byte 3") && Contains("after the end of the JSON value"));
+  // Every proper prefix of a document is an error, never a partial value.
+  const std::string doc = "{\"k\": [1, -2.5e3, \"v\\u00e9\\ud83d\\ude00\", {\"n\": []}], \"z\": \"\"}";
+  REQUIRE(json_error(doc) == "no error");
+  for (std::size_t len = 0; len < doc.size(); ++len) {
+    INFO("truncated to " << len << " bytes: " << doc.substr(0, len));
+    CHECK_THAT(json_error(doc.substr(0, len)), Contains("t.json is not valid JSON: at byte"));
+  }
+  CHECK_THAT(json_error("{\"a\": \"abc"), Contains("a string is not closed"));
+  CHECK_THAT(json_error("{\"a\": "), Contains("at byte 6") && Contains("the text ended"));
+  CHECK_THAT(json_error("[1,]"), Contains("expected a value but found ']'"));
+  CHECK_THAT(json_error("{\"a\" 1}"), Contains("expected ':'"));
+  CHECK_THAT(json_error("{1: 2}"), Contains("expected a key string"));
+  CHECK_THAT(json_error("01"), Contains("leading zero"));
+  CHECK_THAT(json_error("-"), Contains("a digit after '-'"));
+  CHECK_THAT(json_error("1."), Contains("after the decimal point"));
+  CHECK_THAT(json_error("1e+"), Contains("in the exponent"));
+  CHECK_THAT(json_error("\"\\ud800\""), Contains("not followed by a low one"));
+  CHECK_THAT(json_error("\"\\ud800\\u0041\""), Contains("not followed by a low one"));
+  CHECK_THAT(json_error("\"\\udc00\""), Contains("lone low surrogate"));
+  CHECK_THAT(json_error("\"\\u12g4\""), Contains("'g' is not a hex digit"));
+  CHECK_THAT(json_error("\"\\q\""), Contains("unknown escape '\\q'"));
+  CHECK_THAT(json_error("\"a\nb\""), Contains("control character"));
+  CHECK_THAT(json_error("[true]"), Contains("'true' is not allowed"));
+  CHECK_THAT(json_error("null"), Contains("'null' is not allowed"));
+  CHECK_THAT(json_error("{\"a\": 1, \"a\": 2}"), Contains("duplicate key 'a'") && Contains("at byte 9"));
+  CHECK_THAT(json_error(std::string(40, '[') + std::string(40, ']')), Contains("nesting deeper than 32"));
+  CHECK_THAT(json_error("[1]", true), Contains("expected '{'") && Contains("found '['"));
+  CHECK_THAT(json_error("", true), Contains("expected '{'") && Contains("the end of the text"));
+  CHECK_THAT(json_error("x", false, 8), Contains("at byte 8"));  // positions count from the base
+}
+
+TEST_CASE("json_escape: quotes, backslashes and control characters escaped, the reader reads back every byte",
+          "[core][json]") {
+  CHECK(json_escape("a\"b\\c\nd\te\x01\x1f/\xc3\xa9") == "a\\\"b\\\\c\\nd\\te\\u0001\\u001f/\xc3\xa9");
+  CHECK(json_quote("<&>") == "\"<&>\"");
+  std::string all;
+  for (int c = 1; c < 128; ++c) all += char(c);
+  all += "\xc3\xa9\xf0\x9f\x98\x80";
+  CHECK(parse_json(json_quote(all), "t").str == all);
+}

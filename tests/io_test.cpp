@@ -144,7 +144,7 @@ TEST_CASE("safetensors: the header is sorted, 8-byte aligned, space padded, and 
   CHECK(header.front() == '{');
   std::size_t close = header.find_last_of('}');
   CHECK(header.find_first_not_of(' ', close + 1) == std::string::npos);  // only spaces after the object
-  io::Json j = io::parse_json(header, "header");
+  Json j = parse_json(header, "header");
   REQUIRE(j.members.size() == tensors.size() + 1);
   CHECK(j.members[0].first == "__metadata__");
   for (std::size_t i = 2; i < j.members.size(); ++i) CHECK(j.members[i - 1].first < j.members[i].first);

@@ -490,6 +490,47 @@ TEST_CASE("wrong shapes raise a ShapeError naming the op and both shapes", "[ops
   CHECK_THAT(m, Contains("broadcast_to") && Contains("[2, 3]") && Contains("[3, 3]"));
 }
 
+namespace {
+// An op whose backward returns `entries` gradient entries however many inputs
+// it has: the mistake autograd must catch.
+class MiscountedBackward final : public frugal::Op {
+ public:
+  explicit MiscountedBackward(std::size_t entries) : entries_(entries) {}
+  std::string name() const override { return "miscounted_backward"; }
+  std::vector<frugal::TensorMeta> infer(std::span<const frugal::TensorMeta> in) const override { return {in[0]}; }
+  std::vector<std::optional<Var>> backward(const frugal::BackwardArgs& a) const override {
+    std::vector<std::optional<Var>> g(entries_);
+    if (entries_ > 0) g[0] = a.grad_outputs[0];
+    return g;
+  }
+
+ private:
+  std::size_t entries_;
+};
+}  // namespace
+
+TEST_CASE("autograd rejects a backward that returns other than one entry per input, naming the op and both counts",
+          "[ops][autograd]") {
+  using Catch::Matchers::Contains;
+  auto differentiate = [](std::size_t entries) {
+    frugal::Graph g;
+    frugal::CaptureScope scope(g);
+    Var x{&g, g.add_input({DType::f32, {2, 3}}, "x")}, y{&g, g.add_input({DType::f32, {2, 3}}, "y")};
+    Var loss = frugal::sum(frugal::apply1<MiscountedBackward>({x, y}, entries));
+    std::vector<Var> wrt{x, y};
+    return frugal::grad(loss, wrt);
+  };
+  for (std::size_t entries : {0, 1, 3}) {
+    std::string m = error_message<frugal::Error>([&] { differentiate(entries); });
+    CHECK_THAT(m, Contains("miscounted_backward") && Contains("returned " + std::to_string(entries) + " gradient") &&
+                      Contains("its 2 inputs"));
+  }
+  auto grads = differentiate(2);  // the right count passes
+  REQUIRE(grads.size() == 2);
+  CHECK(grads[0].has_value());
+  CHECK_FALSE(grads[1].has_value());
+}
+
 TEST_CASE("an out-of-range cross_entropy label stops the step with a DataError", "[ops]") {
   using Catch::Matchers::Contains;
   frugal::Tensor logits({5, 5}, DType::f32);

@@ -9,6 +9,7 @@
 #include <frugal/frugal.hpp>
 #include <new>
 
+#include "../samples/common/plot.hpp"
 #include "../tools/model_zoo.hpp"
 
 using namespace frugal;
@@ -364,6 +365,24 @@ TEST_CASE("plans explain themselves as text, JSON and SVG", "[plan][report]") {
   CHECK(rects >= t.step.plan().intervals.size());
 }
 
+
+TEST_CASE("SVG text is XML-escaped: a title with < & \" > gives well-formed SVG", "[plan][report]") {
+  const std::string title = "<a & \"b\">";
+  const std::string escaped = "&lt;a &amp; &quot;b&quot;&gt;";
+  auto t = make_training({8, 16, 4}, 4);
+  std::string plan_svg = plan::svg(t.step.graph(), t.step.plan(), title);
+  samples::MemoryPlot mem{{1, 2, 3}, {1, 3, 2}, 4, 3};
+  samples::LossPlot loss{{2.0f, 1.5f, 1.0f}, {{2, 1.4}}, "val <loss> & 'acc'"};
+  std::string sample_svg = samples::plot_svg(title, loss, mem);
+  for (const std::string* svg : {&plan_svg, &sample_svg}) {
+    CHECK_THAT(*svg, Catch::Contains(escaped));
+    CHECK(svg->find("<a") == std::string::npos);
+    CHECK(svg->find("& ") == std::string::npos);  // every & starts an entity
+    CHECK(svg->find("\\\"") == std::string::npos);  // no JSON escapes
+  }
+  CHECK_THAT(sample_svg, Catch::Contains("val &lt;loss&gt; &amp; &apos;acc&apos;"));
+  CHECK(xml_escape("&<>\"'\t\x01x") == "&amp;&lt;&gt;&quot;&apos;\t\xef\xbf\xbdx");
+}
 
 TEST_CASE("every model family plans within 5% of its lower bound and runs exactly as predicted", "[plan][zoo]") {
   for (zoo::Config c : {zoo::Config{.family = "mlp", .batch = 32, .layers = 2, .width = 128, .features = 64},

@@ -272,6 +272,27 @@ TEST_CASE("modules name their parameters as PyTorch does and initialise like it"
   CHECK_FALSE(seq[0].is_training());
 }
 
+TEST_CASE("references returned by register_parameter and register_buffer survive later registrations", "[nn]") {
+  struct Many : nn::Module {};
+  Many m;
+  Tensor& w = m.register_parameter("w", Tensor::from<float>({1, 2, 3}, {3}));
+  Tensor& b = m.register_buffer("b", Tensor::from<float>({4, 5}, {2}));
+  void* w_data = w.raw();
+  void* b_data = b.raw();
+  for (int i = 0; i < 200; ++i) {
+    m.register_parameter("p" + std::to_string(i), Tensor({4}));
+    m.register_buffer("q" + std::to_string(i), Tensor({4}));
+  }
+  // Before, w and b pointed into storage the vectors had freed.
+  REQUIRE(w.raw() == w_data);
+  REQUIRE(b.raw() == b_data);
+  CHECK(w.to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK(b.to_vector<float>() == std::vector<float>{4, 5});
+  w = Tensor::from<float>({7, 8, 9}, {3});  // writing through the reference reaches the module
+  CHECK(m.named_parameters().front().second.to_vector<float>() == std::vector<float>{7, 8, 9});
+  CHECK(m.named_parameters().size() == 201);
+}
+
 TEST_CASE("a Sequential model trains through compile", "[nn][step]") {
   nn::manual_seed(6);
   nn::Sequential seq{std::make_shared<nn::Linear>(12, 24), std::make_shared<nn::GELU>(false),

@@ -12,7 +12,7 @@ namespace samples {
 class JsonLine {
  public:
   JsonLine& add(const std::string& key, const std::string& v) {
-    return raw(key, "\"" + frugal::plan::json_escape(v) + "\"");
+    return raw(key, frugal::json_quote(v));
   }
   JsonLine& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
   JsonLine& add(const std::string& key, double v) {
@@ -27,7 +27,7 @@ class JsonLine {
   JsonLine& add(const std::string& key, bool v) { return raw(key, v ? "true" : "false"); }
   // A value already in JSON (an array or object).
   JsonLine& raw(const std::string& key, const std::string& json) {
-    body_ += (body_.empty() ? "" : ",") + std::string("\"") + frugal::plan::json_escape(key) + "\":" + json;
+    body_ += (body_.empty() ? "" : ",") + frugal::json_quote(key) + ":" + json;
     return *this;
   }
   std::string str() const { return "{" + body_ + "}"; }

@@ -57,7 +57,7 @@ inline void panel(std::ostringstream& os, double x0, double y0, double w, double
   auto X = [&](double x) { return x0 + w * (x - xmin) / (xmax - xmin); };
   auto Y = [&](double y) { return y0 + h - h * (y - ymin) / (ymax - ymin); };
   os << "<text x=\"" << x0 << "\" y=\"" << y0 - 10 << "\" font-size=\"14\" font-weight=\"bold\">"
-     << frugal::plan::json_escape(title) << "</text>\n"
+     << frugal::xml_escape(title) << "</text>\n"
      << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << w << "\" height=\"" << h
      << "\" fill=\"#fafafa\" stroke=\"#999\"/>\n";
   for (int k = 0; k <= 4; ++k) {
@@ -70,25 +70,26 @@ inline void panel(std::ostringstream& os, double x0, double y0, double w, double
     os << "<text x=\"" << X(xv) << "\" y=\"" << y0 + h + 16 << "\" text-anchor=\"middle\">" << num(std::round(xv))
        << "</text>\n";
   }
-  os << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y0 + h + 34 << "\" text-anchor=\"middle\">" << xlabel
-     << "</text>\n";
+  os << "<text x=\"" << x0 + w / 2 << "\" y=\"" << y0 + h + 34 << "\" text-anchor=\"middle\">"
+     << frugal::xml_escape(xlabel) << "</text>\n";
   double ly = y0 + 16;
   for (const PlotSeries& s : series) {
     if (s.x.empty()) continue;
     if (s.points) {
       for (std::size_t i = 0; i < s.x.size(); ++i)
-        os << "<circle cx=\"" << X(s.x[i]) << "\" cy=\"" << Y(s.y[i]) << "\" r=\"3\" fill=\"" << s.colour << "\"/>\n";
+        os << "<circle cx=\"" << X(s.x[i]) << "\" cy=\"" << Y(s.y[i]) << "\" r=\"3\" fill=\""
+           << frugal::xml_escape(s.colour) << "\"/>\n";
     }
     if (s.x.size() > 1 || !s.points) {
-      os << "<polyline fill=\"none\" stroke=\"" << s.colour << "\" stroke-width=\"1.6\""
+      os << "<polyline fill=\"none\" stroke=\"" << frugal::xml_escape(s.colour) << "\" stroke-width=\"1.6\""
          << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << " points=\"";
       for (std::size_t i = 0; i < s.x.size(); ++i) os << X(s.x[i]) << "," << Y(std::clamp(s.y[i], ymin, ymax)) << " ";
       os << "\"/>\n";
     }
     os << "<line x1=\"" << x0 + w - 190 << "\" x2=\"" << x0 + w - 170 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4
-       << "\" stroke=\"" << s.colour << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
-       << "/><text x=\"" << x0 + w - 164 << "\" y=\"" << ly << "\">" << frugal::plan::json_escape(s.label)
-       << "</text>\n";
+       << "\" stroke=\"" << frugal::xml_escape(s.colour) << "\" stroke-width=\"2\""
+       << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << "/><text x=\"" << x0 + w - 164 << "\" y=\"" << ly << "\">"
+       << frugal::xml_escape(s.label) << "</text>\n";
     ly += 16;
   }
 }
@@ -100,7 +101,7 @@ inline std::string plot_svg(const std::string& title, const LossPlot& loss, cons
   std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << left << "\" y=\"26\" font-size=\"17\" font-weight=\"bold\">" << frugal::plan::json_escape(title)
+     << "<text x=\"" << left << "\" y=\"26\" font-size=\"17\" font-weight=\"bold\">" << frugal::xml_escape(title)
      << "</text>\n";
 
   // Loss: raw training loss (light), its moving average, validation points.

@@ -63,7 +63,8 @@ inline std::vector<std::optional<Var>> gradients(Var loss, std::span<const Var> 
     for (ValueId o : node.results()) outs.push_back({&g, o});
     auto gin = node.op->backward({ins, outs, gout});
     if (gin.size() != ins.size())
-      fail("op ", node.op->name(), ": backward returned ", gin.size(), " gradients for ", ins.size(), " inputs");
+      fail("op ", node.op->name(), ": backward returned ", gin.size(), " gradient entries for its ", ins.size(),
+           " inputs (it must return exactly one per input, nullopt where none flows)");
     grad.resize(g.num_values());
     for (std::size_t k = 0; k < ins.size(); ++k) {
       if (!gin[k] || !reaches_wrt[std::size_t(ins[k].id)]) continue;

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/json.hpp"
 #include "../core/tensor.hpp"
-#include "json_reader.hpp"
 
 namespace frugal::io {
 
@@ -279,7 +279,7 @@ inline SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   read_at(header.data(), n, 8, "the header");
   Json root = parse_json(header, p + ": the header", 8);
   if (root.kind != Json::Kind::object)
-    fail<DataError>(p, ": the header is ", Json::kind_name(root.kind), ", not an object of tensors");
+    fail<DataError>(p, ": the header is ", root.describe(), ", not an object of tensors");
 
   SafetensorsFile f;
   f.path = path;
@@ -293,16 +293,16 @@ inline SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   for (auto& [name, v] : root.members) {
     if (name == "__metadata__") {
       if (v.kind != Json::Kind::object)
-        fail<DataError>(p, ": \"__metadata__\" is ", Json::kind_name(v.kind), ", not an object of strings");
+        fail<DataError>(p, ": \"__metadata__\" is ", v.describe(), ", not an object of strings");
       for (auto& [k, s] : v.members) {
         if (s.kind != Json::Kind::string)
-          fail<DataError>(p, ": metadata entry '", k, "' is ", Json::kind_name(s.kind), ", not a string");
+          fail<DataError>(p, ": metadata entry '", k, "' is ", s.describe(), ", not a string");
         f.metadata[k] = s.str;
       }
       continue;
     }
     auto bad = [&](auto&&... what) { fail<DataError>(p, ": tensor '", name, "': ", what...); };
-    if (v.kind != Json::Kind::object) bad("its entry is ", Json::kind_name(v.kind), ", not an object");
+    if (v.kind != Json::Kind::object) bad("its entry is ", v.describe(), ", not an object");
     for (auto& [k, _] : v.members)
       if (k != "dtype" && k != "shape" && k != "data_offsets")
         bad("unknown key '", k, "' (expected dtype, shape and data_offsets)");
@@ -311,24 +311,24 @@ inline SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     const Json* off = v.find("data_offsets");
     if (!dt || !sh || !off) bad("missing '", !dt ? "dtype" : !sh ? "shape" : "data_offsets", "'");
     Entry e{name, DType::f32, Shape{}, 0, 0};
-    if (dt->kind != Json::Kind::string) bad("dtype is ", Json::kind_name(dt->kind), ", not a string");
+    if (dt->kind != Json::Kind::string) bad("dtype is ", dt->describe(), ", not a string");
     if (!dtype_from_safetensors(dt->str, e.dtype))
       bad("unknown dtype '", dt->str, "' (frugal reads F32, F64, BF16, F16, I32, I64 and U8; convert the tensor "
           "to one of them before saving)");
-    if (sh->kind != Json::Kind::array) bad("shape is ", Json::kind_name(sh->kind), ", not an array");
+    if (sh->kind != Json::Kind::array) bad("shape is ", sh->describe(), ", not an array");
     std::vector<std::int64_t> dims;
     std::uint64_t bytes = dtype_size(e.dtype);
     bool overflow = false;
     for (auto& d : sh->items) {
-      if (d.kind != Json::Kind::integer) bad("shape holds ", Json::kind_name(d.kind), ", not an integer");
+      if (!d.is_integer) bad("shape holds ", d.describe(), ", not an integer (dimensions are non-negative)");
       if (d.integer > std::uint64_t(INT64_MAX)) bad("shape dimension ", d.integer, " is too large");
       if (d.integer != 0 && bytes > UINT64_MAX / d.integer) overflow = true;
       else bytes *= d.integer;
       dims.push_back(std::int64_t(d.integer));
     }
     e.shape = Shape(dims);
-    if (off->kind != Json::Kind::array || off->items.size() != 2 || off->items[0].kind != Json::Kind::integer ||
-        off->items[1].kind != Json::Kind::integer)
+    if (off->kind != Json::Kind::array || off->items.size() != 2 || !off->items[0].is_integer ||
+        !off->items[1].is_integer)
       bad("data_offsets must be an array of two integers [begin, end]");
     e.begin = off->items[0].integer;
     e.end = off->items[1].integer;

@@ -1,5 +1,6 @@
 #pragma once
 // Modules hold named parameters and submodules; forward() works on Vars.
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,6 +36,8 @@ class Module {
     return child;
   }
 
+  // The reference returned stays valid for the module's life, however many
+  // more parameters and buffers are registered after it.
   Tensor& register_parameter(std::string name, Tensor t) {
     for (auto& [n, _] : params_)
       if (n == name) fail("module '", qualified_name(), "' already has a parameter named '", name, "'");
@@ -130,8 +133,10 @@ class Module {
     for (auto& [n, c] : children_) c->collect_buffers(prefix + n + ".", out);
   }
 
-  std::vector<std::pair<std::string, Tensor>> params_;
-  std::vector<std::pair<std::string, Tensor>> buffers_;
+  // Deques: register_parameter/register_buffer return references into them,
+  // and a deque's push_back never moves the elements already there.
+  std::deque<std::pair<std::string, Tensor>> params_;
+  std::deque<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, Module*>> children_;
   std::vector<std::shared_ptr<Module>> owned_;
   Module* parent_ = nullptr;

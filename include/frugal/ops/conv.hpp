@@ -196,7 +196,7 @@ inline Var conv2d(Var x, Var w, std::optional<Var> b = std::nullopt, Conv2dOptio
 
 inline std::vector<std::optional<Var>> ops::Conv2d::backward(const BackwardArgs& args) const {
   Var x = args.inputs[0], w = args.inputs[1];
-  if (!args.grad_outputs[0]) return {std::nullopt, std::nullopt, std::nullopt};
+  if (!args.grad_outputs[0]) return std::vector<std::optional<Var>>(args.inputs.size());  // one nullopt per input
   Var dy = *args.grad_outputs[0];
   Var dx = apply1<Conv2dBackwardData>({dy, w}, o_, x.shape());
   auto dwb = frugal::apply(std::make_shared<Conv2dBackwardWeight>(o_, w.shape(), has_bias_), {x, dy});

@@ -121,7 +121,7 @@ inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, doub
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t n = p.candidates.size();
   ExactResult r;
-#if FRUGAL_EXACT_WITH_GLPK
+#ifdef FRUGAL_HAVE_GLPK
   detail::IlpModel m = detail::build_ilp(p, target, false);
   if (n == 0) {  // nothing to choose (and nothing for GLPK to solve)
     r.solution = make_solution(p, {}, target);
@@ -198,7 +198,7 @@ inline ExactResult solve_exact_min_memory(const BudgetProblem& p, double time_li
   detail::check_budget_problem(p);
   const auto t0 = std::chrono::steady_clock::now();
   ExactResult r;
-#if FRUGAL_EXACT_WITH_GLPK
+#ifdef FRUGAL_HAVE_GLPK
   const std::size_t n = p.candidates.size();
   const std::vector<int> keep_all(n, 0);
   auto done = [&](ExactResult res) {

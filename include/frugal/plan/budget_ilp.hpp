@@ -27,7 +27,11 @@
 // removes it and nothing that fits (cut_off). The model stays a relaxation of
 // the exact problem, so GLPK's proofs (optimal, infeasible) hold for it too.
 //
-// Define FRUGAL_NO_GLPK to build without GLPK even where glpk.h is installed.
+// FRUGAL_HAVE_GLPK alone decides whether GLPK is used: CMake defines it (and
+// links glpk) for every target using frugal::frugal when it finds GLPK, and
+// scripts/quick-test does where libglpk is installed. Whether glpk.h happens
+// to be on the include path does not matter, so no translation unit uses
+// GLPK while another, or the link line, does not.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,18 +44,19 @@
 #include "../core/error.hpp"
 #include "budget_exhaustive.hpp"
 
-#if defined(FRUGAL_HAVE_GLPK) || (!defined(FRUGAL_NO_GLPK) && __has_include(<glpk.h>))
+#ifdef FRUGAL_HAVE_GLPK
 #include <glpk.h>
-#define FRUGAL_EXACT_WITH_GLPK 1
-#else
-#define FRUGAL_EXACT_WITH_GLPK 0
 #endif
 
 namespace frugal::plan {
 
-inline constexpr bool kExactSolverHasGlpk = FRUGAL_EXACT_WITH_GLPK;
+#ifdef FRUGAL_HAVE_GLPK
+inline constexpr bool kExactSolverHasGlpk = true;
+#else
+inline constexpr bool kExactSolverHasGlpk = false;
+#endif
 
-#if FRUGAL_EXACT_WITH_GLPK
+#ifdef FRUGAL_HAVE_GLPK
 namespace detail {
 
 struct IlpRow {
@@ -387,6 +392,6 @@ inline std::int64_t cut_off(const BudgetProblem& p, IlpModel& m, const std::vect
 inline constexpr int kMaxCutRounds = 50;
 
 }  // namespace detail
-#endif  // FRUGAL_EXACT_WITH_GLPK
+#endif  // FRUGAL_HAVE_GLPK
 
 }  // namespace frugal::plan

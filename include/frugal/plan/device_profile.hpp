@@ -6,14 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
-#include <map>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "../core/error.hpp"
-#include "../core/utf8.hpp"
+#include "../core/json.hpp"
 #include "../graph/op.hpp"
 
 namespace frugal {
@@ -98,24 +96,6 @@ struct DeviceProfile {
 
 namespace detail {
 
-inline void json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-}
-
 // Shortest text that reads back as the same double, so a round trip is exact.
 inline std::string json_number(double v) {
   char buf[64];
@@ -123,146 +103,37 @@ inline std::string json_number(double v) {
   return std::string(buf, r.ptr);
 }
 
-// A flat JSON object of strings and numbers: all a profile needs, so no
-// JSON library. Errors name the source and where reading stopped.
-class FlatJson {
+// A profile's fields: one JSON object of strings and numbers. Errors name
+// the source and the field.
+class ProfileFields {
  public:
-  struct Field {
-    bool is_string = false;
-    std::string text;  // the string's value, or the number as written
-  };
+  ProfileFields(std::string_view text, const std::string& source)
+      : root_(parse_json_object(text, source + ": not a device profile: its text")), source_(source) {}
 
-  FlatJson(std::string_view text, const std::string& source) : s_(text), source_(source) {
-    skip_space();
-    expect('{');
-    skip_space();
-    if (peek() == '}') {
-      ++pos_;
-    } else {
-      for (;;) {
-        skip_space();
-        std::string key = read_string();
-        skip_space();
-        expect(':');
-        skip_space();
-        Field f;
-        if (peek() == '"') {
-          f.is_string = true;
-          f.text = read_string();
-        } else {
-          f.text = read_number_text();
-        }
-        if (!fields_.emplace(key, std::move(f)).second) bad(cat("field '", key, "' appears twice"));
-        skip_space();
-        if (peek() == ',') {
-          ++pos_;
-          continue;
-        }
-        expect('}');
-        break;
-      }
-    }
-    skip_space();
-    if (pos_ != s_.size()) bad("unexpected text after the closing '}'");
-  }
-
-  const Field& field(const std::string& key) const {
-    auto it = fields_.find(key);
-    if (it == fields_.end()) fail<DataError>(source_, ": field '", key, "' is missing");
-    return it->second;
+  const Json& field(const std::string& key) const {
+    const Json* f = root_.find(key);
+    if (!f) fail<DataError>(source_, ": field '", key, "' is missing");
+    return *f;
   }
   std::string string(const std::string& key) const {
-    const Field& f = field(key);
-    if (!f.is_string) fail<DataError>(source_, ": field '", key, "' should be a string, found ", f.text);
-    return f.text;
+    const Json& f = field(key);
+    if (f.kind != Json::Kind::string)
+      fail<DataError>(source_, ": field '", key, "' should be a string, found ", f.describe());
+    return f.str;
   }
   double number(const std::string& key) const {
-    const Field& f = field(key);
-    if (f.is_string)
-      fail<DataError>(source_, ": field '", key, "' should be a number, found the string \"", f.text, "\"");
-    double v = 0;
-    auto r = std::from_chars(f.text.data(), f.text.data() + f.text.size(), v);
-    if (r.ec != std::errc() || r.ptr != f.text.data() + f.text.size() || !std::isfinite(v))
-      fail<DataError>(source_, ": field '", key, "' is '", f.text, "', not a finite number");
-    return v;
+    const Json& f = field(key);
+    if (f.kind == Json::Kind::string)
+      fail<DataError>(source_, ": field '", key, "' should be a number, found the string \"", f.str, "\"");
+    if (f.kind != Json::Kind::number)
+      fail<DataError>(source_, ": field '", key, "' should be a number, found ", f.describe());
+    if (!std::isfinite(f.number)) fail<DataError>(source_, ": field '", key, "' is '", f.str, "', not a finite number");
+    return f.number;
   }
 
  private:
-  [[noreturn]] void bad(const std::string& why) const {
-    fail<DataError>(source_, ": not a device profile (a flat JSON object): ", why, " at byte ", pos_);
-  }
-  char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
-  void expect(char c) {
-    if (peek() == c) {
-      ++pos_;
-      return;
-    }
-    if (pos_ >= s_.size()) bad(cat("expected '", c, "', found the end of the text"));
-    bad(cat("expected '", c, "', found '", s_[pos_], "'"));
-  }
-  void skip_space() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
-  }
-  std::string read_number_text() {
-    std::size_t start = pos_;
-    while (pos_ < s_.size() && std::string_view("+-0123456789.eE").find(s_[pos_]) != std::string_view::npos) ++pos_;
-    if (pos_ == start) bad("expected a string or a number");
-    return std::string(s_.substr(start, pos_ - start));
-  }
-  unsigned hex4() {
-    if (pos_ + 4 > s_.size()) bad("a \\u escape needs four hex digits");
-    unsigned v = 0;
-    auto r = std::from_chars(s_.data() + pos_, s_.data() + pos_ + 4, v, 16);
-    if (r.ptr != s_.data() + pos_ + 4) bad("a \\u escape needs four hex digits");
-    pos_ += 4;
-    return v;
-  }
-  std::string read_string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (pos_ >= s_.size()) bad("a string is not closed");
-      char c = s_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) bad("a control character inside a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      char e = peek();
-      ++pos_;
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00) {  // a surrogate pair
-            if (peek() != '\\' || pos_ + 1 >= s_.size() || s_[pos_ + 1] != 'u') bad("an unpaired surrogate");
-            pos_ += 2;
-            unsigned lo = hex4();
-            if (lo < 0xDC00 || lo >= 0xE000) bad("an unpaired surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp < 0xE000) {
-            bad("an unpaired surrogate");
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: bad("an unknown escape in a string");
-      }
-    }
-  }
-
-  std::string_view s_;
+  Json root_;
   const std::string& source_;
-  std::size_t pos_ = 0;
-  std::map<std::string, Field> fields_;
 };
 
 }  // namespace detail
@@ -277,7 +148,7 @@ inline std::string DeviceProfile::to_json() const {
   };
   auto str = [&](const char* k, const std::string& v) {
     key(k);
-    detail::json_string(o, v);
+    o += json_quote(v);
   };
   auto num = [&](const char* k, double v) {
     key(k);
@@ -302,7 +173,7 @@ inline std::string DeviceProfile::to_json() const {
 }
 
 inline DeviceProfile DeviceProfile::from_json(std::string_view text, const std::string& source_name) {
-  detail::FlatJson j(text, source_name);
+  detail::ProfileFields j(text, source_name);
   auto at_least = [&](const char* k, double lo, bool strictly) {
     double v = j.number(k);
     if (strictly ? !(v > lo) : !(v >= lo))

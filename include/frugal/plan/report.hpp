@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "../core/json.hpp"
+#include "../core/xml.hpp"
 #include "plan.hpp"
 
 namespace frugal::plan {
@@ -115,25 +117,6 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
   return os.str();
 }
 
-inline std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-    } else if (c == '\t') {
-      o += "\\t";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
-      o += buf;
-    } else {
-      o += c;
-    }
-  }
-  return o;
-}
-
 inline std::string json(const Graph& g, const Plan& p, const std::string& model) {
   Breakdown b = at_peak(g, p);
   std::ostringstream os;
@@ -196,7 +179,7 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
   os.precision(6);
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << left << "\" y=\"22\" font-size=\"16\" font-weight=\"bold\">" << json_escape(title)
+     << "<text x=\"" << left << "\" y=\"22\" font-size=\"16\" font-weight=\"bold\">" << xml_escape(title)
      << "</text>\n<text x=\"" << left << "\" y=\"40\">arena " << format_bytes(p.arena_bytes) << ", peak "
      << format_bytes(p.peak_bytes) << ", lower bound " << format_bytes(p.lower_bound_bytes) << ", persistent "
      << format_bytes(p.persistent_bytes) << "</text>\n"
@@ -209,7 +192,7 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
     os << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << std::max(x1 - x0, 0.5) << "\" height=\""
        << std::max(y1 - y0, 0.5) << "\" fill=\"" << category_colour(c)
        << "\" fill-opacity=\"0.85\" stroke=\"white\" stroke-width=\"0.3\"><title>"
-       << json_escape(describe_value(g, iv.value)) << ": " << format_bytes(iv.bytes) << " at offset " << p.offsets[i]
+       << xml_escape(describe_value(g, iv.value)) << ": " << format_bytes(iv.bytes) << " at offset " << p.offsets[i]
        << ", positions " << iv.first << ".." << iv.last << "</title></rect>\n";
   }
   // Budget decisions along the time axis: transfers (evictions and fetches)
@@ -231,7 +214,7 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
     }
     if (!colour) continue;
     os << "<rect x=\"" << X(double(t)) << "\" y=\"" << top + ph + 4 << "\" width=\"" << std::max(X(1) - X(0), 1.0)
-       << "\" height=\"8\" fill=\"" << colour << "\"><title>" << json_escape(what) << "</title></rect>\n";
+       << "\" height=\"8\" fill=\"" << colour << "\"><title>" << xml_escape(what) << "</title></rect>\n";
   }
   // The peak: where the most bytes are live, and the highest byte written.
   os << "<line x1=\"" << X(p.peak_position + 0.5) << "\" y1=\"" << top << "\" x2=\"" << X(p.peak_position + 0.5)
@@ -253,7 +236,7 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
   double ly = top + 10;
   for (auto& c : categories()) {
     os << "<rect x=\"" << left + pw + 16 << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
-       << category_colour(c) << "\"/><text x=\"" << left + pw + 36 << "\" y=\"" << ly + 11 << "\">" << c
+       << category_colour(c) << "\"/><text x=\"" << left + pw + 36 << "\" y=\"" << ly + 11 << "\">" << xml_escape(c)
        << "</text>\n";
     ly += 22;
   }
