@@ -43,7 +43,7 @@ class Executor {
     }
     for (NodeId n : plan.schedule) {
       const Node& node = graph_->node(n);
-      if (auto* t = dynamic_cast<const ops::Transfer*>(node.op.get())) {
+      if (auto* t = node.op->as_transfer()) {
         bound_.push_back(bind_transfer(*t, node, plan));
         bound_.back().node = n;
         continue;
@@ -169,7 +169,7 @@ class Executor {
     NodeId node = -1;
   };
 
-  Bound bind_transfer(const ops::Transfer& t, const Node& node, const Plan& plan) {
+  Bound bind_transfer(const TransferOp& t, const Node& node, const Plan& plan) {
     Bound b{&t, nullptr, {}, {}, nullptr, 0};
     Move& m = b.move;
     m.kind = t.kind();
