@@ -525,3 +525,23 @@ TEST_CASE("an out-of-range cross_entropy label stops the step with a DataError",
     CHECK_THAT(m, Contains("label 7") && Contains("position 3"));
   }
 }
+
+TEST_CASE("gemm refuses sizes and strides BLAS's integer cannot hold, naming the dims, before calling BLAS",
+          "[ops][blas]") {
+  using Catch::Matchers::Contains;
+  const std::int64_t big = std::int64_t(std::numeric_limits<std::int32_t>::max()) + 1;
+  // Null operands: were BLAS called with the narrowed (wrapped) sizes, it
+  // would read through them; the check must throw first.
+  std::string m = error_message<frugal::Error>([&] {
+    frugal::cpu::gemm(false, false, big, 4, 3, 1.0f, nullptr, 3, nullptr, 4, 0.0f, nullptr, 4);
+  });
+  CHECK_THAT(m, Contains("m=2147483648") && Contains("n=4") && Contains("k=3") && Contains("does not fit"));
+  m = error_message<frugal::Error>([&] {
+    frugal::cpu::gemm(true, false, 2, 2, 2, 1.0, static_cast<const double*>(nullptr), big, nullptr, 2, 0.0,
+                      static_cast<double*>(nullptr), 2);
+  });
+  CHECK_THAT(m, Contains("lda = 2147483648"));
+  m = error_message<frugal::Error>(
+      [&] { frugal::cpu::gemm(false, false, 2, -big - 1, 2, 1.0f, nullptr, 2, nullptr, 2, 0.0f, nullptr, 2); });
+  CHECK_THAT(m, Contains("n = -2147483649"));
+}
