@@ -10,6 +10,7 @@
 #include <new>
 
 #include "../tools/model_zoo.hpp"
+#include "counting_backend.hpp"
 
 using namespace frugal;
 
@@ -507,4 +508,37 @@ TEST_CASE("the planner's transfers, and only they, are seen as transfers", "[pla
   }
   CHECK(transfers > 0);
   CHECK(others > 0);
+}
+
+TEST_CASE("a re-plan runs in its predecessor's memory only if it fits, and a refused one leaves that memory whole",
+          "[plan][executor][replan]") {
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  zoo::Workload w = zoo::make(c);
+  const DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
+  const CompileOptions o{.profile = &profile};
+  PlannedStep a = zoo::plan(w, o);
+  Budget b{.device = a.plan.total_bytes() - 1};
+  b.device = zoo::plan(w, o, b).plan.min_feasible_bytes;
+  PlannedStep z = zoo::plan(w, o, b);
+  if (a.plan.arena_bytes > z.plan.arena_bytes) std::swap(a, z);
+  const PlannedStep &small = a, &large = z;
+  REQUIRE(small.plan.arena_bytes < large.plan.arena_bytes);
+  counting::reset();
+  {
+    auto backend = make_backend("counting-cpu");
+    Executor first(small.graph, small.plan, *backend);
+    CHECK(first.fits(small.plan));
+    CHECK_FALSE(first.fits(large.plan));
+    CHECK_THROWS_WITH(Executor(large.graph, large.plan, first), Catch::Contains("more memory"));
+    CHECK(counting::allocations == 1);
+    // Still its own: the refused re-plan took nothing.
+    CHECK(first.fits(small.plan));
+    Executor second(small.graph, small.plan, first);
+    CHECK(counting::allocations == 1);
+    CHECK_FALSE(first.fits(small.plan));  // its memory went to the re-plan
+    CHECK(second.fits(small.plan));
+    CHECK(counting::deallocations == 0);
+  }
+  CHECK(counting::allocations == 1);
+  CHECK(counting::deallocations == 1);
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <frugal/frugal.hpp>
 
+#include "counting_backend.hpp"
 #include "toy_task.hpp"
 
 using namespace frugal;
@@ -334,4 +335,19 @@ TEST_CASE("bad inputs and impossible budgets are clear errors", "[step][errors]"
   SECTION("a parameter used outside a capture says so") {
     CHECK_THROWS_WITH(model.forward(Var{}), Catch::Contains("outside a capture"));
   }
+}
+
+TEST_CASE("a step whose executor fails part way gives its arena back", "[step][arena]") {
+  nn::manual_seed(1);
+  Mlp model(6, 8, 3);
+  optim::SGD opt(model.parameters(), {.lr = 0.1});
+  auto fn = [&](Var x, Var y) { return cross_entropy(model.forward(x), y); };
+  counting::reset();
+  counting::hide_kernels = true;  // binding the first node fails, after the arena is allocated
+  CHECK_THROWS_WITH(compile(fn, {input<float>({8, 6}), input<std::int32_t>({8})}, opt,
+                            Budget{}, CompileOptions{.backend = "counting-cpu"}),
+                    Catch::Contains("has no kernel"));
+  counting::hide_kernels = false;
+  CHECK(counting::allocations == 1);
+  CHECK(counting::deallocations == counting::allocations);
 }

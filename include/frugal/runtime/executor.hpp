@@ -10,6 +10,7 @@
 
 #include "../plan/cost_model.hpp"
 #include "../plan/plan.hpp"
+#include "arena.hpp"
 #include "backend.hpp"
 #include "copy_engine.hpp"
 #include "host_pool.hpp"
@@ -19,59 +20,49 @@ namespace frugal {
 
 class Executor {
  public:
-  // `nvme_dir` holds the NVMe tier's file when the plan spills there.
+  // What an executor runs in: the device arena (with the canary beyond it),
+  // the host pool and the NVMe store, each reserved once.
+  struct Memory {
+    Arena arena;
+    HostPool host{0};
+    std::unique_ptr<NvmeStore> nvme;
+  };
+
+  // Reserves the memory `plan` needs and binds it. `nvme_dir` holds the NVMe
+  // tier's file when the plan spills there. If binding fails, what was
+  // reserved is given back (Memory owns it).
   Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend, const std::string& nvme_dir = "")
-      : graph_(std::move(graph)), backend_(backend), host_(plan.host_bytes) {
-    if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
+      : graph_(std::move(graph)), backend_(backend) {
+    memory_.host = HostPool(plan.host_bytes);
     if (plan.nvme_bytes) {
       if (nvme_dir.empty())
         fail("the plan spills ", format_bytes(plan.nvme_bytes), " to NVMe but no directory was given (Budget::nvme_dir)");
-      nvme_ = std::make_unique<NvmeStore>(nvme_dir, plan.nvme_bytes);
+      memory_.nvme = std::make_unique<NvmeStore>(nvme_dir, plan.nvme_bytes);
     }
-    arena_bytes_ = plan.arena_bytes;
-    arena_ = static_cast<std::byte*>(backend_.allocate(arena_bytes_ + kCanaryBytes));
-    fill(kWatermark);  // so high_water() can tell what the steps have written
-    address_.assign(graph_->num_values(), nullptr);
-    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
-      const Value& val = graph_->value(v);
-      if (plan.offset_of[std::size_t(v)])
-        address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
-      else if (val.external.defined())
-        address_[std::size_t(v)] = val.external.raw();
-      else if (val.kind == ValueKind::host)
-        address_[std::size_t(v)] = host_.at(*plan.tier_offset_of[std::size_t(v)]);
-    }
-    for (NodeId n : plan.schedule) {
-      const Node& node = graph_->node(n);
-      if (auto* t = node.op->as_transfer()) {
-        bound_.push_back(bind_transfer(*t, node, plan));
-        bound_.back().node = n;
-        continue;
-      }
-      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
-      b.node = n;
-      for (ValueId i : node.inputs) b.in.push_back(ref(i));
-      for (ValueId o : node.results()) b.out.push_back(ref(o));
-      if (node.has_workspace) {
-        ValueId w = node.outputs.back();
-        b.workspace = ref(w).data;
-        b.workspace_bytes = graph_->value(w).meta.nbytes();
-      }
-      bound_.push_back(std::move(b));
-    }
-    // Fetches for the next step, issued after a position of this one.
-    early_at_.assign(bound_.size(), {});
-    early_.assign(bound_.size(), 0);
-    for (auto& e : plan.early_fetches) {
-      early_at_[std::size_t(e.after)].push_back(std::size_t(e.fetch));
-      early_[std::size_t(e.fetch)] = 1;
-    }
+    memory_.arena = Arena(backend_, plan.arena_bytes + kCanaryBytes);
+    bind(plan, memory_);
   }
-  ~Executor() {
-    if (arena_) backend_.deallocate(arena_);
+  // Runs `plan` (a re-plan) in the memory `previous` reserved, which must
+  // hold it (fits()): nothing is allocated. `previous` gives its memory up
+  // only once this one is bound, so if binding throws it keeps it and can
+  // still run; after success it must not run again.
+  Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Executor& previous)
+      : graph_(std::move(graph)), backend_(previous.backend_) {
+    if (!previous.fits(plan))
+      fail("internal error: a re-plan that needs more memory than the step reserved was handed its memory");
+    previous.forget_prefetch();  // binding fills the arena, over what its last run fetched early
+    bind(plan, previous.memory_);
+    memory_ = std::move(previous.memory_);  // the addresses bound above stay valid: a move keeps the blocks
   }
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
+
+  // Whether `plan` runs in the memory this executor reserved.
+  bool fits(const Plan& plan) const {
+    return memory_.arena && plan.arena_bytes + kCanaryBytes <= memory_.arena.bytes() &&
+           plan.host_bytes <= memory_.host.bytes() &&
+           (plan.nvme_bytes == 0 || (memory_.nvme && plan.nvme_bytes <= memory_.nvme->bytes()));
+  }
 
   // `times`, when given, receives each node's wall time (the backend
   // synchronised after each, so the time is the op's own).
@@ -148,6 +139,50 @@ class Executor {
   }
 
  private:
+  // Resolves every operand address into `m` and binds every kernel.
+  void bind(const Plan& plan, Memory& m) {
+    if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
+    arena_ = m.arena.data();
+    arena_bytes_ = plan.arena_bytes;
+    nvme_ = m.nvme.get();
+    fill(kWatermark);  // so high_water() can tell what the steps have written
+    address_.assign(graph_->num_values(), nullptr);
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if (plan.offset_of[std::size_t(v)])
+        address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
+      else if (val.external.defined())
+        address_[std::size_t(v)] = val.external.raw();
+      else if (val.kind == ValueKind::host)
+        address_[std::size_t(v)] = m.host.at(*plan.tier_offset_of[std::size_t(v)]);
+    }
+    for (NodeId n : plan.schedule) {
+      const Node& node = graph_->node(n);
+      if (auto* t = node.op->as_transfer()) {
+        bound_.push_back(bind_transfer(*t, node, plan));
+        bound_.back().node = n;
+        continue;
+      }
+      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
+      b.node = n;
+      for (ValueId i : node.inputs) b.in.push_back(ref(i));
+      for (ValueId o : node.results()) b.out.push_back(ref(o));
+      if (node.has_workspace) {
+        ValueId w = node.outputs.back();
+        b.workspace = ref(w).data;
+        b.workspace_bytes = graph_->value(w).meta.nbytes();
+      }
+      bound_.push_back(std::move(b));
+    }
+    // Fetches for the next step, issued after a position of this one.
+    early_at_.assign(bound_.size(), {});
+    early_.assign(bound_.size(), 0);
+    for (auto& e : plan.early_fetches) {
+      early_at_[std::size_t(e.after)].push_back(std::size_t(e.fetch));
+      early_[std::size_t(e.fetch)] = 1;
+    }
+  }
+
   // A transfer, resolved: what the copy engine does at a start, or which
   // slot a done waits for.
   struct Move {
@@ -221,11 +256,11 @@ class Executor {
 
   std::shared_ptr<const Graph> graph_;
   Backend& backend_;
-  HostPool host_;
+  Memory memory_;
   unsigned char filled_with_ = kWatermark;
-  std::optional<CopyEngine> copies_;
-  std::unique_ptr<NvmeStore> nvme_;
-  std::byte* arena_ = nullptr;
+  std::optional<CopyEngine> copies_;  // after memory_: destroyed first, so no copy outlives what it copies into
+  NvmeStore* nvme_ = nullptr;         // memory_.nvme's
+  std::byte* arena_ = nullptr;        // memory_.arena's: the plan's arena_bytes_, then the canary
   std::size_t arena_bytes_ = 0;
   std::vector<void*> address_;
   std::vector<Bound> bound_;

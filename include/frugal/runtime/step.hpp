@@ -207,11 +207,17 @@ class Step {
       replanned_ = true;
       return;
     }
-    earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());
-    executor_.reset();
+    // The arena (and the host pool and NVMe file) is reserved once: a re-plan
+    // runs in it, and one that needs more than was reserved is not taken.
+    if (!executor_->fits(next.second)) {
+      replanned_ = true;
+      return;
+    }
+    earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());  // before the arena is refilled
+    auto moved = std::make_unique<Executor>(next.first, next.second, *executor_);
+    executor_ = std::move(moved);
     p_.graph = std::move(next.first);
     p_.plan = std::move(next.second);
-    executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
     replanned_ = true;
     ++replans_;
   }
