@@ -164,7 +164,6 @@ inline Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
   std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
   auto backend = make_backend(o.backend);
-  if (o.threads > 0) backend->set_threads(o.threads);
   Step::Parts parts{std::move(p.c.graph), std::move(plan), std::move(backend), p.opt, std::move(p.c.inputs),
                     p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
                     budget.nvme_dir};

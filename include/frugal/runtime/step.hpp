@@ -15,6 +15,7 @@
 #include "../plan/verify.hpp"
 #include "executor.hpp"
 #include "optimizer.hpp"
+#include "threads.hpp"
 
 namespace frugal {
 
@@ -101,7 +102,7 @@ class Step {
   static constexpr int kTimedSteps = 3;
 
   float execute() {
-    if (p_.threads > 0) p_.backend->set_threads(p_.threads);
+    ScopedThreads threads(p_.threads);  // this thread's OpenMP (and so BLAS) count, for this run only
     if (p_.optimizer) p_.optimizer->begin_step();
     const bool timed = p_.replanner && !replanned_ && !replan_due_ && timed_steps_ >= 0 && steps_ > 0;
     if (timed && !recorder_) recorder_ = std::make_unique<plan::OpTimeRecorder>(p_.graph->num_nodes());
