@@ -424,3 +424,15 @@ TEST_CASE("a step's thread count is its own: steps of two counts, alternating or
   CHECK(omp_get_max_threads() == 3);
   omp_set_num_threads(caller);
 }
+
+TEST_CASE("a step with no inputs (a loss over parameters only) compiles, runs and audits", "[step][inputs]") {
+  Tensor w = Tensor::from(std::vector<float>{1, -2, 3, 0.5f, 4, -1}, {2, 3});
+  optim::SGD opt({w}, {.lr = 0.125});
+  Step step = compile([&] { Var v = persistent_var(w, ValueKind::parameter, "w"); return sum(v * v); }, {}, opt);
+  CHECK(step.run() == 1 + 4 + 9 + 0.25f + 16 + 1);
+  // w <- w - 0.125 * 2w = 0.75 w
+  CHECK(w.to_vector<float>() == std::vector<float>{0.75f, -1.5f, 2.25f, 0.375f, 3, -0.75f});
+  auto a = step.audit();
+  CHECK(a.canary_intact);
+  CHECK(a.high_water == a.predicted);
+}

@@ -47,8 +47,8 @@ class Step {
   // returns the loss; an inference step returns NaN and fills outputs().
   template <class... Ts>
   float run(const Ts&... inputs) {
-    const Tensor* list[] = {&inputs...};
-    return run_inputs(std::span<const Tensor* const>(list, sizeof...(Ts)));
+    const std::array<const Tensor*, sizeof...(Ts)> list{&inputs...};  // a plain array could not be empty
+    return run_inputs(list);
   }
 
   float run_inputs(std::span<const Tensor* const> inputs) {
@@ -68,13 +68,13 @@ class Step {
   };
   template <class... Ts>
   Audit audit(const Ts&... inputs) {
-    const Tensor* list[] = {&inputs...};
+    const std::array<const Tensor*, sizeof...(Ts)> list{&inputs...};
     Audit a{0, p_.plan.peak_bytes, true};
     replan_if_due();
     a.predicted = p_.plan.peak_bytes;
     for (unsigned char pattern : {0xA5, 0x5A}) {
       executor_->fill(pattern);
-      stage(std::span<const Tensor* const>(list, sizeof...(Ts)));
+      stage(list);
       execute();
       a.high_water = std::max(a.high_water, executor_->touched_up_to(pattern));
     }
