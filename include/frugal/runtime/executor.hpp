@@ -2,8 +2,11 @@
 // Runs a Plan on a Backend: one arena allocated up front, every kernel bound
 // and every operand address resolved before the first step, so a step itself
 // allocates nothing.
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <chrono>
@@ -17,6 +20,32 @@
 #include "nvme_store.hpp"
 
 namespace frugal {
+
+// How many times the host-resident storage at an address (a parameter's or
+// an optimizer state's home) has been written by a step or declared changed:
+// an early fetch from it is still good while the count is what it was when
+// the fetch was issued. One counter per address, shared by every executor
+// that reads or writes it, so a step that does not touch a tensor never
+// invalidates another's fetch of it.
+class WriteGenerations {
+ public:
+  using Counter = std::atomic<std::uint64_t>;
+  static std::shared_ptr<Counter> of(const void* storage) {
+    static std::mutex lock;  // executors are built from several threads
+    static std::map<const void*, std::weak_ptr<Counter>> known;
+    static std::size_t sweep_at = 64;
+    std::lock_guard<std::mutex> hold(lock);
+    std::shared_ptr<Counter> c = known[storage].lock();
+    if (c) return c;
+    if (known.size() >= sweep_at) {  // drop the counters of storage no executor uses now
+      std::erase_if(known, [](const auto& e) { return e.second.expired(); });
+      sweep_at = std::max<std::size_t>(64, 2 * known.size());
+    }
+    c = std::make_shared<Counter>(0);
+    known[storage] = c;
+    return c;
+  }
+};
 
 class Executor {
  public:
@@ -68,41 +97,54 @@ class Executor {
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     if (copies_) copies_->reset_error();
-    // This step's early fetches were issued by its last run, and still hold
-    // what they copied only if no other step ran since: another step (an
-    // evaluation step, a second model sharing weights) may have written the
-    // host-resident parameters they were fetched from.
-    const bool fetched = prefetched_ && prefetch_run_ == runs_of_any_executor();
+    // This step's early fetches were issued by its last run, and each still
+    // holds what it copied only if nothing wrote its source since: another
+    // step (an evaluation step, a second model sharing weights) may have
+    // written the host-resident parameter it was fetched from.
+    const bool fetched = prefetched_;
     prefetched_ = false;
     try {
       for (std::size_t i = 0; i < bound_.size(); ++i) {
         const Bound& b = bound_[i];
         auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
-        else if (!(fetched && early_[i])) transfer(b.move);
+        else if (!(fetched && early_[i] && still_fetched(i))) transfer(b.move);
+        for (WriteGenerations::Counter* c : b.writes) c->fetch_add(1, std::memory_order_acq_rel);
         if (times) {
           backend_.synchronize();
           times->record(b.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
-        for (std::size_t f : early_at_[i]) transfer(bound_[f].move);  // the next step's, beside this one's tail
+        for (std::size_t f : early_at_[i]) {  // the next step's, beside this one's tail
+          if (bound_[f].source) fetched_at_[f] = bound_[f].source->load(std::memory_order_acquire);
+          transfer(bound_[f].move);
+        }
       }
     } catch (...) {
       try {
         if (copies_) copies_->drain();  // nothing may still be copying into memory the caller reuses
       } catch (...) {
       }
+      written_changed();  // a write may have been cut short
       throw;
     }
     if (copies_) copies_->drain();
     backend_.synchronize();
     prefetched_ = !early_fetch_count_zero();
-    prefetch_run_ = ++runs_of_any_executor();
   }
 
   // The next step fetches everything itself: after anything outside a step
-  // wrote the arena or a host-resident parameter (an audit, a loaded
-  // checkpoint).
+  // wrote the arena (an audit).
   void forget_prefetch() { prefetched_ = false; }
+  // After the host-resident parameters and optimizer state this step reads
+  // were written outside any step (a loaded checkpoint, edited weights):
+  // this step, and every other that fetched them early, fetches them again.
+  void storage_changed() {
+    prefetched_ = false;
+    for (auto& c : persistent_) c.second->fetch_add(1, std::memory_order_acq_rel);
+  }
+  // Fetches into the arena performed so far (early ones included): what a
+  // still-valid early fetch saves.
+  std::uint64_t fetches() const { return fetches_; }
 
   void* address(ValueId v) const { return address_.at(std::size_t(v)); }
   std::size_t arena_bytes() const { return arena_bytes_; }
@@ -174,6 +216,29 @@ class Executor {
       }
       bound_.push_back(std::move(b));
     }
+    // Write generations: each write into host-resident storage (a write-back
+    // home, an update in place) counts once its node has run; a fetch from
+    // it remembers the count it copied.
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if ((val.kind == ValueKind::parameter || val.kind == ValueKind::state) && val.external.defined() &&
+          !plan.offset_of[std::size_t(v)])
+        persistent_.emplace(val.external.raw(), WriteGenerations::of(val.external.raw()));
+    }
+    auto generation = [&](ValueId v) -> WriteGenerations::Counter* {
+      auto it = persistent_.find(address_[std::size_t(v)]);
+      return it == persistent_.end() ? nullptr : it->second.get();
+    };
+    for (Bound& b : bound_) {
+      const Node& node = graph_->node(b.node);
+      for (int k : node.op->mutated_inputs())
+        if (auto* c = generation(node.inputs[std::size_t(k)]))
+          if (std::find(b.writes.begin(), b.writes.end(), c) == b.writes.end()) b.writes.push_back(c);
+      if (b.move.kind == ops::TransferKind::fetch_start && !b.kernel) b.source = generation(node.inputs[0]);
+      // a write back counts when its copy is done
+      if (b.move.kind == ops::TransferKind::write_back_start && !b.kernel) b.writes.clear();
+    }
+    fetched_at_.assign(bound_.size(), 0);
     // Fetches for the next step, issued after a position of this one.
     early_at_.assign(bound_.size(), {});
     early_.assign(bound_.size(), 0);
@@ -202,6 +267,8 @@ class Executor {
     std::size_t workspace_bytes;
     Move move{};
     NodeId node = -1;
+    std::vector<WriteGenerations::Counter*> writes;  // host-resident storage written once this has run
+    WriteGenerations::Counter* source = nullptr;     // a fetch's host-resident source, if shared
   };
 
   Bound bind_transfer(const TransferOp& t, const Node& node, const Plan& plan) {
@@ -236,6 +303,7 @@ class Executor {
   }
 
   void transfer(const Move& m) {
+    fetches_ += m.kind == ops::TransferKind::fetch_start;
     switch (m.via) {
       case Move::memory:
         if (m.kind == ops::TransferKind::evict_start || m.kind == ops::TransferKind::fetch_start ||
@@ -267,11 +335,19 @@ class Executor {
   std::vector<std::vector<std::size_t>> early_at_;  // by position: early fetches issued after it
   std::vector<char> early_;                         // by position: an early fetch
   bool prefetched_ = false;
-  std::uint64_t prefetch_run_ = 0;  // runs_of_any_executor() when this one's early fetches were issued
-  // Counts the runs of every executor in the process.
-  static std::atomic<std::uint64_t>& runs_of_any_executor() {
-    static std::atomic<std::uint64_t> n{0};
-    return n;
+  std::vector<std::uint64_t> fetched_at_;  // by position: its source's generation when fetched early
+  // The write generations of the host-resident parameters and state the
+  // step reads or writes, by address.
+  std::map<const void*, std::shared_ptr<WriteGenerations::Counter>> persistent_;
+  std::uint64_t fetches_ = 0;
+
+  bool still_fetched(std::size_t i) const {
+    const WriteGenerations::Counter* c = bound_[i].source;
+    return !c || c->load(std::memory_order_acquire) == fetched_at_[i];
+  }
+  void written_changed() {
+    for (const Bound& b : bound_)
+      for (WriteGenerations::Counter* c : b.writes) c->fetch_add(1, std::memory_order_acq_rel);
   }
   bool early_fetch_count_zero() const {
     for (auto& e : early_at_)

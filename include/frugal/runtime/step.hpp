@@ -176,14 +176,18 @@ class Step {
   void set_steps_run(std::int64_t n) {
     if (n < 0) fail("step.set_steps_run: the step counter cannot be negative (got ", n, ")");
     steps_ = n;
-    executor_->forget_prefetch();
+    executor_->storage_changed();
   }
 
   // Under a budget that keeps parameters or optimizer state on the host, the
   // end of each step already fetches what the next step reads first. Call
   // this after writing those tensors between steps (loading a checkpoint,
-  // editing weights), so the next step fetches them again.
-  void parameters_changed() { executor_->forget_prefetch(); }
+  // editing weights), so the next step fetches them again (and so does any
+  // other step that fetched them early).
+  void parameters_changed() { executor_->storage_changed(); }
+  // Fetches into the arena this step's executor has performed: an early
+  // fetch still valid at the next step saves one.
+  std::uint64_t fetches_performed() const { return executor_->fetches(); }
 
  private:
   void maybe_replan() {
