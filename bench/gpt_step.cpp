@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     // Time every kernel of the plan on its own, by op name and phase.
     const Graph& g = step.graph();
     auto backend = make_backend("cpu");
-    backend->set_threads(threads);
+    omp_set_num_threads(threads);  // this thread's count, as a step's run sets it
     Executor ex(std::shared_ptr<const Graph>(&g, [](const Graph*) {}), step.plan(), *backend);
     const std::vector<ValueId> ins = g.values_of_kind(ValueKind::input);
     std::map<std::string, double> by_op;

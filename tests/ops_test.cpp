@@ -406,7 +406,7 @@ TEST_CASE("a small network: linear, gelu, linear, log_softmax, cross_entropy", "
 // ---- large cases: the multi-threaded kernel paths ---------------------------------
 
 TEST_CASE("large inputs take the multi-threaded paths and still match the reference", "[ops][threads]") {
-  frugal::make_backend("cpu")->set_threads(2);
+  omp_set_num_threads(2);  // this thread's count: the multi-threaded paths
   check_forward_large(unary("relu [300,200]", x({300, 200}), [](Var v) { return frugal::relu(v); }, ref::relu));
   check_forward_large(binary("add [300,200]+[200]", x({300, 200}), x({200}), [](Var a, Var b) { return a + b; },
                              ref::add));
@@ -565,4 +565,24 @@ TEST_CASE("an out-of-range cross_entropy label stops the step with a DataError",
     std::string m = error_message<frugal::DataError>([&] { step.run(); });
     CHECK_THAT(m, Contains("label 7") && Contains("position 3"));
   }
+}
+
+TEST_CASE("gemm refuses sizes and strides BLAS's integer cannot hold, naming the dims, before calling BLAS",
+          "[ops][blas]") {
+  using Catch::Matchers::Contains;
+  const std::int64_t big = std::int64_t(std::numeric_limits<std::int32_t>::max()) + 1;
+  // Null operands: were BLAS called with the narrowed (wrapped) sizes, it
+  // would read through them; the check must throw first.
+  std::string m = error_message<frugal::Error>([&] {
+    frugal::cpu::gemm(false, false, big, 4, 3, 1.0f, nullptr, 3, nullptr, 4, 0.0f, nullptr, 4);
+  });
+  CHECK_THAT(m, Contains("m=2147483648") && Contains("n=4") && Contains("k=3") && Contains("does not fit"));
+  m = error_message<frugal::Error>([&] {
+    frugal::cpu::gemm(true, false, 2, 2, 2, 1.0, static_cast<const double*>(nullptr), big, nullptr, 2, 0.0,
+                      static_cast<double*>(nullptr), 2);
+  });
+  CHECK_THAT(m, Contains("lda = 2147483648"));
+  m = error_message<frugal::Error>(
+      [&] { frugal::cpu::gemm(false, false, 2, -big - 1, 2, 1.0f, nullptr, 2, nullptr, 2, 0.0f, nullptr, 2); });
+  CHECK_THAT(m, Contains("n = -2147483649"));
 }

@@ -11,6 +11,7 @@
 
 #include "../samples/common/plot.hpp"
 #include "../tools/model_zoo.hpp"
+#include "counting_backend.hpp"
 
 using namespace frugal;
 
@@ -493,4 +494,76 @@ TEST_CASE("an op's scratch space is a planned value, live only while the op runs
                              fc.parameters(), {}, o);
   g.run(x);
   CHECK(g.verify().ok());
+}
+
+// ---- transfers are recognised through Op::as_transfer -------------------------
+namespace {
+// An ordinary op that merely calls itself a fetch: a name is not a kind.
+class NamedFetch final : public Op {
+ public:
+  std::string name() const override { return "fetch"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override { return {in[0]}; }
+};
+}  // namespace
+
+TEST_CASE("the planner's transfers, and only they, are seen as transfers", "[plan][transfer]") {
+  CHECK(NamedFetch().as_transfer() == nullptr);
+  const ops::Transfer t(TransferKind::write_back_start, 3, "w");
+  REQUIRE(t.as_transfer() == &t);
+  CHECK(t.as_transfer()->kind() == TransferKind::write_back_start);
+  CHECK(t.as_transfer()->slot() == 3);
+  CHECK(t.as_transfer()->is_start());
+  CHECK(t.as_transfer()->what() == "w");
+  // Every node of a budget plan (the captured ops and the transfers the
+  // rewrite inserted) answers as its C++ type says.
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  zoo::Workload w = zoo::make(c);
+  const DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
+  const CompileOptions o{.profile = &profile};
+  Budget b{.device = zoo::plan(w, o).plan.total_bytes() - 1};
+  b.device = zoo::plan(w, o, b).plan.min_feasible_bytes;
+  PlannedStep ps = zoo::plan(w, o, b);
+  std::size_t transfers = 0, others = 0;
+  for (NodeId n = 0; n < NodeId(ps.graph->num_nodes()); ++n) {
+    const Op& op = *ps.graph->node(n).op;
+    auto* real = dynamic_cast<const ops::Transfer*>(&op);
+    INFO(op.name());
+    CHECK(op.as_transfer() == static_cast<const TransferOp*>(real));
+    ++(real ? transfers : others);
+  }
+  CHECK(transfers > 0);
+  CHECK(others > 0);
+}
+
+TEST_CASE("a re-plan runs in its predecessor's memory only if it fits, and a refused one leaves that memory whole",
+          "[plan][executor][replan]") {
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  zoo::Workload w = zoo::make(c);
+  const DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
+  const CompileOptions o{.profile = &profile};
+  PlannedStep a = zoo::plan(w, o);
+  Budget b{.device = a.plan.total_bytes() - 1};
+  b.device = zoo::plan(w, o, b).plan.min_feasible_bytes;
+  PlannedStep z = zoo::plan(w, o, b);
+  if (a.plan.arena_bytes > z.plan.arena_bytes) std::swap(a, z);
+  const PlannedStep &small = a, &large = z;
+  REQUIRE(small.plan.arena_bytes < large.plan.arena_bytes);
+  counting::reset();
+  {
+    auto backend = counting::make();
+    Executor first(small.graph, small.plan, *backend);
+    CHECK(first.fits(small.plan));
+    CHECK_FALSE(first.fits(large.plan));
+    CHECK_THROWS_WITH(Executor(large.graph, large.plan, first), Catch::Contains("more memory"));
+    CHECK(counting::allocations == 1);
+    // Still its own: the refused re-plan took nothing.
+    CHECK(first.fits(small.plan));
+    Executor second(small.graph, small.plan, first);
+    CHECK(counting::allocations == 1);
+    CHECK_FALSE(first.fits(small.plan));  // its memory went to the re-plan
+    CHECK(second.fits(small.plan));
+    CHECK(counting::deallocations == 0);
+  }
+  CHECK(counting::allocations == 1);
+  CHECK(counting::deallocations == 1);
 }

@@ -361,8 +361,7 @@ TEST_CASE("calibration: positive, finite rates in under 1.5 s, cached once and t
   TempDir cache("cache"), nvme("nvme"), nvme2("nvme2");
   ScopedEnv dir("FRUGAL_CACHE_DIR", cache.path.c_str());
   ScopedEnv forced("FRUGAL_PROFILE", nullptr);
-  // The CPU backend registers itself from the suite's other files; this
-  // one stays light by not compiling the kernels again.
+  // The kernels are compiled once for the suite (frugal_add_kernels).
   auto owned = make_backend("cpu");
   Backend& backend = *owned;
   fs::path file = cache.path / "profile-cpu-t2.json";

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstring>
 #include <frugal/frugal.hpp>
+#include <optional>
+#include <thread>
 
+#include "counting_backend.hpp"
 #include "toy_task.hpp"
 
 using namespace frugal;
@@ -353,4 +356,102 @@ TEST_CASE("bad inputs and impossible budgets are clear errors", "[step][errors]"
   SECTION("a parameter used outside a capture says so") {
     CHECK_THROWS_WITH(model.forward(Var{}), Catch::Contains("outside a capture"));
   }
+}
+
+TEST_CASE("a step whose executor fails part way gives its arena back", "[step][arena]") {
+  nn::manual_seed(1);
+  Mlp model(6, 8, 3);
+  optim::SGD opt(model.parameters(), {.lr = 0.1});
+  auto fn = [&](Var x, Var y) { return cross_entropy(model.forward(x), y); };
+  counting::reset();
+  counting::hide_kernels = true;  // binding the first node fails, after the arena is allocated
+  CHECK_THROWS_WITH(compile(fn, {input<float>({8, 6}), input<std::int32_t>({8})}, opt,
+                            Budget{}, CompileOptions{.use_backend = counting::make()}),
+                    Catch::Contains("has no kernel"));
+  counting::hide_kernels = false;
+  CHECK(counting::allocations == 1);
+  CHECK(counting::deallocations == counting::allocations);
+}
+
+TEST_CASE("a step's thread count is its own: steps of two counts, alternating or at once, give their lone bits",
+          "[step][threads]") {
+  constexpr int kSteps = 4;
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int s = 0; s < kSteps; ++s) {
+    Tensor x({128, 64}), y({128}, DType::i32);
+    make_batch(x, y, std::uint64_t(s + 1), 8);
+    batches.emplace_back(x, y);
+  }
+  struct Trainer {
+    std::unique_ptr<Mlp> model;
+    std::unique_ptr<optim::SGD> opt;
+    std::optional<Step> step;
+    std::vector<float> losses;
+    explicit Trainer(int threads) {
+      nn::manual_seed(7);
+      model = std::make_unique<Mlp>(64, 256, 8);
+      opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+      Mlp* m = model.get();
+      step.emplace(compile([m](Var x, Var y) { return cross_entropy(m->forward(x), y); },
+                           {input<float>({128, 64}), input<std::int32_t>({128})}, *opt, Budget{},
+                           CompileOptions{.threads = threads}));
+    }
+    void run(const std::pair<Tensor, Tensor>& b) { losses.push_back(step->run(b.first, b.second)); }
+    std::vector<std::uint32_t> bits() const {
+      std::vector<float> all = losses;
+      for (const Tensor& p : model->parameters()) all.insert(all.end(), p.data<float>(), p.data<float>() + p.numel());
+      return bits_of(all);
+    }
+  };
+  const int caller = omp_get_max_threads();
+  omp_set_num_threads(3);  // the caller's own count, which no step may change
+  std::vector<std::uint32_t> alone[2];
+  for (int k = 0; k < 2; ++k) {
+    Trainer t(k + 1);
+    for (auto& b : batches) t.run(b);
+    alone[k] = t.bits();
+    CHECK(omp_get_max_threads() == 3);
+  }
+  {
+    Trainer a(1), b(2);
+    for (auto& batch : batches) {
+      a.run(batch);
+      CHECK(omp_get_max_threads() == 3);
+      b.run(batch);
+      CHECK(omp_get_max_threads() == 3);
+    }
+    CHECK(a.bits() == alone[0]);
+    CHECK(b.bits() == alone[1]);
+  }
+  {
+    Trainer a(1), b(2);
+    std::atomic<int> changed{0};
+    auto loop = [&](Trainer& t) {
+      const int before = omp_get_max_threads();
+      for (auto& batch : batches) {
+        t.run(batch);
+        changed += omp_get_max_threads() != before;
+      }
+    };
+    std::thread ta(loop, std::ref(a)), tb(loop, std::ref(b));
+    ta.join();
+    tb.join();
+    CHECK(changed == 0);
+    CHECK(a.bits() == alone[0]);
+    CHECK(b.bits() == alone[1]);
+  }
+  CHECK(omp_get_max_threads() == 3);
+  omp_set_num_threads(caller);
+}
+
+TEST_CASE("a step with no inputs (a loss over parameters only) compiles, runs and audits", "[step][inputs]") {
+  Tensor w = Tensor::from(std::vector<float>{1, -2, 3, 0.5f, 4, -1}, {2, 3});
+  optim::SGD opt({w}, {.lr = 0.125});
+  Step step = compile([&] { Var v = persistent_var(w, ValueKind::parameter, "w"); return sum(v * v); }, {}, opt);
+  CHECK(step.run() == 1 + 4 + 9 + 0.25f + 16 + 1);
+  // w <- w - 0.125 * 2w = 0.75 w
+  CHECK(w.to_vector<float>() == std::vector<float>{0.75f, -1.5f, 2.25f, 0.375f, 3, -0.75f});
+  auto a = step.audit();
+  CHECK(a.canary_intact);
+  CHECK(a.high_water == a.predicted);
 }

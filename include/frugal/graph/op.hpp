@@ -9,6 +9,7 @@
 namespace frugal {
 
 struct Var;
+class TransferOp;
 
 // Work an op does, for the cost model and for throughput reports.
 struct Cost {
@@ -58,6 +59,38 @@ class Op {
   virtual bool is_view() const { return false; }
   // (Scratch space is not the op's to say: each backend's kernel table
   // answers it for its own kernel, runtime/backend.hpp.)
+  // The op as a transfer between memory tiers (ops::Transfer, which the
+  // budget planner inserts), or null for every other op. The planner, the
+  // verifier, reports and the executor recognise transfers only through this.
+  virtual const TransferOp* as_transfer() const { return nullptr; }
+};
+
+// What a transfer is, as plan/ and runtime/ see it (graph/ cannot name
+// ops::Transfer, which implements it). A start hands a copy to the copy
+// engine; the done with the same slot waits for it.
+enum class TransferKind : std::uint8_t { evict_start, evict_done, fetch_start, fetch_done, write_back_start, write_back_done };
+
+class TransferOp : public Op {
+ public:
+  TransferOp(TransferKind kind, int slot, std::string what) : kind_(kind), slot_(slot), what_(std::move(what)) {}
+  TransferKind kind() const { return kind_; }
+  int slot() const { return slot_; }
+  bool is_start() const {
+    return kind_ == TransferKind::evict_start || kind_ == TransferKind::fetch_start ||
+           kind_ == TransferKind::write_back_start;
+  }
+  // What is moved, for plans and errors.
+  const std::string& what() const { return what_; }
+  const TransferOp* as_transfer() const final { return this; }
+
+ private:
+  TransferKind kind_;
+  int slot_;
+  std::string what_;
 };
 
 }  // namespace frugal
+
+// Op::backward (declared inline above) is defined with Var, in var.hpp: any
+// file that sees Op sees its definition too.
+#include "var.hpp"

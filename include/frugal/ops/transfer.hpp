@@ -16,22 +16,14 @@
 
 namespace frugal::ops {
 
-enum class TransferKind : std::uint8_t { evict_start, evict_done, fetch_start, fetch_done, write_back_start, write_back_done };
+using frugal::TransferKind;  // declared in graph/op.hpp, beside TransferOp
 
-class Transfer final : public Op {
+class Transfer final : public TransferOp {
  public:
   // `slot` pairs a start with its done; the copy engine keeps one event per slot.
-  Transfer(TransferKind kind, int slot, std::string what) : kind_(kind), slot_(slot), what_(std::move(what)) {}
-  TransferKind kind() const { return kind_; }
-  int slot() const { return slot_; }
-  bool is_start() const {
-    return kind_ == TransferKind::evict_start || kind_ == TransferKind::fetch_start ||
-           kind_ == TransferKind::write_back_start;
-  }
-  // What is moved, for plans and errors.
-  const std::string& what() const { return what_; }
+  Transfer(TransferKind kind, int slot, std::string what) : TransferOp(kind, slot, std::move(what)) {}
   std::string name() const override {
-    switch (kind_) {
+    switch (kind()) {
       case TransferKind::evict_start: return "evict";
       case TransferKind::evict_done: return "evict.done";
       case TransferKind::fetch_start: return "fetch";
@@ -42,7 +34,7 @@ class Transfer final : public Op {
     return "transfer";
   }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    switch (kind_) {
+    switch (kind()) {
       case TransferKind::evict_start:
         expect_arity(name(), in, 1);
         return {in[0]};
@@ -63,19 +55,14 @@ class Transfer final : public Op {
     return {};
   }
   // The done of a fetch names the fetched buffer under a new id.
-  bool is_view() const override { return kind_ == TransferKind::fetch_done; }
+  bool is_view() const override { return kind() == TransferKind::fetch_done; }
   std::vector<int> mutated_inputs() const override {
-    if (kind_ == TransferKind::write_back_start || kind_ == TransferKind::write_back_done) return {1};
+    if (kind() == TransferKind::write_back_start || kind() == TransferKind::write_back_done) return {1};
     return {};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta>) const override {
     return {0, is_start() ? double(in[0].nbytes()) : 0.0};
   }
-
- private:
-  TransferKind kind_;
-  int slot_;
-  std::string what_;
 };
 
 }  // namespace frugal::ops

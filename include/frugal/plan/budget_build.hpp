@@ -241,7 +241,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     const Value& val = g.value(r.v);
     const Node& n = g.node(val.producer);
     const int prod = pos_of[std::size_t(val.producer)];
-    if (!n.op->mutated_inputs().empty() || dynamic_cast<const ops::Transfer*>(n.op.get())) continue;
+    if (!n.op->mutated_inputs().empty() || n.op->as_transfer()) continue;
     const std::int64_t bytes = std::int64_t(p.candidates[std::size_t(r.candidate)].bytes);
     Option o{Choice::recompute, prices.op_ms[std::size_t(prod)]};
     o.device = {{{r.a + 1, r.b - 1}, -bytes}};

@@ -102,12 +102,12 @@ inline void find_early_fetches(const Graph& g, Plan& p, std::span<const ValueId>
   std::vector<int> written_back(g.num_values(), 0);
   for (int u = 0; u < T; ++u) {
     const Node& m = g.node(p.schedule[std::size_t(u)]);
-    auto* w = dynamic_cast<const ops::Transfer*>(m.op.get());
+    auto* w = m.op->as_transfer();
     if (w && w->kind() == ops::TransferKind::write_back_done) written_back[std::size_t(m.inputs[1])] = u;
   }
   for (int t = 0; t < T; ++t) {
     const Node& n = g.node(p.schedule[std::size_t(t)]);
-    auto* tr = dynamic_cast<const ops::Transfer*>(n.op.get());
+    auto* tr = n.op->as_transfer();
     if (!tr || tr->kind() != ops::TransferKind::fetch_start) continue;
     const ValueId home = n.inputs[0];
     const Value& hv = g.value(home);
@@ -188,7 +188,7 @@ inline Plan plan_schedule(const Graph& g, std::vector<NodeId> schedule, std::spa
   // home is then the host, and the arena holds staged copies).
   std::vector<char> on_device(g.num_values(), 0), read(g.num_values(), 0);
   for (NodeId n : p.schedule) {
-    bool transfer = dynamic_cast<const ops::Transfer*>(g.node(n).op.get()) != nullptr;
+    bool transfer = g.node(n).op->as_transfer() != nullptr;
     for (ValueId in : g.node(n).inputs) {
       read[std::size_t(in)] = 1;
       if (!transfer) on_device[std::size_t(in)] = 1;

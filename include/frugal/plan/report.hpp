@@ -37,7 +37,7 @@ inline std::string describe_value(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
   if (val.producer < 0) return cat(value_kind_name(val.kind), " '", val.name, "' ", val.meta.str());
   const Node& n = g.node(val.producer);
-  if (auto* t = dynamic_cast<const ops::Transfer*>(n.op.get()))  // a budget plan's copy: say of what
+  if (auto* t = n.op->as_transfer())  // a budget plan's copy: say of what
     return cat(t->name(), " (", phase_name(n.phase), ") of ", t->what());
   return cat(n.op->name(), " (", phase_name(n.phase), ") ", val.meta.str());
 }
@@ -201,7 +201,7 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
     const Node& n = g.node(p.schedule[t]);
     const char* colour = nullptr;
     std::string what;
-    if (auto* tr = dynamic_cast<const ops::Transfer*>(n.op.get())) {
+    if (auto* tr = n.op->as_transfer()) {
       if (!tr->is_start()) continue;
       bool nvme = false;
       for (ValueId v : n.inputs) nvme = nvme || g.value(v).kind == ValueKind::nvme;

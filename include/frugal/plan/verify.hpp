@@ -151,7 +151,7 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
       continue;
     }
     const Node& f = g.node(p.schedule[std::size_t(e.fetch)]);
-    auto* tr = dynamic_cast<const ops::Transfer*>(f.op.get());
+    auto* tr = f.op->as_transfer();
     if (!tr || tr->kind() != ops::TransferKind::fetch_start) {
       err("position ", e.fetch, " is marked as an early fetch but runs ", f.op->name());
       continue;
@@ -170,7 +170,7 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
             err("the early fetch of ", label(dst), " overlaps ", label(v), " written at position ", t);
       }
       const Node& m = g.node(p.schedule[std::size_t(t)]);
-      auto* w = dynamic_cast<const ops::Transfer*>(m.op.get());
+      auto* w = m.op->as_transfer();
       if (w && w->kind() == ops::TransferKind::write_back_done && m.inputs[1] == f.inputs[0] && t > e.after)
         err("the early fetch of ", label(dst), " reads its source before position ", t, " writes it back");
     }

@@ -93,7 +93,6 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill(void* dst, unsigned char byte, std::size_t bytes) = 0;
-  virtual void set_threads(int n) = 0;
   virtual void synchronize() {}
 
   const KernelEntry& entry_for(const Op& op) const {

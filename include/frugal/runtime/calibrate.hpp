@@ -28,6 +28,7 @@
 #include "../ops/matmul.hpp"
 #include "backend.hpp"
 #include "measure_nvme.hpp"
+#include "threads.hpp"
 #include "profile_cache.hpp"
 
 namespace frugal {
@@ -166,11 +167,12 @@ class BackgroundCopy {
 }  // namespace calibration
 
 // Measures `backend` with `threads` threads (and the NVMe tier in nvme_dir,
-// when one is given). Sets the backend's thread count, as a step would.
+// when one is given), on the calling thread with `threads` OpenMP threads, as
+// a step runs; the caller's own count is restored afterwards.
 inline DeviceProfile calibrate(Backend& backend, int threads, const std::string& nvme_dir = "") {
   using namespace calibration;
   if (threads < 1) fail("calibrate: threads = ", threads, " must be at least 1");
-  backend.set_threads(threads);
+  ScopedThreads scoped(threads);  // the caller's own count comes back afterwards
   DeviceProfile p;
   p.backend = backend.name();
   p.threads = threads;

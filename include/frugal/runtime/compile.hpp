@@ -29,6 +29,10 @@ InputSpec input(Shape shape, std::string name = "") {
 struct CompileOptions {
   std::string backend = "cpu";
   BackendOptions backend_options;  // e.g. the CPU's convolution engine, kernels for the program's own ops
+  // A backend the caller made (make_backend, or a Backend of its own), used
+  // instead of making one from `backend` and `backend_options`; steps may
+  // share it.
+  std::shared_ptr<Backend> use_backend;
   int threads = 0;          // 0: leave the process's setting alone
   bool keep_grads = false;  // keep parameter gradients readable with step.grad(p)
   PlanOptions plan;         // planner switches (reordering, in-place)
@@ -88,6 +92,7 @@ struct Captured {
 // The backend a step runs on, made once per compile: its kernel table sizes
 // the graph's scratch space as the graph is captured.
 inline std::shared_ptr<Backend> backend_for(const CompileOptions& o) {
+  if (o.use_backend) return o.use_backend;
   return std::shared_ptr<Backend>(make_backend(o.backend, o.backend_options));
 }
 

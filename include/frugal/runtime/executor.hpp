@@ -2,14 +2,18 @@
 // Runs a Plan on a Backend: one arena allocated up front, every kernel bound
 // and every operand address resolved before the first step, so a step itself
 // allocates nothing.
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <chrono>
 
 #include "../plan/cost_model.hpp"
 #include "../plan/plan.hpp"
+#include "arena.hpp"
 #include "backend.hpp"
 #include "copy_engine.hpp"
 #include "host_pool.hpp"
@@ -17,106 +21,130 @@
 
 namespace frugal {
 
+// How many times the host-resident storage at an address (a parameter's or
+// an optimizer state's home) has been written by a step or declared changed:
+// an early fetch from it is still good while the count is what it was when
+// the fetch was issued. One counter per address, shared by every executor
+// that reads or writes it, so a step that does not touch a tensor never
+// invalidates another's fetch of it.
+class WriteGenerations {
+ public:
+  using Counter = std::atomic<std::uint64_t>;
+  static std::shared_ptr<Counter> of(const void* storage) {
+    static std::mutex lock;  // executors are built from several threads
+    static std::map<const void*, std::weak_ptr<Counter>> known;
+    static std::size_t sweep_at = 64;
+    std::lock_guard<std::mutex> hold(lock);
+    std::shared_ptr<Counter> c = known[storage].lock();
+    if (c) return c;
+    if (known.size() >= sweep_at) {  // drop the counters of storage no executor uses now
+      std::erase_if(known, [](const auto& e) { return e.second.expired(); });
+      sweep_at = std::max<std::size_t>(64, 2 * known.size());
+    }
+    c = std::make_shared<Counter>(0);
+    known[storage] = c;
+    return c;
+  }
+};
+
 class Executor {
  public:
-  // `nvme_dir` holds the NVMe tier's file when the plan spills there.
+  // What an executor runs in: the device arena (with the canary beyond it),
+  // the host pool and the NVMe store, each reserved once.
+  struct Memory {
+    Arena arena;
+    HostPool host{0};
+    std::unique_ptr<NvmeStore> nvme;
+  };
+
+  // Reserves the memory `plan` needs and binds it. `nvme_dir` holds the NVMe
+  // tier's file when the plan spills there. If binding fails, what was
+  // reserved is given back (Memory owns it).
   Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend, const std::string& nvme_dir = "")
-      : graph_(std::move(graph)), backend_(backend), host_(plan.host_bytes) {
-    // Scratch space and in-place reuse were planned from one backend's
-    // kernels; another backend's kernels may need different ones.
-    if (graph_->kernel_queries().backend != backend_.name())
-      fail("internal error: this graph was captured for backend '", graph_->kernel_queries().backend,
-           "' but is run on '", backend_.name(), "'; capture it through compile() with that backend");
-    if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
+      : graph_(std::move(graph)), backend_(backend) {
+    memory_.host = HostPool(plan.host_bytes);
     if (plan.nvme_bytes) {
       if (nvme_dir.empty())
         fail("the plan spills ", format_bytes(plan.nvme_bytes), " to NVMe but no directory was given (Budget::nvme_dir)");
-      nvme_ = std::make_unique<NvmeStore>(nvme_dir, plan.nvme_bytes);
+      memory_.nvme = std::make_unique<NvmeStore>(nvme_dir, plan.nvme_bytes);
     }
-    arena_bytes_ = plan.arena_bytes;
-    arena_ = static_cast<std::byte*>(backend_.allocate(arena_bytes_ + kCanaryBytes));
-    fill(kWatermark);  // so high_water() can tell what the steps have written
-    address_.assign(graph_->num_values(), nullptr);
-    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
-      const Value& val = graph_->value(v);
-      if (plan.offset_of[std::size_t(v)])
-        address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
-      else if (val.external.defined())
-        address_[std::size_t(v)] = val.external.raw();
-      else if (val.kind == ValueKind::host)
-        address_[std::size_t(v)] = host_.at(*plan.tier_offset_of[std::size_t(v)]);
-    }
-    for (NodeId n : plan.schedule) {
-      const Node& node = graph_->node(n);
-      if (auto* t = dynamic_cast<const ops::Transfer*>(node.op.get())) {
-        bound_.push_back(bind_transfer(*t, node, plan));
-        bound_.back().node = n;
-        continue;
-      }
-      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
-      b.node = n;
-      for (ValueId i : node.inputs) b.in.push_back(ref(i));
-      for (ValueId o : node.results()) b.out.push_back(ref(o));
-      if (node.has_workspace) {
-        ValueId w = node.outputs.back();
-        b.workspace = ref(w).data;
-        b.workspace_bytes = graph_->value(w).meta.nbytes();
-      }
-      bound_.push_back(std::move(b));
-    }
-    // Fetches for the next step, issued after a position of this one.
-    early_at_.assign(bound_.size(), {});
-    early_.assign(bound_.size(), 0);
-    for (auto& e : plan.early_fetches) {
-      early_at_[std::size_t(e.after)].push_back(std::size_t(e.fetch));
-      early_[std::size_t(e.fetch)] = 1;
-    }
+    memory_.arena = Arena(backend_, plan.arena_bytes + kCanaryBytes);
+    bind(plan, memory_);
   }
-  ~Executor() {
-    if (arena_) backend_.deallocate(arena_);
+  // Runs `plan` (a re-plan) in the memory `previous` reserved, which must
+  // hold it (fits()): nothing is allocated. `previous` gives its memory up
+  // only once this one is bound, so if binding throws it keeps it and can
+  // still run; after success it must not run again.
+  Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Executor& previous)
+      : graph_(std::move(graph)), backend_(previous.backend_) {
+    if (!previous.fits(plan))
+      fail("internal error: a re-plan that needs more memory than the step reserved was handed its memory");
+    previous.forget_prefetch();  // binding fills the arena, over what its last run fetched early
+    bind(plan, previous.memory_);
+    memory_ = std::move(previous.memory_);  // the addresses bound above stay valid: a move keeps the blocks
   }
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
+
+  // Whether `plan` runs in the memory this executor reserved.
+  bool fits(const Plan& plan) const {
+    return memory_.arena && plan.arena_bytes + kCanaryBytes <= memory_.arena.bytes() &&
+           plan.host_bytes <= memory_.host.bytes() &&
+           (plan.nvme_bytes == 0 || (memory_.nvme && plan.nvme_bytes <= memory_.nvme->bytes()));
+  }
 
   // `times`, when given, receives each node's wall time (the backend
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     if (copies_) copies_->reset_error();
-    // This step's early fetches were issued by its last run, and still hold
-    // what they copied only if no other step ran since: another step (an
-    // evaluation step, a second model sharing weights) may have written the
-    // host-resident parameters they were fetched from.
-    const bool fetched = prefetched_ && prefetch_run_ == runs_of_any_executor();
+    // This step's early fetches were issued by its last run, and each still
+    // holds what it copied only if nothing wrote its source since: another
+    // step (an evaluation step, a second model sharing weights) may have
+    // written the host-resident parameter it was fetched from.
+    const bool fetched = prefetched_;
     prefetched_ = false;
     try {
       for (std::size_t i = 0; i < bound_.size(); ++i) {
         const Bound& b = bound_[i];
         auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
-        else if (!(fetched && early_[i])) transfer(b.move);
+        else if (!(fetched && early_[i] && still_fetched(i))) transfer(b.move);
+        for (WriteGenerations::Counter* c : b.writes) c->fetch_add(1, std::memory_order_acq_rel);
         if (times) {
           backend_.synchronize();
           times->record(b.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
-        for (std::size_t f : early_at_[i]) transfer(bound_[f].move);  // the next step's, beside this one's tail
+        for (std::size_t f : early_at_[i]) {  // the next step's, beside this one's tail
+          if (bound_[f].source) fetched_at_[f] = bound_[f].source->load(std::memory_order_acquire);
+          transfer(bound_[f].move);
+        }
       }
     } catch (...) {
       try {
         if (copies_) copies_->drain();  // nothing may still be copying into memory the caller reuses
       } catch (...) {
       }
+      written_changed();  // a write may have been cut short
       throw;
     }
     if (copies_) copies_->drain();
     backend_.synchronize();
     prefetched_ = !early_fetch_count_zero();
-    prefetch_run_ = ++runs_of_any_executor();
   }
 
   // The next step fetches everything itself: after anything outside a step
-  // wrote the arena or a host-resident parameter (an audit, a loaded
-  // checkpoint).
+  // wrote the arena (an audit).
   void forget_prefetch() { prefetched_ = false; }
+  // After the host-resident parameters and optimizer state this step reads
+  // were written outside any step (a loaded checkpoint, edited weights):
+  // this step, and every other that fetched them early, fetches them again.
+  void storage_changed() {
+    prefetched_ = false;
+    for (auto& c : persistent_) c.second->fetch_add(1, std::memory_order_acq_rel);
+  }
+  // Fetches into the arena performed so far (early ones included): what a
+  // still-valid early fetch saves.
+  std::uint64_t fetches() const { return fetches_; }
 
   void* address(ValueId v) const { return address_.at(std::size_t(v)); }
   std::size_t arena_bytes() const { return arena_bytes_; }
@@ -153,6 +181,78 @@ class Executor {
   }
 
  private:
+  // Resolves every operand address into `m` and binds every kernel.
+  void bind(const Plan& plan, Memory& m) {
+    // Scratch space and in-place reuse were planned from one backend's
+    // kernels; another backend's kernels may need different ones.
+    if (graph_->kernel_queries().backend != backend_.name())
+      fail("internal error: this graph was captured for backend '", graph_->kernel_queries().backend,
+           "' but is run on '", backend_.name(), "'; capture it through compile() with that backend");
+    if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
+    arena_ = m.arena.data();
+    arena_bytes_ = plan.arena_bytes;
+    nvme_ = m.nvme.get();
+    fill(kWatermark);  // so high_water() can tell what the steps have written
+    address_.assign(graph_->num_values(), nullptr);
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if (plan.offset_of[std::size_t(v)])
+        address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
+      else if (val.external.defined())
+        address_[std::size_t(v)] = val.external.raw();
+      else if (val.kind == ValueKind::host)
+        address_[std::size_t(v)] = m.host.at(*plan.tier_offset_of[std::size_t(v)]);
+    }
+    for (NodeId n : plan.schedule) {
+      const Node& node = graph_->node(n);
+      if (auto* t = node.op->as_transfer()) {
+        bound_.push_back(bind_transfer(*t, node, plan));
+        bound_.back().node = n;
+        continue;
+      }
+      Bound b{node.op.get(), &backend_.kernel_for(*node.op), {}, {}, nullptr, 0};
+      b.node = n;
+      for (ValueId i : node.inputs) b.in.push_back(ref(i));
+      for (ValueId o : node.results()) b.out.push_back(ref(o));
+      if (node.has_workspace) {
+        ValueId w = node.outputs.back();
+        b.workspace = ref(w).data;
+        b.workspace_bytes = graph_->value(w).meta.nbytes();
+      }
+      bound_.push_back(std::move(b));
+    }
+    // Write generations: each write into host-resident storage (a write-back
+    // home, an update in place) counts once its node has run; a fetch from
+    // it remembers the count it copied.
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if ((val.kind == ValueKind::parameter || val.kind == ValueKind::state) && val.external.defined() &&
+          !plan.offset_of[std::size_t(v)])
+        persistent_.emplace(val.external.raw(), WriteGenerations::of(val.external.raw()));
+    }
+    auto generation = [&](ValueId v) -> WriteGenerations::Counter* {
+      auto it = persistent_.find(address_[std::size_t(v)]);
+      return it == persistent_.end() ? nullptr : it->second.get();
+    };
+    for (Bound& b : bound_) {
+      const Node& node = graph_->node(b.node);
+      for (int k : node.op->mutated_inputs())
+        if (auto* c = generation(node.inputs[std::size_t(k)]))
+          if (std::find(b.writes.begin(), b.writes.end(), c) == b.writes.end()) b.writes.push_back(c);
+      if (b.move.kind == ops::TransferKind::fetch_start && !b.kernel) b.source = generation(node.inputs[0]);
+      // a write back counts when its copy is done
+      if (b.move.kind == ops::TransferKind::write_back_start && !b.kernel) b.writes.clear();
+    }
+    fetched_at_.assign(bound_.size(), 0);
+    // Fetches for the next step, issued after a position of this one.
+    early_at_.assign(bound_.size(), {});
+    early_.assign(bound_.size(), 0);
+    for (auto& e : plan.early_fetches) {
+      early_at_[std::size_t(e.after)].push_back(std::size_t(e.fetch));
+      early_[std::size_t(e.fetch)] = 1;
+    }
+  }
+
   // A transfer, resolved: what the copy engine does at a start, or which
   // slot a done waits for.
   struct Move {
@@ -172,9 +272,11 @@ class Executor {
     std::size_t workspace_bytes;
     Move move{};
     NodeId node = -1;
+    std::vector<WriteGenerations::Counter*> writes;  // host-resident storage written once this has run
+    WriteGenerations::Counter* source = nullptr;     // a fetch's host-resident source, if shared
   };
 
-  Bound bind_transfer(const ops::Transfer& t, const Node& node, const Plan& plan) {
+  Bound bind_transfer(const TransferOp& t, const Node& node, const Plan& plan) {
     Bound b{&t, nullptr, {}, {}, nullptr, 0};
     Move& m = b.move;
     m.kind = t.kind();
@@ -206,6 +308,7 @@ class Executor {
   }
 
   void transfer(const Move& m) {
+    fetches_ += m.kind == ops::TransferKind::fetch_start;
     switch (m.via) {
       case Move::memory:
         if (m.kind == ops::TransferKind::evict_start || m.kind == ops::TransferKind::fetch_start ||
@@ -226,22 +329,30 @@ class Executor {
 
   std::shared_ptr<const Graph> graph_;
   Backend& backend_;
-  HostPool host_;
+  Memory memory_;
   unsigned char filled_with_ = kWatermark;
-  std::optional<CopyEngine> copies_;
-  std::unique_ptr<NvmeStore> nvme_;
-  std::byte* arena_ = nullptr;
+  std::optional<CopyEngine> copies_;  // after memory_: destroyed first, so no copy outlives what it copies into
+  NvmeStore* nvme_ = nullptr;         // memory_.nvme's
+  std::byte* arena_ = nullptr;        // memory_.arena's: the plan's arena_bytes_, then the canary
   std::size_t arena_bytes_ = 0;
   std::vector<void*> address_;
   std::vector<Bound> bound_;
   std::vector<std::vector<std::size_t>> early_at_;  // by position: early fetches issued after it
   std::vector<char> early_;                         // by position: an early fetch
   bool prefetched_ = false;
-  std::uint64_t prefetch_run_ = 0;  // runs_of_any_executor() when this one's early fetches were issued
-  // Counts the runs of every executor in the process.
-  static std::atomic<std::uint64_t>& runs_of_any_executor() {
-    static std::atomic<std::uint64_t> n{0};
-    return n;
+  std::vector<std::uint64_t> fetched_at_;  // by position: its source's generation when fetched early
+  // The write generations of the host-resident parameters and state the
+  // step reads or writes, by address.
+  std::map<const void*, std::shared_ptr<WriteGenerations::Counter>> persistent_;
+  std::uint64_t fetches_ = 0;
+
+  bool still_fetched(std::size_t i) const {
+    const WriteGenerations::Counter* c = bound_[i].source;
+    return !c || c->load(std::memory_order_acquire) == fetched_at_[i];
+  }
+  void written_changed() {
+    for (const Bound& b : bound_)
+      for (WriteGenerations::Counter* c : b.writes) c->fetch_add(1, std::memory_order_acq_rel);
   }
   bool early_fetch_count_zero() const {
     for (auto& e : early_at_)

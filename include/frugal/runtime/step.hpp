@@ -15,6 +15,7 @@
 #include "../plan/verify.hpp"
 #include "executor.hpp"
 #include "optimizer.hpp"
+#include "threads.hpp"
 
 namespace frugal {
 
@@ -46,8 +47,8 @@ class Step {
   // returns the loss; an inference step returns NaN and fills outputs().
   template <class... Ts>
   float run(const Ts&... inputs) {
-    const Tensor* list[] = {&inputs...};
-    return run_inputs(std::span<const Tensor* const>(list, sizeof...(Ts)));
+    const std::array<const Tensor*, sizeof...(Ts)> list{&inputs...};  // a plain array could not be empty
+    return run_inputs(list);
   }
 
   float run_inputs(std::span<const Tensor* const> inputs) {
@@ -67,13 +68,13 @@ class Step {
   };
   template <class... Ts>
   Audit audit(const Ts&... inputs) {
-    const Tensor* list[] = {&inputs...};
+    const std::array<const Tensor*, sizeof...(Ts)> list{&inputs...};
     Audit a{0, p_.plan.peak_bytes, true};
     replan_if_due();
     a.predicted = p_.plan.peak_bytes;
     for (unsigned char pattern : {0xA5, 0x5A}) {
       executor_->fill(pattern);
-      stage(std::span<const Tensor* const>(list, sizeof...(Ts)));
+      stage(list);
       execute();
       a.high_water = std::max(a.high_water, executor_->touched_up_to(pattern));
     }
@@ -101,7 +102,7 @@ class Step {
   static constexpr int kTimedSteps = 3;
 
   float execute() {
-    if (p_.threads > 0) p_.backend->set_threads(p_.threads);
+    ScopedThreads threads(p_.threads);  // this thread's OpenMP (and so BLAS) count, for this run only
     if (p_.optimizer) p_.optimizer->begin_step();
     const bool timed = p_.replanner && !replanned_ && !replan_due_ && timed_steps_ >= 0 && steps_ > 0;
     if (timed && !recorder_) recorder_ = std::make_unique<plan::OpTimeRecorder>(p_.graph->num_nodes());
@@ -175,14 +176,18 @@ class Step {
   void set_steps_run(std::int64_t n) {
     if (n < 0) fail("step.set_steps_run: the step counter cannot be negative (got ", n, ")");
     steps_ = n;
-    executor_->forget_prefetch();
+    executor_->storage_changed();
   }
 
   // Under a budget that keeps parameters or optimizer state on the host, the
   // end of each step already fetches what the next step reads first. Call
   // this after writing those tensors between steps (loading a checkpoint,
-  // editing weights), so the next step fetches them again.
-  void parameters_changed() { executor_->forget_prefetch(); }
+  // editing weights), so the next step fetches them again (and so does any
+  // other step that fetched them early).
+  void parameters_changed() { executor_->storage_changed(); }
+  // Fetches into the arena this step's executor has performed: an early
+  // fetch still valid at the next step saves one.
+  std::uint64_t fetches_performed() const { return executor_->fetches(); }
 
  private:
   void maybe_replan() {
@@ -207,11 +212,17 @@ class Step {
       replanned_ = true;
       return;
     }
-    earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());
-    executor_.reset();
+    // The arena (and the host pool and NVMe file) is reserved once: a re-plan
+    // runs in it, and one that needs more than was reserved is not taken.
+    if (!executor_->fits(next.second)) {
+      replanned_ = true;
+      return;
+    }
+    earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());  // before the arena is refilled
+    auto moved = std::make_unique<Executor>(next.first, next.second, *executor_);
+    executor_ = std::move(moved);
     p_.graph = std::move(next.first);
     p_.plan = std::move(next.second);
-    executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
     replanned_ = true;
     ++replans_;
   }

@@ -3,12 +3,10 @@
 // host memory; GEMM goes to OpenBLAS, everything else is OpenMP. It is made
 // by make_backend("cpu") (units/backend.hpp), and fills its own kernel table
 // when constructed.
-#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
 
-#include "blas.hpp"
 #include "register.hpp"
 
 namespace frugal::cpu {
@@ -27,11 +25,6 @@ class CpuBackend final : public Backend {
   void copy_to_device(void* dst, const void* src, std::size_t n) override { std::memcpy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, std::size_t n) override { std::memcpy(dst, src, n); }
   void fill(void* dst, unsigned char byte, std::size_t n) override { std::memset(dst, byte, n); }
-  // OpenMP regions and OpenBLAS both use n threads.
-  void set_threads(int n) override {
-    omp_set_num_threads(n);
-    set_blas_threads(n);
-  }
 
  private:
   KernelTable table_;

@@ -62,7 +62,6 @@ Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
 Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
   std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
-  if (o.threads > 0) p.backend->set_threads(o.threads);
   Step::Parts parts{std::move(p.c.graph), std::move(plan), p.backend, p.opt, std::move(p.c.inputs),
                     p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
                     budget.nvme_dir};
