@@ -37,7 +37,9 @@ class Op {
   // ShapeError naming the op and the offending shapes.
   virtual std::vector<TensorMeta> infer(std::span<const TensorMeta> inputs) const = 0;
   // Declared inline here so Op has no key function: a class's vtable and
-  // virtual functions are then emitted only in files that make one.
+  // virtual functions are then emitted only in files that make one. Defined
+  // in var.hpp, with Var: include that (or graph/graph.hpp's users' var.hpp)
+  // where an op is made.
   inline virtual std::vector<std::optional<Var>> backward(const BackwardArgs& args) const;
   virtual Cost cost(std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs) const {
     double bytes = 0;
@@ -90,7 +92,3 @@ class TransferOp : public Op {
 };
 
 }  // namespace frugal
-
-// Op::backward (declared inline above) is defined with Var, in var.hpp: any
-// file that sees Op sees its definition too.
-#include "var.hpp"

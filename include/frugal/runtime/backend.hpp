@@ -12,7 +12,7 @@
 #include <typeindex>
 
 #include "../graph/kernel_queries.hpp"
-#include "../graph/op.hpp"
+#include "../graph/var.hpp"  // Op, and Op::backward's definition
 
 namespace frugal {
 
