@@ -24,12 +24,15 @@ inline DeviceProfile machine_profile(Backend& backend, int threads, const std::s
   return it->second;
 }
 
-
 // The rates a budget solve prices its choices with, and whose they are.
 struct Pricing {
   std::shared_ptr<plan::CostModel> model;
   std::string source;
 };
+inline Pricing builtin_pricing(const Backend& backend, const CompileOptions& o) {
+  return {std::make_shared<plan::CostModel>(DeviceProfile::defaults(backend.name(), step_threads(o))),
+          cat("frugal's built-in ", backend.name(), " rates (CompileOptions::calibrate measures this machine's)")};
+}
 inline Pricing pricing_for(Backend& backend, const Budget& budget, const CompileOptions& o) {
   if (o.profile) return {std::make_shared<plan::CostModel>(*o.profile), "the DeviceProfile given in CompileOptions::profile"};
   if (const char* forced = std::getenv("FRUGAL_PROFILE"); forced && *forced)
@@ -37,16 +40,15 @@ inline Pricing pricing_for(Backend& backend, const Budget& budget, const Compile
   if (o.calibrate)
     return {std::make_shared<plan::CostModel>(machine_profile(backend, step_threads(o), budget.nvme_dir)),
             "this machine's measured rates (CompileOptions::calibrate; cached per machine)"};
-  return {std::make_shared<plan::CostModel>(DeviceProfile::defaults(backend.name(), step_threads(o))),
-          cat("frugal's built-in ", backend.name(), " rates (CompileOptions::calibrate measures this machine's)")};
+  return builtin_pricing(backend, o);
 }
 
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
   auto start = plan::plan_unconstrained(*p.c.graph, p.roots, o.plan);
   const bool binding = budget.device > 0 && start.plan.total_bytes() > budget.device;
-  Pricing pricing = binding ? pricing_for(*p.backend, budget, o)
-                            : Pricing{std::make_shared<plan::CostModel>(DeviceProfile::defaults(p.backend->name(), step_threads(o))),
-                                      cat("frugal's built-in ", p.backend->name(), " rates")};
+  // An unconstrained plan makes no choice; its predicted time is priced at
+  // the built-in rates, measuring nothing.
+  Pricing pricing = binding ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);
   auto solved = plan::solve_budget(p.c.graph, p.roots, budget, plan::prices_from(pricing.model), o.plan, std::move(start));
   p.c.graph = std::move(solved.graph);
   if (binding) p.prices = pricing.model;
