@@ -9,9 +9,14 @@
 // applies for you: -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 // (none of them changes a computed bit; they let GCC vectorise). Flags that
 // change results are refused here.
+//
+// Include it before any other frugal header in that file: the kernels it
+// compiles are kept apart from copies other files compile
+// (backend/cpu/abi.hpp).
 #if defined(__FAST_MATH__)
 #error "frugal's kernels must not be compiled with -ffast-math (or -Ofast): it changes their results. Compile the file that includes <frugal/kernels.hpp> without it, or use frugal_add_kernels(target) in CMake."
 #endif
+#define FRUGAL_KERNEL_UNIT 1
 #include "backend/cpu/units/attention.hpp"
 #include "backend/cpu/units/conv.hpp"
 #include "backend/cpu/units/elementwise.hpp"

@@ -3,9 +3,17 @@
 // -O3 -ffast-math -march=native) and compares what they write. Both link the
 // same kernels, compiled once with frugal's own flags, so the user's flags
 // must not change one bit of the losses or the trained parameters.
+//
+// The file also calls the CPU layer-norm kernel directly, as a test or a
+// benchmark may: the program then holds a copy of that kernel compiled with
+// its own flags (the kernel unit calls its copy out of line), which the
+// linker must not keep for the step's layer norm (backend/cpu/abi.hpp keeps
+// the two apart).
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <frugal/frugal.hpp>
+#include <frugal/backend/cpu/layer_norm.hpp>
 #include <string>
 
 using namespace frugal;
@@ -40,12 +48,33 @@ void fill_exact(Tensor& t, std::uint64_t salt) {
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = exact_value(std::uint64_t(i) * 7 + salt);
 }
 
+// The layer-norm kernel, run directly on a few rows (compiled with this
+// file's flags): each normalised row sums to about 0.
+float direct_layer_norm_sum() {
+  Tensor x({4, 32}), y({4, 32}), mean({4}), rstd({4});
+  fill_exact(x, 5);
+  TensorRef in{x.raw(), DType::f32, &x.shape()};
+  TensorRef out[] = {{y.raw(), DType::f32, &y.shape()}, {mean.raw(), DType::f32, &mean.shape()},
+                     {rstd.raw(), DType::f32, &rstd.shape()}};
+  KernelArgs args{std::span<const TensorRef>(&in, 1), std::span<const TensorRef>(out, 3)};
+  // Through a pointer, so this file emits its own out-of-line copy.
+  void (*volatile kernel)(const ops::LayerNorm&, const KernelArgs&) = &cpu::layer_norm_kernel;
+  kernel(ops::LayerNorm(1e-5, false, false), args);
+  float s = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) s += y.data<float>()[i];
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s OUTPUT\n", argv[0]);
     return 2;
+  }
+  if (!(std::abs(direct_layer_norm_sum()) < 1e-3f)) {
+    std::fprintf(stderr, "the directly called layer-norm kernel's rows do not sum to 0\n");
+    return 1;
   }
   Net net;
   std::uint64_t salt = 1;

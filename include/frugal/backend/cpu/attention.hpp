@@ -30,7 +30,9 @@
 #include "parallel.hpp"
 #include "row_math.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 inline constexpr std::int64_t kAttnBq = 32;  // query rows per tile
 inline constexpr std::int64_t kAttnBk = 64;  // keys per tile

@@ -10,7 +10,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 namespace bn_detail {
 

@@ -7,7 +7,9 @@
 
 #include "../../core/error.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // BLAS takes sizes and strides as blasint (32-bit in Debian's OpenBLAS): a
 // value that does not fit would wrap into a wrong (or negative) size, so it

@@ -5,7 +5,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 inline void cast_kernel(const ops::Cast& op, const KernelArgs& a) {
   dispatch_storage(a.in[0].dtype, "cast", [&](auto from) {

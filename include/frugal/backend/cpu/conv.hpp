@@ -29,7 +29,9 @@
 #include "conv_scratch.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 namespace conv_detail {
 

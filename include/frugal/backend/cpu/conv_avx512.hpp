@@ -32,7 +32,9 @@
 #define FRUGAL_CONV_AVX512 0
 #endif
 
-namespace frugal::cpu::conv_fast {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::conv_fast {
 
 inline constexpr int MR = 8;    // tile rows
 inline constexpr int NR = 32;   // tile columns: two 16-float vectors

@@ -6,7 +6,9 @@
 
 #include "../../ops/conv.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 using ops::ConvGeometry;
 

@@ -16,7 +16,9 @@
 #include "../../ops/cast.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 namespace bulk {
 

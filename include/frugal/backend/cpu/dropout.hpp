@@ -5,7 +5,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // y may be x (in place): element i is read before it is written.
 inline void dropout_kernel(const ops::DropoutOp& op, const KernelArgs& a) {

@@ -8,7 +8,9 @@
 #include "parallel.hpp"
 #include "strided.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 template <class F>
 void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {

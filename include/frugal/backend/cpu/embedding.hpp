@@ -6,7 +6,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // Every id in [0, rows), checked before any thread starts: an exception must
 // not leave an OpenMP region, and nothing reads past the table.

@@ -13,7 +13,9 @@
 #include "parallel.hpp"
 #include "strided.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 namespace detail {
 

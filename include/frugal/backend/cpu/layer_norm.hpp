@@ -12,7 +12,9 @@
 #include "parallel.hpp"
 #include "row_math.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // y may be x (in place): each y[j] is written from x[j] alone, after the
 // row statistics have been read.

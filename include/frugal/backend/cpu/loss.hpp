@@ -7,7 +7,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 template <class L>
 void check_labels(const L* labels, std::int64_t positions, std::int64_t classes) {

@@ -7,7 +7,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 inline void non_finite_check_kernel(const ops::NonFiniteCheck&, const KernelArgs& a) {
   const double inv = 1.0 / double(a.in[0].as<float>()[0]);

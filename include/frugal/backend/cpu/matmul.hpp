@@ -8,7 +8,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // Where a bf16/f16 product keeps the f32 images of its operands and its
 // result inside the workspace: [A | B | C], each at an aligned offset.

@@ -3,7 +3,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // A guarded update's guard inputs (ops/optimizer_updates.hpp), read at
 // in[first..first+2]: whether to skip, 1/scale, and this step's number.

@@ -10,7 +10,9 @@
 #include "../../core/error.hpp"
 #include "../../ops/cast.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // Below this many elements a parallel region costs more than it saves.
 inline constexpr std::int64_t kParallelGrain = 1 << 15;

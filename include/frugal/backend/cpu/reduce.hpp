@@ -8,7 +8,9 @@
 #include "parallel.hpp"
 #include "strided.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // out[o, i] = sum_r x[o, r, i], summed in r order in f64 (for f32, bf16 and
 // f16 too), rounded once on store.

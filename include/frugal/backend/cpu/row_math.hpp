@@ -5,7 +5,9 @@
 // result is the same bits wherever the row sits and however many threads run.
 #include <cstdint>
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 inline constexpr int kLanes = 8;
 

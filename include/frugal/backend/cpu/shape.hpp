@@ -6,7 +6,9 @@
 #include "parallel.hpp"
 #include "strided.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 inline void reshape_kernel(const ops::Reshape&, const KernelArgs& a) {
   std::size_t bytes = std::size_t(a.in[0].numel()) * dtype_size(a.in[0].dtype);

@@ -8,7 +8,9 @@
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 struct AxisView {
   std::int64_t outer = 1, n = 1, inner = 1;

@@ -5,7 +5,9 @@
 
 #include "../../core/shape.hpp"
 
-namespace frugal::cpu {
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 inline constexpr int kMaxRank = 8;
 
