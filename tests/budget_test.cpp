@@ -290,8 +290,8 @@ TEST_CASE("plans record each decision with its reason", "[budget]") {
   CHECK_THAT(plan::summary(*ps.graph, ps.plan), Catch::Contains("decisions:"));
 }
 
-TEST_CASE("measured op times refine the cost model: a step whose prediction is far off re-plans once, in its arena, "
-          "unchanged in bits",
+TEST_CASE("measured op times refine the cost model: a step whose prediction is far off re-plans at most once, in "
+          "its arena, unchanged in bits",
           "[budget][replan]") {
   // A GPT at 3/4 of its memory whose re-plan (with real prices) needs less
   // arena than the first plan: it runs in the arena reserved at compile.
@@ -320,13 +320,23 @@ TEST_CASE("measured op times refine the cost model: a step whose prediction is f
       auto batch = w.batch(std::uint64_t(s + 1));
       losses.push_back(step.run(batch[0], batch[1]));
     }
-    CHECK(step.replans() == 1);
     CHECK(step.measured_step_ms() > 0);
     CHECK(plan::prediction_is_off(predicted, step.measured_step_ms()));
-    CHECK(std::abs(step.plan().predicted_step_ms - step.measured_step_ms()) <
-          std::abs(predicted - step.measured_step_ms()));
+    // The re-plan is solved with the measured times, so whether it fits the
+    // arena reserved at compile depends on this run's timings (in most runs
+    // here it does). Taken, it is at most one, priced closer to the
+    // measurement and inside the arena; refused, the first plan runs on.
+    // Either way nothing is allocated again and no bit changes.
+    // (plan_test checks the taking and the refusal without timings.)
+    CHECK(step.replans() <= 1);
+    if (step.replans() == 1) {
+      CHECK(std::abs(step.plan().predicted_step_ms - step.measured_step_ms()) <
+            std::abs(predicted - step.measured_step_ms()));
+      CHECK(step.plan().arena_bytes <= first_arena);
+    } else {
+      CHECK(step.plan().predicted_step_ms == predicted);
+    }
     CHECK(step.plan().total_bytes() <= budget);
-    CHECK(step.plan().arena_bytes <= first_arena);
     // The arena was allocated once, at compile, and never again.
     CHECK(counting::allocations == 1);
     CHECK(counting::deallocations == 0);
