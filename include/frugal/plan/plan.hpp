@@ -66,7 +66,6 @@ struct Plan {
   std::size_t unconstrained_bytes = 0; // the device bytes without any eviction
   double predicted_step_ms = 0;        // the cost model's step time
   std::string priced_with;             // whose rates priced the budget's choices (said in the summary)
-  std::string backend;                 // the backend whose kernels sized the scratch space
   std::size_t count(plan::Choice c) const {
     std::size_t n = 0;
     for (auto& d : decisions) n += d.choice == c;

@@ -76,7 +76,6 @@ class KernelTable {
     auto it = table_.find(std::type_index(typeid(op)));
     return it == table_.end() ? nullptr : &it->second;
   }
-  std::size_t size() const { return table_.size(); }
 
  private:
   std::map<std::type_index, KernelEntry> table_;

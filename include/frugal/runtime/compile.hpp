@@ -2,7 +2,6 @@
 // capture -> autograd -> optimizer ops -> plan -> Step.
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <omp.h>
 
 #include "../graph/capture.hpp"

@@ -53,7 +53,6 @@ Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
   p.c.graph = std::move(solved.graph);
   if (binding) p.prices = pricing.model;
   solved.plan.priced_with = pricing.source;
-  solved.plan.backend = p.backend->name();
   if (o.verify) {
     auto report = plan::verify(*p.c.graph, solved.plan, p.roots);
     if (!report.ok()) fail("internal error: the planner produced a plan its verifier rejects:\n", report.str());
