@@ -568,9 +568,12 @@ TEST_CASE("compile under a binding budget measures nothing, writes no file and m
   CHECK_FALSE(s.plan().decisions.empty());
   CHECK(std::filesystem::is_empty(cache));  // no calibration was cached: none ran
   CHECK_THAT(s.summary(), Catch::Contains("priced with frugal's built-in cpu rates"));
-  // Asked for, calibration runs, is cached and is said.
+  // Asked for, calibration runs, is cached and is said. The budget binds by
+  // one byte: the smallest feasible budget under this machine's measured
+  // rates differs from the built-in one (issue 13), but no pricing puts it
+  // within a byte of the unconstrained step.
   o.calibrate = true;
-  Step measured = compile(fn, in, opt, Budget{.device = (least + full) / 2}, o);
+  Step measured = compile(fn, in, opt, Budget{.device = full - 1}, o);
   CHECK_FALSE(std::filesystem::is_empty(cache));
   CHECK_THAT(measured.summary(), Catch::Contains("priced with this machine's measured rates"));
   old_cache ? ::setenv("FRUGAL_CACHE_DIR", saved_cache.c_str(), 1) : ::unsetenv("FRUGAL_CACHE_DIR");
