@@ -21,6 +21,7 @@
 
 #include <frugal/core/bytes.hpp>
 #include <frugal/plan/budget_exact.hpp>
+#include <frugal/plan/budget_solve.hpp>
 
 using namespace frugal;
 using plan::BudgetProblem;

@@ -10,6 +10,7 @@
 //
 //   estimate [--quick]            the table (markdown) and a summary line
 //   estimate --child F L W B D T  one configuration (internal)
+#include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -9,6 +9,7 @@
 //   g++ -std=c++20 -O3 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/gpt_step.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/gpt_step
 //   /tmp/gpt_step [--threads 2] [--steps 30] [--warmup 3] [--profile]
+#include <omp.h>
 #include <time.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <frugal/frugal.hpp>
+#include <frugal/runtime/executor.hpp>
 #include <map>
 #include <string>
 #include <vector>

@@ -13,6 +13,7 @@
 // frugal's kernel picks, and frugal's bf16 path. Timings are the best of 15
 // rounds, the strategies interleaved round by round, so load from other
 // processes on a shared machine hits them alike.
+#include <omp.h>
 #include <array>
 #include <chrono>
 #include <functional>

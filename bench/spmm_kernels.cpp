@@ -10,6 +10,7 @@
 //
 // Each kernel is timed in rounds (every kernel once per round, so machine
 // noise hits them alike); the table shows the minimum and the median.
+#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -3,8 +3,8 @@
 # <target>.
 #
 # Including <frugal/frugal.hpp> compiles no kernel. The kernels live in
-# headers; the units that compile them are include/frugal/backend/units/,
-# backend/cpu/units/ and runtime/units/ (nothing prebuilt is
+# headers; the units that compile them are the headers in include/frugal's
+# units/ folders (backend/cpu/units/, runtime/units/, ...; nothing prebuilt is
 # installed); this helper compiles each unit in its own translation unit, so
 # they build in parallel, into one object library per project
 # (frugal_kernels) that every target of the project links: the kernels are
@@ -41,9 +41,8 @@ function(_frugal_make_kernels lib)
     get_filename_component(FRUGAL_KERNELS_INCLUDE_DIR "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../../../include" ABSOLUTE)  # installed
   endif()
   file(GLOB _units RELATIVE "${FRUGAL_KERNELS_INCLUDE_DIR}"
-       "${FRUGAL_KERNELS_INCLUDE_DIR}/frugal/backend/units/*.hpp"
-       "${FRUGAL_KERNELS_INCLUDE_DIR}/frugal/backend/cpu/units/*.hpp"
-       "${FRUGAL_KERNELS_INCLUDE_DIR}/frugal/runtime/units/*.hpp")
+       "${FRUGAL_KERNELS_INCLUDE_DIR}/frugal/*/units/*.hpp"
+       "${FRUGAL_KERNELS_INCLUDE_DIR}/frugal/*/*/units/*.hpp")
   if(NOT _units)
     message(FATAL_ERROR "frugal_add_kernels: no kernel units under ${FRUGAL_KERNELS_INCLUDE_DIR}/frugal/backend")
   endif()

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <frugal/plan/budget_exact.hpp>
+#include <frugal/plan/budget_solve.hpp>
 
 // Whether glpk.h is installed must not matter: only FRUGAL_HAVE_GLPK, which
 // the build defines together with linking glpk, brings GLPK in.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <frugal/frugal.hpp>
+#include <frugal/plan/budget_solve.hpp>
 
 #include "../tools/model_zoo.hpp"
 #include "counting_backend.hpp"

@@ -6,6 +6,7 @@
 // Notation for the bounds: u is the unit roundoff of the 16-bit format,
 // 2^-8 for bf16 (8 significant bits) and 2^-11 for f16 (11 bits). Rounding
 // to nearest moves a value in the normal range by at most u |x|.
+#include <omp.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>

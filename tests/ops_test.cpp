@@ -3,6 +3,7 @@
 // ops raise on bad shapes and bad labels. See op_harness.hpp for the method
 // and the tolerances.
 #include "op_harness.hpp"
+#include <omp.h>
 #include <frugal/backend/cpu/blas.hpp>  // the GEMM wrapper itself
 
 using namespace optest;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <frugal/frugal.hpp>
+#include <frugal/runtime/executor.hpp>
 #include <new>
 
 #include "../samples/common/plot.hpp"

@@ -1,5 +1,6 @@
 // capture -> autograd -> plan -> run, end to end: training, determinism,
 // the arena, optimizers against their reference rules, and errors.
+#include <omp.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>

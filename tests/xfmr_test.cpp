@@ -3,6 +3,7 @@
 // scatter_add) and the nn layers built on them. Each op: forward in f32 and
 // f64 against the float64 references in reference_xfmr.hpp, backward against
 // central finite differences (op_harness.hpp), edge shapes, and its errors.
+#include <omp.h>
 #include <cstring>
 #include <span>
 

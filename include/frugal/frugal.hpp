@@ -10,7 +10,6 @@
 #include "core/xml.hpp"
 #include "graph/capture.hpp"
 #include "ops/all.hpp"
-#include "plan/budget_solve.hpp"
 #include "plan/estimate.hpp"
 #include "plan/plan.hpp"
 #include "plan/report.hpp"

@@ -28,6 +28,7 @@ struct MultiHeadAttentionOptions {
 
 class MultiHeadAttention : public Layer {
  public:
+  ~MultiHeadAttention() override;
   MultiHeadAttention(std::int64_t d, std::int64_t heads, MultiHeadAttentionOptions o = {})
       : qkv(d, 3 * d, {.bias = o.bias, .dtype = o.dtype}),
         proj(d, d, {.bias = o.bias, .dtype = o.dtype}),

@@ -18,6 +18,7 @@ struct BatchNormOptions {
 // twice); in eval mode it normalises with the buffers.
 class BatchNorm2d : public Layer {
  public:
+  ~BatchNorm2d() override;
   explicit BatchNorm2d(std::int64_t num_features, BatchNormOptions o = {}) : c_(num_features), o_(o) {
     if (num_features <= 0) fail<ShapeError>("nn::BatchNorm2d: num_features must be positive, got ", num_features);
     if (o.dtype != DType::f32 && o.dtype != DType::f64)

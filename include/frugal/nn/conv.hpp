@@ -43,6 +43,7 @@ inline void conv_default_init(Tensor& weight, Tensor* bias, std::int64_t fan_in)
 // [out, in/groups, kH, kW], optional bias [out].
 class Conv2d : public Layer {
  public:
+  ~Conv2d() override;
   Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, Conv2dLayerOptions o = {})
       : in_(in_channels), out_(out_channels), conv_{o.stride, o.padding, o.dilation, o.groups} {
     if (in_channels <= 0 || out_channels <= 0 || kernel_size.h <= 0 || kernel_size.w <= 0 || o.groups <= 0)

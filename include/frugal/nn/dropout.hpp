@@ -41,6 +41,7 @@ namespace frugal::nn {
 // Respects train()/eval(): the identity in evaluation mode.
 class Dropout : public Layer {
  public:
+  ~Dropout() override;
   explicit Dropout(double p = 0.5) : p_(p) { ops::check_dropout_p(p); }
   Var forward(Var x) override { return frugal::dropout(x, p_, is_training()); }
   double p() const { return p_; }

@@ -24,6 +24,7 @@ struct EmbeddingOptions {
 // A table of `num` vectors of size `dim`; forward(ids) looks them up.
 class Embedding : public Layer {
  public:
+  ~Embedding() override;
   Embedding(std::int64_t num, std::int64_t dim, EmbeddingOptions o = {}) : num_(num), dim_(dim) {
     if (num <= 0 || dim <= 0) fail<ShapeError>("nn::Embedding: sizes must be positive, got num=", num, " dim=", dim);
     weight = register_parameter("weight", Tensor({num, dim}, o.dtype));

@@ -26,6 +26,7 @@ struct GptConfig {
 
 class Gpt : public Module {
  public:
+  ~Gpt() override;
   explicit Gpt(GptConfig c = {})
       : c_(c),
         tok(c.vocab, c.d_model, {c.dtype}),

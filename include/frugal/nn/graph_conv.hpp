@@ -51,6 +51,7 @@ struct GraphConvOptions {
 // PyTorch Geometric.
 class GCNConv : public Module {
  public:
+  ~GCNConv() override;
   GCNConv(std::int64_t in_features, std::int64_t out_features, GraphConvOptions o = {})
       : lin(in_features, out_features, {.bias = false, .dtype = o.dtype}) {
     register_module("lin", lin);
@@ -84,6 +85,7 @@ class GCNConv : public Module {
 // bias, "lin_r" none; both start as PyTorch's Linear does.
 class SAGEConv : public Module {
  public:
+  ~SAGEConv() override;
   SAGEConv(std::int64_t in_features, std::int64_t out_features, GraphConvOptions o = {})
       : lin_l(in_features, out_features, {.bias = o.bias, .dtype = o.dtype}),
         lin_r(in_features, out_features, {.bias = false, .dtype = o.dtype}) {
@@ -115,6 +117,7 @@ class SAGEConv : public Module {
 // "lin2.bias".
 class Gcn : public Module {
  public:
+  ~Gcn() override;
   Gcn(std::int64_t in_features, std::int64_t hidden, std::int64_t classes, DType dtype = DType::f32)
       : lin1(in_features, hidden, {.dtype = dtype}), lin2(hidden, classes, {.dtype = dtype}) {
     register_module("lin1", lin1);

@@ -14,6 +14,7 @@ struct LayerNormOptions {
 // torch.nn.LayerNorm(d) over the last dimension: weight 1, bias 0.
 class LayerNorm : public Layer {
  public:
+  ~LayerNorm() override;
   explicit LayerNorm(std::int64_t d, LayerNormOptions o = {}) : d_(d), eps_(o.eps) {
     if (d <= 0) fail<ShapeError>("nn::LayerNorm: the normalized dimension must be positive, got ", d);
     if (o.elementwise_affine) {

@@ -13,6 +13,7 @@ struct LinearOptions {
 // y = x Wᵀ + b, W of shape [out, in], initialised as PyTorch does.
 class Linear : public Layer {
  public:
+  ~Linear() override;
   Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions o = {})
       : in_(in_features), out_(out_features) {
     if (in_features <= 0 || out_features <= 0)

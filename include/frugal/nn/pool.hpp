@@ -7,6 +7,7 @@ namespace frugal::nn {
 // torch.nn.MaxPool2d (floor mode, no dilation); stride defaults to the kernel.
 class MaxPool2d : public Layer {
  public:
+  ~MaxPool2d() override;
   explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0)
       : k_(kernel_size), s_(stride), p_(padding) {}
   Var forward(Var x) override { return max_pool2d(x, k_, s_, p_); }
@@ -20,6 +21,7 @@ class MaxPool2d : public Layer {
 // torch.nn.AvgPool2d (floor mode); stride defaults to the kernel.
 class AvgPool2d : public Layer {
  public:
+  ~AvgPool2d() override;
   explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
                      bool count_include_pad = true)
       : k_(kernel_size), s_(stride), p_(padding), include_pad_(count_include_pad) {}
@@ -35,6 +37,7 @@ class AvgPool2d : public Layer {
 // nn.AdaptiveAvgPool2d(1) followed by flatten(1): [N, C, H, W] -> [N, C].
 class GlobalAvgPool2d : public Layer {
  public:
+  ~GlobalAvgPool2d() override;
   Var forward(Var x) override { return global_avg_pool2d(x); }
 };
 

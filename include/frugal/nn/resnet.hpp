@@ -29,6 +29,7 @@ inline std::shared_ptr<Sequential> projection(std::int64_t in, std::int64_t out,
 // Two 3x3 convolutions with BatchNorm; out = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
 class BasicBlock : public Layer {
  public:
+  ~BasicBlock() override;
   static constexpr std::int64_t expansion = 1;
   BasicBlock(std::int64_t in, std::int64_t planes, std::int64_t stride = 1)
       : conv1(in, planes, 3, {.stride = stride, .padding = 1, .bias = false}),
@@ -58,6 +59,7 @@ class BasicBlock : public Layer {
 // out = relu(bn3(conv3(...)) + shortcut(x)).
 class Bottleneck : public Layer {
  public:
+  ~Bottleneck() override;
   static constexpr std::int64_t expansion = 4;
   Bottleneck(std::int64_t in, std::int64_t planes, std::int64_t stride = 1)
       : conv1(in, planes, 1, {.bias = false}),

@@ -9,6 +9,7 @@ namespace frugal::nn {
 // Layers applied in order; submodules are named "0", "1", ... as in PyTorch.
 class Sequential : public Layer {
  public:
+  ~Sequential() override;
   Sequential() = default;
   Sequential(std::initializer_list<std::shared_ptr<Layer>> layers) {
     for (auto& l : layers) push_back(l);

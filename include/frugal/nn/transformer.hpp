@@ -21,6 +21,7 @@ struct MlpOptions {
 // Linear(d, hidden) - GELU - Linear(hidden, d); submodules "fc" and "fc_proj".
 class Mlp : public Layer {
  public:
+  ~Mlp() override;
   Mlp(std::int64_t d, std::int64_t hidden, MlpOptions o = {})
       : fc(d, hidden, {.dtype = o.dtype}), fc_proj(hidden, d, {.dtype = o.dtype}), o_(o) {
     ops::check_dropout_p(o.dropout);
@@ -50,6 +51,7 @@ struct TransformerBlockOptions {
 // names match its state_dict: ln1, attn.qkv, attn.proj, ln2, fc, fc_proj.
 class TransformerBlock : public Layer {
  public:
+  ~TransformerBlock() override;
   TransformerBlock(std::int64_t d, std::int64_t heads, TransformerBlockOptions o = {})
       : ln1(d, {.eps = o.eps, .dtype = o.dtype}),
         attn(d, heads, {.dropout = o.dropout, .dtype = o.dtype}),

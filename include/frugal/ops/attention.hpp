@@ -70,6 +70,7 @@ inline std::vector<std::int64_t> attention_lse_dims(const Shape& q) {
 // Inputs (q, k, v, o, lse, do) -> (dq, dk, dv).
 class CausalAttentionGrad final : public Op {
  public:
+  ~CausalAttentionGrad() override;
   explicit CausalAttentionGrad(double scale) : scale_(scale) {}
   double scale() const { return scale_; }
   std::string name() const override { return "causal_attention_grad"; }
@@ -100,6 +101,7 @@ class CausalAttentionGrad final : public Op {
 
 class CausalAttention final : public Op {
  public:
+  ~CausalAttention() override;
   // scale <= 0 means 1/sqrt(head_dim).
   explicit CausalAttention(double scale = 0) : scale_(scale) {}
   double scale_for(std::int64_t hd) const { return scale_ > 0 ? scale_ : 1.0 / std::sqrt(double(hd)); }
@@ -168,6 +170,7 @@ inline std::vector<TensorMeta> qkv_outputs(const TensorMeta& qkv, const QkvDims&
 // Inputs (qkv, o, lse, do) -> dqkv.
 class CausalAttentionQkvGrad final : public Op {
  public:
+  ~CausalAttentionQkvGrad() override;
   CausalAttentionQkvGrad(std::int64_t heads, double scale) : heads_(heads), scale_(scale) {}
   std::int64_t heads() const { return heads_; }
   double scale() const { return scale_; }
@@ -197,6 +200,7 @@ class CausalAttentionQkvGrad final : public Op {
 // Inputs (qkv [..., T, 3d]) -> (o [..., T, d], lse [..., H, T]).
 class CausalAttentionQkv final : public Op {
  public:
+  ~CausalAttentionQkv() override;
   // scale <= 0 means 1/sqrt(head_dim).
   explicit CausalAttentionQkv(std::int64_t heads, double scale = 0) : heads_(heads), scale_(scale) {}
   std::int64_t heads() const { return heads_; }

@@ -35,6 +35,7 @@ inline std::int64_t batch_norm_count(const Shape& x) { return x[0] * x[2] * x[3]
 // eval mode (mean and var are constants).
 class BatchNorm2dBackward final : public Op {
  public:
+  ~BatchNorm2dBackward() override;
   BatchNorm2dBackward(double eps, bool training) : eps_(eps), training_(training) {}
   double eps() const { return eps_; }
   bool training() const { return training_; }
@@ -60,6 +61,7 @@ class BatchNorm2dBackward final : public Op {
 // y = (x - mean) / sqrt(var + eps) * gamma + beta.
 class BatchNorm2dTrain final : public Op {
  public:
+  ~BatchNorm2dTrain() override;
   explicit BatchNorm2dTrain(double eps) : eps_(eps) {}
   double eps() const { return eps_; }
   std::string name() const override { return "batch_norm2d"; }
@@ -92,6 +94,7 @@ class BatchNorm2dTrain final : public Op {
 // the running statistics.
 class BatchNorm2dEval final : public Op {
  public:
+  ~BatchNorm2dEval() override;
   explicit BatchNorm2dEval(double eps) : eps_(eps) {}
   double eps() const { return eps_; }
   std::string name() const override { return "batch_norm2d_eval"; }
@@ -123,6 +126,7 @@ class BatchNorm2dEval final : public Op {
 // with n the values per channel, and num_batches_tracked += 1.
 class BatchNormUpdateStats final : public Op {
  public:
+  ~BatchNormUpdateStats() override;
   BatchNormUpdateStats(double momentum, std::int64_t count, bool with_counter)
       : momentum_(momentum), count_(count), counter_(with_counter) {}
   double momentum() const { return momentum_; }

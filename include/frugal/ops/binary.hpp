@@ -62,3 +62,11 @@ std::vector<std::optional<Var>> ops::Binary<F>::backward(const BackwardArgs& arg
 }
 
 }  // namespace frugal
+
+// Compiled once per program, in ops/units/ops.hpp.
+namespace frugal::ops {
+extern template class Binary<math::Add>;
+extern template class Binary<math::Sub>;
+extern template class Binary<math::Mul>;
+extern template class Binary<math::Div>;
+}  // namespace frugal::ops

@@ -79,6 +79,7 @@ inline void expect_float_storage(const std::string& op, const TensorMeta& m) {
 // x's dtype.
 class Cast final : public Op {
  public:
+  ~Cast() override;
   explicit Cast(DType to) : to_(to) {}
   DType to() const { return to_; }
   std::string name() const override { return "cast"; }

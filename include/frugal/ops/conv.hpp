@@ -88,6 +88,7 @@ class Conv2dBackwardWeight;
 // Inputs (x, w[, b]) -> y [N, Cout, Ho, Wo].
 class Conv2d final : public Op {
  public:
+  ~Conv2d() override;
   Conv2d(Conv2dOptions o, bool has_bias) : o_(o), has_bias_(has_bias) {}
   const Conv2dOptions& options() const { return o_; }
   bool has_bias() const { return has_bias_; }
@@ -124,6 +125,7 @@ class Conv2d final : public Op {
 // since several input sizes give the same output size.
 class Conv2dBackwardData final : public Op {
  public:
+  ~Conv2dBackwardData() override;
   Conv2dBackwardData(Conv2dOptions o, Shape x_shape) : o_(o), x_(std::move(x_shape)) {}
   const Conv2dOptions& options() const { return o_; }
   std::string name() const override { return "conv2d_backward_data"; }
@@ -152,6 +154,7 @@ class Conv2dBackwardData final : public Op {
 // weight (GEMM dy·colᵀ, summed over the batch in image order) and bias.
 class Conv2dBackwardWeight final : public Op {
  public:
+  ~Conv2dBackwardWeight() override;
   Conv2dBackwardWeight(Conv2dOptions o, Shape w_shape, bool with_bias)
       : o_(o), w_(std::move(w_shape)), with_bias_(with_bias) {}
   const Conv2dOptions& options() const { return o_; }

@@ -40,6 +40,7 @@ inline void check_dropout_p(double p) {
 // class serves both; `grad` only changes its name.
 class DropoutOp : public Op {
  public:
+  ~DropoutOp() override;
   DropoutOp(double p, std::uint64_t key) : p_(p), key_(key) { check_dropout_p(p); }
   double p() const { return p_; }
   std::uint64_t key() const { return key_; }
@@ -61,6 +62,7 @@ class DropoutOp : public Op {
 // Inputs (dy) -> dx = dy * mask / (1 - p), the forward's mask regenerated.
 class DropoutGrad final : public DropoutOp {
  public:
+  ~DropoutGrad() override;
   using DropoutOp::DropoutOp;
   std::string name() const override { return "dropout_grad"; }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
@@ -70,6 +72,7 @@ class DropoutGrad final : public DropoutOp {
 
 class Dropout final : public DropoutOp {
  public:
+  ~Dropout() override;
   using DropoutOp::DropoutOp;
   std::string name() const override { return "dropout"; }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {

@@ -23,6 +23,7 @@ inline std::string index_str(std::int64_t flat, const Shape& shape) {
 // Inputs (ids, dy [..., D]) -> dtable [rows, D].
 class EmbeddingGrad final : public Op {
  public:
+  ~EmbeddingGrad() override;
   explicit EmbeddingGrad(std::int64_t rows) : rows_(rows) {}
   std::int64_t rows() const { return rows_; }
   std::string name() const override { return "embedding_grad"; }
@@ -44,6 +45,7 @@ class EmbeddingGrad final : public Op {
 // Inputs (ids [...], table [V, D]) -> [..., D].
 class Embedding final : public Op {
  public:
+  ~Embedding() override;
   std::string name() const override { return "embedding"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);

@@ -7,6 +7,7 @@ namespace frugal::ops {
 // reads). Autograd seeds the backward sweep with fill_like(loss, 1).
 class FillLike final : public Op {
  public:
+  ~FillLike() override;
   explicit FillLike(double value) : value_(value) {}
   double value() const { return value_; }
   std::string name() const override { return "fill_like"; }

@@ -44,6 +44,7 @@ inline int expect_axis(const std::string& op, const Shape& s, int axis) {
 // the pieces no gradient reached, without materialising them.
 class Concat final : public Op {
  public:
+  ~Concat() override;
   static constexpr std::int64_t kInput = -1;
   Concat(int axis, std::vector<std::int64_t> pieces) : axis_(axis), pieces_(std::move(pieces)) {}
   int axis() const { return axis_; }
@@ -79,6 +80,7 @@ class Concat final : public Op {
 
 class Split final : public Op {
  public:
+  ~Split() override;
   Split(int axis, std::vector<std::int64_t> sizes) : axis_(axis), sizes_(std::move(sizes)) {}
   int axis() const { return axis_; }
   const std::vector<std::int64_t>& sizes() const { return sizes_; }
@@ -138,6 +140,7 @@ struct SliceRange {
 
 class SliceBase : public Op {
  public:
+  ~SliceBase() override;
   SliceBase(int axis, std::int64_t start, std::int64_t end, std::int64_t step)
       : axis_(axis), start_(start), end_(end), step_(step) {}
   int axis() const { return axis_; }
@@ -161,6 +164,7 @@ class SliceBase : public Op {
 // with dy at the sliced positions.
 class SliceGrad final : public SliceBase {
  public:
+  ~SliceGrad() override;
   SliceGrad(int axis, std::int64_t start, std::int64_t end, std::int64_t step, std::int64_t n)
       : SliceBase(axis, start, end, step), n_(n) {}
   std::int64_t n() const { return n_; }
@@ -185,6 +189,7 @@ class SliceGrad final : public SliceBase {
 
 class Slice final : public SliceBase {
  public:
+  ~Slice() override;
   using SliceBase::SliceBase;
   std::string name() const override { return "slice"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
@@ -220,6 +225,7 @@ inline void expect_index_vector(const std::string& op, const TensorMeta& ids) {
 // src[..., k, ...], summed in k order.
 class IndexAdd final : public Op {
  public:
+  ~IndexAdd() override;
   IndexAdd(int axis, bool has_base, std::int64_t n = 0) : axis_(axis), has_base_(has_base), n_(n) {}
   int axis() const { return axis_; }
   bool has_base() const { return has_base_; }
@@ -252,6 +258,7 @@ class IndexAdd final : public Op {
 // Inputs (x, ids [m]) -> x with axis `axis` replaced by the rows ids picks.
 class IndexSelect final : public Op {
  public:
+  ~IndexSelect() override;
   explicit IndexSelect(int axis) : axis_(axis) {}
   int axis() const { return axis_; }
   std::string name() const override { return "index_select"; }
@@ -299,6 +306,7 @@ inline void expect_gather_ids(const std::string& op, const TensorMeta& x, const 
 // src must have ids' shape.
 class ScatterAdd final : public Op {
  public:
+  ~ScatterAdd() override;
   ScatterAdd(int axis, bool has_base, Shape shape = {}) : axis_(axis), has_base_(has_base), shape_(std::move(shape)) {}
   int axis() const { return axis_; }
   bool has_base() const { return has_base_; }
@@ -327,6 +335,7 @@ class ScatterAdd final : public Op {
 // (axis 1; likewise for any axis).
 class Gather final : public Op {
  public:
+  ~Gather() override;
   explicit Gather(int axis) : axis_(axis) {}
   int axis() const { return axis_; }
   std::string name() const override { return "gather"; }

@@ -34,6 +34,7 @@ inline void check_layer_norm(const std::string& op, const TensorMeta& x, const T
 // Inputs (x, mean, rstd, dy[, weight]) -> (dx[, dweight][, dbias]).
 class LayerNormGrad final : public Op {
  public:
+  ~LayerNormGrad() override;
   LayerNormGrad(bool has_weight, bool has_bias) : has_weight_(has_weight), has_bias_(has_bias) {}
   bool has_weight() const { return has_weight_; }
   bool has_bias() const { return has_bias_; }
@@ -67,6 +68,7 @@ class LayerNormGrad final : public Op {
 // Inputs (x[, weight][, bias]) -> (y, mean, rstd).
 class LayerNorm final : public Op {
  public:
+  ~LayerNorm() override;
   LayerNorm(double eps, bool has_weight, bool has_bias) : eps_(eps), has_weight_(has_weight), has_bias_(has_bias) {
     if (!(eps >= 0)) fail<ShapeError>("layer_norm: eps must be >= 0, got ", eps);
   }

@@ -23,6 +23,7 @@ inline DType loss_dtype(DType logits) { return is_half(logits) ? DType::f32 : lo
 // Inputs (logits, labels, dloss) -> dlogits = (softmax(logits) - onehot) * dloss / N.
 class CrossEntropyGrad final : public Op {
  public:
+  ~CrossEntropyGrad() override;
   std::string name() const override { return "cross_entropy_grad"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 3);
@@ -39,6 +40,7 @@ class CrossEntropyGrad final : public Op {
 // error naming the position and the value.
 class CrossEntropy final : public Op {
  public:
+  ~CrossEntropy() override;
   std::string name() const override { return "cross_entropy"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);

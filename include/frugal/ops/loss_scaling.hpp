@@ -38,6 +38,7 @@ inline void expect_scalar(const std::string& op, const char* what, const TensorM
 // g_i / scale is infinite or NaN, else 0.
 class NonFiniteCheck final : public Op {
  public:
+  ~NonFiniteCheck() override;
   std::string name() const override { return "non_finite_check"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     if (in.size() < 2) fail<ShapeError>(name(), ": expects the loss scale and at least one gradient, got ", in.size(),
@@ -62,6 +63,7 @@ struct LossScaleHyper {
 // would overflow f32).
 class UpdateLossScale final : public Op {
  public:
+  ~UpdateLossScale() override;
   explicit UpdateLossScale(std::shared_ptr<const LossScaleHyper> h) : h_(std::move(h)) {}
   const LossScaleHyper& hyper() const { return *h_; }
   std::string name() const override { return "update_loss_scale"; }
@@ -86,6 +88,7 @@ class UpdateLossScale final : public Op {
 // (SGD's momentum) see only the steps that were taken.
 class AdvanceStepCount final : public Op {
  public:
+  ~AdvanceStepCount() override;
   std::string name() const override { return "advance_step_count"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);

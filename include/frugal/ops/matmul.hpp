@@ -14,6 +14,7 @@ namespace frugal::ops {
 // axes must be equal, or one side must be a plain matrix shared by all.
 class MatMul final : public Op {
  public:
+  ~MatMul() override;
   MatMul(bool trans_a, bool trans_b) : ta_(trans_a), tb_(trans_b) {}
   bool trans_a() const { return ta_; }
   bool trans_b() const { return tb_; }
@@ -62,6 +63,7 @@ class MatMul final : public Op {
 // y = x · wᵀ + b with x [..., in], w [out, in], b [out] (PyTorch's layout).
 class Linear final : public Op {
  public:
+  ~Linear() override;
   explicit Linear(bool has_bias) : has_bias_(has_bias) {}
   bool has_bias() const { return has_bias_; }
   std::string name() const override { return "linear"; }

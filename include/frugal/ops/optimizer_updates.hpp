@@ -76,6 +76,7 @@ inline void expect_guard(const std::string& op, std::span<const TensorMeta> in, 
 // writes param and buffer.
 class SgdUpdate final : public Op {
  public:
+  ~SgdUpdate() override;
   explicit SgdUpdate(std::shared_ptr<const SgdHyper> h, bool guarded = false) : h_(std::move(h)), guarded_(guarded) {}
   const SgdHyper& hyper() const { return *h_; }
   bool guarded() const { return guarded_; }
@@ -106,6 +107,7 @@ class SgdUpdate final : public Op {
 // param, m and v.
 class AdamWUpdate final : public Op {
  public:
+  ~AdamWUpdate() override;
   explicit AdamWUpdate(std::shared_ptr<const AdamWHyper> h, bool guarded = false)
       : h_(std::move(h)), guarded_(guarded) {}
   bool guarded() const { return guarded_; }

@@ -57,6 +57,7 @@ inline PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOp
 
 class PoolOp : public Op {
  public:
+  ~PoolOp() override;
   explicit PoolOp(Pool2dOptions o) : o_(o) {}
   const Pool2dOptions& options() const { return o_; }
 
@@ -67,6 +68,7 @@ class PoolOp : public Op {
 // Inputs (x, dy) -> dx: dy routed to each window's (recomputed) argmax.
 class MaxPool2dBackward final : public PoolOp {
  public:
+  ~MaxPool2dBackward() override;
   using PoolOp::PoolOp;
   std::string name() const override { return "max_pool2d_backward"; }
   PoolGeometry geometry(const Shape& x) const { return pool_geometry("max_pool2d_backward", x, o_); }
@@ -85,6 +87,7 @@ class MaxPool2dBackward final : public PoolOp {
 // Input x -> y, the maximum of each window.
 class MaxPool2d final : public PoolOp {
  public:
+  ~MaxPool2d() override;
   using PoolOp::PoolOp;
   std::string name() const override { return "max_pool2d"; }
   PoolGeometry geometry(const Shape& x) const { return pool_geometry("max_pool2d", x, o_); }
@@ -102,6 +105,7 @@ class MaxPool2d final : public PoolOp {
 // Input dy -> dx: each window's gradient spread evenly over it.
 class AvgPool2dBackward final : public PoolOp {
  public:
+  ~AvgPool2dBackward() override;
   AvgPool2dBackward(Pool2dOptions o, bool count_include_pad, Shape x_shape)
       : PoolOp(o), include_pad_(count_include_pad), x_(std::move(x_shape)) {}
   bool count_include_pad() const { return include_pad_; }
@@ -126,6 +130,7 @@ class AvgPool2dBackward final : public PoolOp {
 // is the whole window, padding included, else only the input positions.
 class AvgPool2d final : public PoolOp {
  public:
+  ~AvgPool2d() override;
   AvgPool2d(Pool2dOptions o, bool count_include_pad) : PoolOp(o), include_pad_(count_include_pad) {}
   bool count_include_pad() const { return include_pad_; }
   std::string name() const override { return "avg_pool2d"; }
@@ -147,6 +152,7 @@ class AvgPool2d final : public PoolOp {
 // Input dy [N, C] -> dx [N, C, H, W] = dy / (H W) everywhere.
 class GlobalAvgPool2dBackward final : public Op {
  public:
+  ~GlobalAvgPool2dBackward() override;
   explicit GlobalAvgPool2dBackward(Shape x_shape) : x_(std::move(x_shape)) {}
   std::string name() const override { return "global_avg_pool2d_backward"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
@@ -164,6 +170,7 @@ class GlobalAvgPool2dBackward final : public Op {
 // Input x [N, C, H, W] -> [N, C], the mean over H and W.
 class GlobalAvgPool2d final : public Op {
  public:
+  ~GlobalAvgPool2d() override;
   std::string name() const override { return "global_avg_pool2d"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);

@@ -10,6 +10,7 @@ namespace frugal::ops {
 
 class Sum final : public Op {
  public:
+  ~Sum() override;
   // `axes` may be negative; empty means all axes.
   Sum(std::vector<int> axes, bool keepdim) : axes_(std::move(axes)), keepdim_(keepdim) {}
   std::string name() const override { return "sum"; }
@@ -61,6 +62,7 @@ class Sum final : public Op {
 // Stretches size-1 (or missing leading) dimensions to `shape`, numpy-style.
 class BroadcastTo final : public Op {
  public:
+  ~BroadcastTo() override;
   explicit BroadcastTo(Shape shape) : shape_(std::move(shape)) {}
   std::string name() const override { return "broadcast_to"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {

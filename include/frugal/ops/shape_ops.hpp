@@ -10,6 +10,7 @@ namespace frugal::ops {
 // Reshape to `shape`; one dimension may be -1 and is inferred.
 class Reshape final : public Op {
  public:
+  ~Reshape() override;
   explicit Reshape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {}
   std::string name() const override { return "reshape"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
@@ -60,6 +61,7 @@ inline Var reshape(Var x, std::vector<std::int64_t> dims) {
 // out.shape[i] = in.shape[perm[i]]
 class Permute final : public Op {
  public:
+  ~Permute() override;
   explicit Permute(std::vector<int> perm) : perm_(std::move(perm)) {}
   std::string name() const override { return "permute"; }
   const std::vector<int>& perm() const { return perm_; }

@@ -7,6 +7,7 @@ namespace frugal::ops {
 // The shared shape logic: one axis, viewed as [outer, n, inner].
 class AlongAxis : public Op {
  public:
+  ~AlongAxis() override;
   explicit AlongAxis(int axis) : axis_(axis) {}
   int axis_for(const Shape& s) const { return s.normalize_axis(axis_); }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
@@ -26,6 +27,7 @@ class AlongAxis : public Op {
 // Inputs (y, dy) where y = softmax(x): dx = y * (dy - sum(dy * y)).
 class SoftmaxGrad final : public AlongAxis {
  public:
+  ~SoftmaxGrad() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "softmax_grad"; }
   std::vector<int> inplace_inputs() const override { return {1}; }  // dx over dy
@@ -33,6 +35,7 @@ class SoftmaxGrad final : public AlongAxis {
 // Inputs (y, dy) where y = log_softmax(x): dx = dy - exp(y) * sum(dy).
 class LogSoftmaxGrad final : public AlongAxis {
  public:
+  ~LogSoftmaxGrad() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "log_softmax_grad"; }
   std::vector<int> inplace_inputs() const override { return {1}; }  // dx over dy
@@ -40,6 +43,7 @@ class LogSoftmaxGrad final : public AlongAxis {
 
 class Softmax final : public AlongAxis {
  public:
+  ~Softmax() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "softmax"; }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
@@ -49,6 +53,7 @@ class Softmax final : public AlongAxis {
 
 class LogSoftmax final : public AlongAxis {
  public:
+  ~LogSoftmax() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "log_softmax"; }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {

@@ -49,6 +49,7 @@ class SpmmPermuted;
 // kernel reads only the first four; the others are for the backward.
 class Spmm final : public Op {
  public:
+  ~Spmm() override;
   std::string name() const override { return "spmm"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     if (in.size() != 4 && in.size() != 7 && in.size() != 8)
@@ -91,6 +92,7 @@ class Spmm final : public Op {
 // Inputs: (ptr, idx, values, x, perm).
 class SpmmPermuted final : public Op {
  public:
+  ~SpmmPermuted() override;
   std::string name() const override { return "spmm_transposed"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 5);
@@ -121,6 +123,7 @@ class SpmmPermuted final : public Op {
 // dvalues[p] = Σ_k dY[i, k] · X[j, k]. Inputs: (row_ptr, col, dy, x).
 class SpmmValuesGrad final : public Op {
  public:
+  ~SpmmValuesGrad() override;
   std::string name() const override { return "spmm_values_grad"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 4);

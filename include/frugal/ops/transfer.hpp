@@ -20,6 +20,7 @@ using frugal::TransferKind;  // declared in graph/op.hpp, beside TransferOp
 
 class Transfer final : public TransferOp {
  public:
+  ~Transfer() override;
   // `slot` pairs a start with its done; the copy engine keeps one event per slot.
   Transfer(TransferKind kind, int slot, std::string what) : TransferOp(kind, slot, std::move(what)) {}
   std::string name() const override {

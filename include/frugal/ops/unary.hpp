@@ -88,3 +88,25 @@ inline Var operator-(double c, Var x) { return affine(x, -1.0, c); }
 inline Var operator-(Var x) { return affine(x, -1.0); }
 
 }  // namespace frugal
+
+// Compiled once per program, in ops/units/ops.hpp.
+namespace frugal::ops {
+extern template class Unary<math::Relu>;
+extern template class UnaryGrad<math::Relu>;
+extern template class Unary<math::GeluTanh>;
+extern template class UnaryGrad<math::GeluTanh>;
+extern template class Unary<math::GeluErf>;
+extern template class UnaryGrad<math::GeluErf>;
+extern template class Unary<math::Tanh>;
+extern template class UnaryGrad<math::Tanh>;
+extern template class Unary<math::Sigmoid>;
+extern template class UnaryGrad<math::Sigmoid>;
+extern template class Unary<math::Exp>;
+extern template class UnaryGrad<math::Exp>;
+extern template class Unary<math::Log>;
+extern template class UnaryGrad<math::Log>;
+extern template class Unary<math::Rsqrt>;
+extern template class UnaryGrad<math::Rsqrt>;
+extern template class Unary<math::Affine>;
+extern template class UnaryGrad<math::Affine>;
+}  // namespace frugal::ops

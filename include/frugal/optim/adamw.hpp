@@ -3,6 +3,7 @@
 // scaling (optim/loss_scaler.hpp) its updates are guarded: a skipped step
 // changes no parameter, no moment and not the count of steps taken that the
 // bias corrections use.
+#include "../graph/capture.hpp"
 #include "../ops/optimizer_updates.hpp"
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
@@ -19,6 +20,7 @@ struct AdamWOptions {
 
 class AdamW final : public Optimizer, public SkippableOptimizer {
  public:
+  ~AdamW() override;
   AdamW(std::vector<Tensor> params, AdamWOptions o)
       : params_(std::move(params)), h_(std::make_shared<ops::AdamWHyper>()) {
     if (o.lr < 0) fail("optim::AdamW: learning rate ", o.lr, " is negative");

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <limits>
 
+#include "../graph/capture.hpp"
 #include "../ops/binary.hpp"
 #include "../runtime/loss_scaling.hpp"
 
@@ -37,6 +38,7 @@ struct LossScalerOptions {
 
 class LossScaler final : public LossScalerBase {
  public:
+  ~LossScaler() override;
   explicit LossScaler(LossScalerOptions o = {})
       : h_(std::make_shared<ops::LossScaleHyper>()),
         scale_(Shape{}, DType::f32),

@@ -2,6 +2,7 @@
 // SGD with momentum, weight decay, dampening and Nesterov, as torch.optim.SGD.
 // Under dynamic loss scaling its updates are guarded: a skipped step changes
 // no parameter or buffer, and the first step taken seeds the momentum.
+#include "../graph/capture.hpp"
 #include "../ops/optimizer_updates.hpp"
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
@@ -18,6 +19,7 @@ struct SGDOptions {
 
 class SGD final : public Optimizer, public SkippableOptimizer {
  public:
+  ~SGD() override;
   SGD(std::vector<Tensor> params, SGDOptions o) : params_(std::move(params)), h_(std::make_shared<ops::SgdHyper>()) {
     if (o.lr < 0) fail("optim::SGD: learning rate ", o.lr, " is negative");
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))

@@ -2,10 +2,8 @@
 // capture -> autograd -> optimizer ops -> plan -> Step.
 #include <algorithm>
 #include <map>
-#include <omp.h>
 
 #include "../graph/capture.hpp"
-#include "../ops/all.hpp"
 #include "../plan/budget.hpp"
 #include "../plan/cost_model.hpp"
 #include "../plan/device_profile.hpp"
@@ -13,6 +11,8 @@
 #include "step.hpp"
 
 namespace frugal {
+
+struct PlannedStep;
 
 struct InputSpec {
   TensorMeta meta;
@@ -88,32 +88,6 @@ struct Captured {
   std::vector<Var> results;
 };
 
-// The backend a step runs on, made once per compile: its kernel table sizes
-// the graph's scratch space as the graph is captured.
-inline std::shared_ptr<Backend> backend_for(const CompileOptions& o) {
-  if (o.use_backend) return o.use_backend;
-  return std::shared_ptr<Backend>(make_backend(o.backend, o.backend_options));
-}
-
-template <class Fn>
-Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend) {
-  Captured c{std::make_shared<Graph>(kernel_queries(backend)), {}, {}};
-  CaptureScope scope(*c.graph);
-  std::vector<Var> vars;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    std::string name = specs[i].name.empty() ? cat("input", i) : specs[i].name;
-    ValueId id = c.graph->add_input(specs[i].meta, name);
-    c.inputs.push_back(id);
-    vars.push_back({c.graph.get(), id});
-  }
-  auto r = call_with_vars(fn, vars);
-  if constexpr (std::is_same_v<decltype(r), Var>) c.results = {r};
-  else c.results = std::vector<Var>(r.begin(), r.end());
-  for (auto& v : c.results)
-    if (v.graph != c.graph.get()) fail("compile: the step function returned a Var from another capture");
-  return c;
-}
-
 // Everything compile() decides before memory exists: the captured graph,
 // which values must survive the step, and what the step reports.
 struct Prepared {
@@ -127,13 +101,32 @@ struct Prepared {
   std::shared_ptr<plan::CostModel> prices;  // set by plan_prepared when the budget binds
 };
 
-// The threads a step will run with: the option, or the process's OpenMP setting.
-inline int step_threads(const CompileOptions& o) { return o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads()); }
+// Only calling the user's function is compiled where compile() is called:
+// capturing, autograd, planning and building the step are the same code for
+// every model, so a program compiles them once, with the kernels
+// (runtime/units/compile.hpp, through frugal_add_kernels or
+// <frugal/kernels.hpp>), not in every file that calls compile().
 
-// Planning and building the step are the same code for every model, so a
-// program compiles them once, with the kernels (runtime/units/compile.hpp,
-// through frugal_add_kernels or <frugal/kernels.hpp>), not in every file
-// that calls compile().
+// The backend a step runs on, made once per compile: its kernel table sizes
+// the graph's scratch space as the graph is captured.
+std::shared_ptr<Backend> backend_for(const CompileOptions& o);
+// A graph for `backend` with the declared inputs, and their Vars.
+Captured start_capture(const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend,
+                       std::vector<Var>& vars);
+// Checks what the step function returned.
+void end_capture(Captured& c);
+
+template <class Fn>
+Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend) {
+  std::vector<Var> vars;
+  Captured c = start_capture(specs, backend, vars);
+  CaptureScope scope(*c.graph);
+  auto r = call_with_vars(fn, vars);
+  if constexpr (std::is_same_v<decltype(r), Var>) c.results = {r};
+  else c.results = std::vector<Var>(r.begin(), r.end());
+  end_capture(c);
+  return c;
+}
 
 // Plans the prepared step within `budget` (rewriting its graph when the
 // budget forces evictions), and verifies the plan. The step is planned
@@ -141,64 +134,21 @@ inline int step_threads(const CompileOptions& o) { return o.threads > 0 ? o.thre
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o);
 // The Step that runs the prepared graph as planned within `budget`.
 Step finish(Prepared p, const Budget& budget, const CompileOptions& o);
-
-inline Var single_loss(const Captured& c) {
-  if (c.results.size() != 1) fail("compile: the step function must return exactly one loss Var");
-  return c.results[0];
-}
+// A captured loss, its gradients and opt's updates, all in one graph.
+Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o);
+// A captured loss and the gradients for `wrt`, no update.
+Prepared prepare_gradients(std::shared_ptr<Backend> backend, Captured c, const std::vector<Tensor>& wrt,
+                           const CompileOptions& o);
+// A captured forward pass whose results are the step's outputs.
+Prepared prepare_inference(std::shared_ptr<Backend> backend, Captured c, const CompileOptions& o);
+// What plan_training and plan_inference return.
+PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o);
 
 template <class Fn>
 Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer& opt, const CompileOptions& o) {
   auto backend = backend_for(o);
   auto c = capture(fn, specs, backend);
-  Var loss = single_loss(c);
-  Graph& g = *c.graph;
-  CaptureScope scope(g);
-  // Parameters the optimizer owns and the loss reads; the rest stay frozen.
-  std::vector<Var> wrt;
-  std::vector<std::size_t> index;
-  for (std::size_t i = 0; i < opt.params().size(); ++i) {
-    const Tensor& p = opt.params()[i];
-    for (ValueId v : g.values_of_kind(ValueKind::parameter))
-      if (g.value(v).external.raw() == p.raw()) {
-        wrt.push_back({&g, v});
-        index.push_back(i);
-      }
-  }
-  // Under loss scaling, gradients are taken of loss * scale and every
-  // update is guarded by one overflow check over all of them.
-  SkippableOptimizer* skippable = nullptr;
-  if (o.loss_scaler) {
-    skippable = dynamic_cast<SkippableOptimizer*>(&opt);
-    if (!skippable)
-      fail("compile: CompileOptions::loss_scaler needs an optimizer whose updates can be skipped "
-           "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
-  }
-  auto grads = grad(o.loss_scaler ? o.loss_scaler->scale_loss(loss) : loss, wrt);
-  Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
-  std::vector<Var> present;
-  for (std::size_t k = 0; k < wrt.size(); ++k) {
-    if (!grads[k]) continue;  // the loss does not depend on it
-    present.push_back(*grads[k]);
-    if (o.keep_grads) {
-      p.roots.push_back(grads[k]->id);
-      p.grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
-    }
-  }
-  Phase previous = g.set_phase(Phase::optimizer);
-  std::optional<ops::UpdateGuard> guard;
-  if (o.loss_scaler && !present.empty()) guard = o.loss_scaler->check_gradients(present);
-  for (std::size_t k = 0; k < wrt.size(); ++k) {
-    if (!grads[k]) continue;
-    if (guard) skippable->append_guarded_update(wrt[k], *grads[k], index[k], *guard);
-    else opt.append_update(wrt[k], *grads[k], index[k]);
-  }
-  if (guard) {
-    skippable->append_guarded_step_end(*guard);
-    o.loss_scaler->append_scale_update(*guard);  // last: after every reader of the scale
-  }
-  g.set_phase(previous);
-  return p;
+  return prepare_training(std::move(backend), std::move(c), opt, o);
 }
 
 }  // namespace detail
@@ -222,11 +172,7 @@ struct PlannedStep {
 template <class Fn>
 PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, CompileOptions o = {},
                           Budget budget = {}) {
-  auto p = detail::prepare_training(fn, specs, opt, o);
-  Plan plan = detail::plan_prepared(p, budget, o);
-  std::size_t in = 0;
-  for (auto& s : specs) in += s.meta.nbytes();
-  return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
+  return detail::planned(detail::prepare_training(fn, specs, opt, o), specs, budget, o);
 }
 
 // Loss and gradients for `wrt` (parameters the function reads), no update:
@@ -237,29 +183,7 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
   if (o.loss_scaler) fail("compile_gradients: CompileOptions::loss_scaler applies to training steps (compile)");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend);
-  Var loss = detail::single_loss(c);
-  Graph& g = *c.graph;
-  CaptureScope scope(g);
-  std::vector<Var> vars;
-  for (auto& t : wrt) {
-    ValueId found = kNoValue;
-    for (const ValueKind k : {ValueKind::parameter, ValueKind::state})
-      for (ValueId v : g.values_of_kind(k))
-        if (g.value(v).external.raw() == t.raw()) found = v;
-    if (found == kNoValue)
-      fail("compile_gradients: a tensor of shape ", t.shape().str(), " was asked for but the function never reads it");
-    vars.push_back({&g, found});
-  }
-  auto grads = grad(loss, vars);
-  std::vector<ValueId> roots{loss.id};
-  std::map<const void*, ValueId> grad_of;
-  for (std::size_t k = 0; k < vars.size(); ++k) {
-    if (!grads[k]) continue;
-    roots.push_back(grads[k]->id);
-    grad_of[wrt[k].raw()] = grads[k]->id;
-  }
-  return detail::finish({std::move(backend), std::move(c), std::move(roots), nullptr, loss.id, {}, std::move(grad_of), {}},
-                        budget, o);
+  return detail::finish(detail::prepare_gradients(std::move(backend), std::move(c), wrt, o), budget, o);
 }
 
 // What compile_inference() would plan, without allocating anything.
@@ -267,13 +191,7 @@ template <class Fn>
 PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, CompileOptions o = {}, Budget budget = {}) {
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend);
-  std::vector<ValueId> outs;
-  for (auto& v : c.results) outs.push_back(v.id);
-  detail::Prepared p{std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}};
-  Plan plan = detail::plan_prepared(p, budget, o);
-  std::size_t in = 0;
-  for (auto& s : specs) in += s.meta.nbytes();
-  return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
+  return detail::planned(detail::prepare_inference(std::move(backend), std::move(c), o), specs, budget, o);
 }
 
 // Forward only: fn returns one Var or a std::vector<Var>; after run() they
@@ -283,9 +201,7 @@ Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}
   if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend);
-  std::vector<ValueId> outs;
-  for (auto& v : c.results) outs.push_back(v.id);
-  return detail::finish({std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}}, budget, o);
+  return detail::finish(detail::prepare_inference(std::move(backend), std::move(c), o), budget, o);
 }
 
 }  // namespace frugal

@@ -5,12 +5,18 @@
 // that calls compile() would cost each of them seconds.
 #include <map>
 #include <mutex>
+#include <omp.h>
 
+#include "../../ops/all.hpp"
 #include "../../plan/budget_solve.hpp"
+#include "../../plan/verify.hpp"
 #include "../calibrate.hpp"
 #include "../compile.hpp"
 
 namespace frugal::detail {
+
+// The threads a step will run with: the option, or the process's OpenMP setting.
+static int step_threads(const CompileOptions& o) { return o.threads > 0 ? o.threads : std::max(1, omp_get_max_threads()); }
 
 // This machine's profile for a backend, calibrated once per process (and
 // cached on disk across processes). Only when asked: CompileOptions::calibrate.
@@ -41,6 +47,123 @@ inline Pricing pricing_for(Backend& backend, const Budget& budget, const Compile
     return {std::make_shared<plan::CostModel>(machine_profile(backend, step_threads(o), budget.nvme_dir)),
             "this machine's measured rates (CompileOptions::calibrate; cached per machine)"};
   return builtin_pricing(backend, o);
+}
+
+std::shared_ptr<Backend> backend_for(const CompileOptions& o) {
+  if (o.use_backend) return o.use_backend;
+  return std::shared_ptr<Backend>(make_backend(o.backend, o.backend_options));
+}
+
+Captured start_capture(const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend,
+                       std::vector<Var>& vars) {
+  Captured c{std::make_shared<Graph>(kernel_queries(backend)), {}, {}};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::string name = specs[i].name.empty() ? cat("input", i) : specs[i].name;
+    ValueId id = c.graph->add_input(specs[i].meta, name);
+    c.inputs.push_back(id);
+    vars.push_back({c.graph.get(), id});
+  }
+  return c;
+}
+
+void end_capture(Captured& c) {
+  for (auto& v : c.results)
+    if (v.graph != c.graph.get()) fail("compile: the step function returned a Var from another capture");
+}
+
+static Var single_loss(const Captured& c) {
+  if (c.results.size() != 1) fail("compile: the step function must return exactly one loss Var");
+  return c.results[0];
+}
+
+Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o) {
+  Var loss = single_loss(c);
+  Graph& g = *c.graph;
+  CaptureScope scope(g);
+  // Parameters the optimizer owns and the loss reads; the rest stay frozen.
+  std::vector<Var> wrt;
+  std::vector<std::size_t> index;
+  for (std::size_t i = 0; i < opt.params().size(); ++i) {
+    const Tensor& p = opt.params()[i];
+    for (ValueId v : g.values_of_kind(ValueKind::parameter))
+      if (g.value(v).external.raw() == p.raw()) {
+        wrt.push_back({&g, v});
+        index.push_back(i);
+      }
+  }
+  // Under loss scaling, gradients are taken of loss * scale and every
+  // update is guarded by one overflow check over all of them.
+  SkippableOptimizer* skippable = nullptr;
+  if (o.loss_scaler) {
+    skippable = dynamic_cast<SkippableOptimizer*>(&opt);
+    if (!skippable)
+      fail("compile: CompileOptions::loss_scaler needs an optimizer whose updates can be skipped "
+           "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
+  }
+  auto grads = grad(o.loss_scaler ? o.loss_scaler->scale_loss(loss) : loss, wrt);
+  Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
+  std::vector<Var> present;
+  for (std::size_t k = 0; k < wrt.size(); ++k) {
+    if (!grads[k]) continue;  // the loss does not depend on it
+    present.push_back(*grads[k]);
+    if (o.keep_grads) {
+      p.roots.push_back(grads[k]->id);
+      p.grad_of[g.value(wrt[k].id).external.raw()] = grads[k]->id;
+    }
+  }
+  Phase previous = g.set_phase(Phase::optimizer);
+  std::optional<ops::UpdateGuard> guard;
+  if (o.loss_scaler && !present.empty()) guard = o.loss_scaler->check_gradients(present);
+  for (std::size_t k = 0; k < wrt.size(); ++k) {
+    if (!grads[k]) continue;
+    if (guard) skippable->append_guarded_update(wrt[k], *grads[k], index[k], *guard);
+    else opt.append_update(wrt[k], *grads[k], index[k]);
+  }
+  if (guard) {
+    skippable->append_guarded_step_end(*guard);
+    o.loss_scaler->append_scale_update(*guard);  // last: after every reader of the scale
+  }
+  g.set_phase(previous);
+  return p;
+}
+
+Prepared prepare_gradients(std::shared_ptr<Backend> backend, Captured c, const std::vector<Tensor>& wrt,
+                           const CompileOptions&) {
+  Var loss = single_loss(c);
+  Graph& g = *c.graph;
+  CaptureScope scope(g);
+  std::vector<Var> vars;
+  for (auto& t : wrt) {
+    ValueId found = kNoValue;
+    for (const ValueKind k : {ValueKind::parameter, ValueKind::state})
+      for (ValueId v : g.values_of_kind(k))
+        if (g.value(v).external.raw() == t.raw()) found = v;
+    if (found == kNoValue)
+      fail("compile_gradients: a tensor of shape ", t.shape().str(), " was asked for but the function never reads it");
+    vars.push_back({&g, found});
+  }
+  auto grads = grad(loss, vars);
+  std::vector<ValueId> roots{loss.id};
+  std::map<const void*, ValueId> grad_of;
+  for (std::size_t k = 0; k < vars.size(); ++k) {
+    if (!grads[k]) continue;
+    roots.push_back(grads[k]->id);
+    grad_of[wrt[k].raw()] = grads[k]->id;
+  }
+  return {std::move(backend), std::move(c), std::move(roots), nullptr, loss.id, {}, std::move(grad_of), {}};
+}
+
+Prepared prepare_inference(std::shared_ptr<Backend> backend, Captured c, const CompileOptions&) {
+  std::vector<ValueId> outs;
+  for (auto& v : c.results) outs.push_back(v.id);
+  return {std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}};
+}
+
+PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
+  Plan plan = plan_prepared(p, budget, o);
+  std::size_t in = 0;
+  for (auto& s : specs) in += s.meta.nbytes();
+  return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
 }
 
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {

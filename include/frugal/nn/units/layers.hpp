@@ -1,0 +1,48 @@
+#pragma once
+// Compiled once per program (frugal_add_kernels, or <frugal/kernels.hpp>):
+// the built-in layers' vtables and members, so a model's file compiles only
+// its own forward. Each class's declared destructor is its key function; a
+// layer of the program's own needs none of this.
+#include "../activation.hpp"
+#include "../attention.hpp"
+#include "../batch_norm.hpp"
+#include "../conv.hpp"
+#include "../dropout.hpp"
+#include "../embedding.hpp"
+#include "../gpt.hpp"
+#include "../graph_conv.hpp"
+#include "../init.hpp"
+#include "../layer_norm.hpp"
+#include "../linear.hpp"
+#include "../pool.hpp"
+#include "../resnet.hpp"
+#include "../sequential.hpp"
+#include "../transformer.hpp"
+
+namespace frugal::nn {
+
+ReLU::~ReLU() = default;
+GELU::~GELU() = default;
+Tanh::~Tanh() = default;
+Sigmoid::~Sigmoid() = default;
+MultiHeadAttention::~MultiHeadAttention() = default;
+BatchNorm2d::~BatchNorm2d() = default;
+Conv2d::~Conv2d() = default;
+Dropout::~Dropout() = default;
+Embedding::~Embedding() = default;
+Gpt::~Gpt() = default;
+GCNConv::~GCNConv() = default;
+SAGEConv::~SAGEConv() = default;
+Gcn::~Gcn() = default;
+LayerNorm::~LayerNorm() = default;
+Linear::~Linear() = default;
+MaxPool2d::~MaxPool2d() = default;
+AvgPool2d::~AvgPool2d() = default;
+GlobalAvgPool2d::~GlobalAvgPool2d() = default;
+BasicBlock::~BasicBlock() = default;
+Bottleneck::~Bottleneck() = default;
+Sequential::~Sequential() = default;
+Mlp::~Mlp() = default;
+TransformerBlock::~TransformerBlock() = default;
+
+}  // namespace frugal::nn

@@ -1,0 +1,149 @@
+#pragma once
+// Compiled once per program (frugal_add_kernels, or <frugal/kernels.hpp>):
+// the Step's members, the same code for every model.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "../../plan/cost_model.hpp"
+#include "../../plan/report.hpp"
+#include "../../plan/verify.hpp"
+#include "../executor.hpp"
+#include "../step.hpp"
+#include "../threads.hpp"
+
+namespace frugal {
+
+Step::Step(Parts p) : p_(std::move(p)) {
+  executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
+  for (ValueId o : p_.outputs) outputs_.emplace_back(p_.graph->value(o).meta.shape, p_.graph->value(o).meta.dtype);
+}
+Step::Step(Step&&) noexcept = default;
+Step& Step::operator=(Step&&) noexcept = default;
+Step::~Step() = default;
+
+float Step::run_inputs(std::span<const Tensor* const> inputs) {
+  replan_if_due();
+  stage(inputs);
+  return execute();
+}
+
+Step::Audit Step::audit_inputs(std::span<const Tensor* const> list) {
+  Audit a{0, p_.plan.peak_bytes, true};
+  replan_if_due();
+  a.predicted = p_.plan.peak_bytes;
+  for (unsigned char pattern : {0xA5, 0x5A}) {
+    executor_->fill(pattern);
+    stage(list);
+    execute();
+    a.high_water = std::max(a.high_water, executor_->touched_up_to(pattern));
+  }
+  a.canary_intact = a.high_water <= p_.plan.peak_bytes;
+  return a;
+}
+
+void Step::stage(std::span<const Tensor* const> inputs) {
+  if (inputs.size() != p_.inputs.size())
+    fail("step.run: expected ", p_.inputs.size(), " inputs, got ", inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Value& v = p_.graph->value(p_.inputs[i]);
+    const Tensor& t = *inputs[i];
+    if (t.dtype() != v.meta.dtype || t.shape() != v.meta.shape)
+      fail<ShapeError>("step.run: input ", i, " ('", v.name, "') is ", dtype_name(t.dtype()), t.shape().str(),
+                       " but the step was compiled for ", v.meta.str());
+    p_.backend->copy_to_device(executor_->address(p_.inputs[i]), t.raw(), t.nbytes());
+  }
+}
+
+float Step::execute() {
+  ScopedThreads threads(p_.threads);  // this thread's OpenMP (and so BLAS) count, for this run only
+  if (p_.optimizer) p_.optimizer->begin_step();
+  const bool timed = p_.replanner && !replanned_ && !replan_due_ && timed_steps_ >= 0 && steps_ > 0;
+  if (timed && !recorder_) recorder_ = std::make_unique<plan::OpTimeRecorder>(p_.graph->num_nodes());
+  auto t0 = std::chrono::steady_clock::now();
+  executor_->run(std::uint64_t(steps_), timed ? recorder_.get() : nullptr);
+  if (timed) {
+    step_ms_[std::size_t(timed_steps_)] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    recorder_->finish_step();
+    if (++timed_steps_ == kTimedSteps) maybe_replan();
+  }
+  ++steps_;
+  for (std::size_t i = 0; i < outputs_.size(); ++i)
+    p_.backend->copy_to_host(outputs_[i].raw(), executor_->address(p_.outputs[i]), outputs_[i].nbytes());
+  return p_.loss == kNoValue ? std::nanf("") : float(last_loss_f64());
+}
+
+double Step::last_loss_f64() const {
+  const Value& lv = p_.graph->value(p_.loss);
+  if (lv.meta.dtype == DType::f64) {
+    double d = 0;
+    p_.backend->copy_to_host(&d, executor_->address(p_.loss), sizeof d);
+    return d;
+  }
+  float f = 0;
+  p_.backend->copy_to_host(&f, executor_->address(p_.loss), sizeof f);
+  return f;
+}
+
+Tensor Step::grad(const Tensor& param) const {
+  auto it = p_.grad_of.find(param.raw());
+  if (it == p_.grad_of.end())
+    fail("step.grad: no gradient kept for this tensor; compile with compile_gradients(...) or "
+         "CompileOptions::keep_grads, and make sure the loss depends on it");
+  const Value& v = p_.graph->value(it->second);
+  Tensor out(v.meta.shape, v.meta.dtype);
+  p_.backend->copy_to_host(out.raw(), executor_->address(it->second), out.nbytes());
+  return out;
+}
+
+void Step::set_steps_run(std::int64_t n) {
+  if (n < 0) fail("step.set_steps_run: the step counter cannot be negative (got ", n, ")");
+  steps_ = n;
+  executor_->storage_changed();
+}
+
+void Step::maybe_replan() {
+  std::array<double, kTimedSteps> ms = step_ms_;
+  std::sort(ms.begin(), ms.end());
+  measured_ms_ = ms[kTimedSteps / 2];
+  timed_steps_ = -1;  // timing is over either way
+  replan_due_ = plan::prediction_is_off(p_.plan.predicted_step_ms, measured_ms_);
+}
+
+void Step::replan_if_due() {
+  if (!replan_due_) return;
+  replan_due_ = false;
+  std::pair<std::shared_ptr<Graph>, Plan> next;
+  try {
+    next = p_.replanner(*recorder_);
+  } catch (const BudgetError&) {
+    // The measured prices lead the solver to a plan that does not fit
+    // (its least-memory search depends on the prices): keep this one.
+    replanned_ = true;
+    return;
+  }
+  // The arena (and the host pool and NVMe file) is reserved once: a re-plan
+  // runs in it, and one that needs more than was reserved is not taken.
+  if (!executor_->fits(next.second)) {
+    replanned_ = true;
+    return;
+  }
+  earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());  // before the arena is refilled
+  auto moved = std::make_unique<Executor>(next.first, next.second, *executor_);
+  executor_ = std::move(moved);
+  p_.graph = std::move(next.first);
+  p_.plan = std::move(next.second);
+  replanned_ = true;
+  ++replans_;
+}
+
+std::string Step::summary() const { return plan::summary(*p_.graph, p_.plan); }
+plan::VerifyReport Step::verify() const { return plan::verify(*p_.graph, p_.plan, p_.roots); }
+std::size_t Step::measured_device_bytes() const {
+  return std::max(earlier_high_water_, executor_->high_water()) + p_.plan.persistent_bytes;
+}
+void Step::parameters_changed() { executor_->storage_changed(); }
+std::uint64_t Step::fetches_performed() const { return executor_->fetches(); }
+
+}  // namespace frugal
