@@ -568,3 +568,28 @@ TEST_CASE("a re-plan runs in its predecessor's memory only if it fits, and a ref
   CHECK(counting::allocations == 1);
   CHECK(counting::deallocations == 1);
 }
+
+TEST_CASE("views over in-place chains plan, verify and train: Linear, reshape, BatchNorm2d, relu, reshape, Linear",
+          "[plan][view]") {
+  nn::manual_seed(5);
+  nn::Linear fc1(6, 4 * 3 * 3), fc2(4 * 3 * 3, 3);
+  nn::BatchNorm2d bn(4);
+  std::vector<Tensor> params = fc1.parameters();
+  for (auto& t : bn.parameters()) params.push_back(t);
+  for (auto& t : fc2.parameters()) params.push_back(t);
+  for (bool inplace : {true, false}) {
+    optim::SGD opt(params, {.lr = 0.1});
+    auto fn = [&](Var x, Var y) {
+      Var h = reshape(fc1(x), {5, 4, 3, 3});
+      return cross_entropy(fc2(reshape(relu(bn(h)), {5, 36})), y);
+    };
+    INFO("inplace " << inplace);
+    Step step = compile(fn, {input<float>({5, 6}), input<std::int32_t>({5})}, opt, {},
+                        {.plan = {.inplace = inplace}});
+    CHECK(step.verify().ok());
+    Tensor x({5, 6}), y({5}, DType::i32);
+    fill_batch(x, y, 3, 3);
+    float loss = step.run(x, y);
+    CHECK(std::isfinite(loss));
+  }
+}

@@ -456,3 +456,44 @@ TEST_CASE("a step with no inputs (a loss over parameters only) compiles, runs an
   CHECK(a.canary_intact);
   CHECK(a.high_water == a.predicted);
 }
+
+TEST_CASE("a step that fails on bad data counts for nothing: six good steps around a failed one train as six good "
+          "steps",
+          "[step][errors][atomic]") {
+  auto train = [](bool with_failure) {
+    nn::manual_seed(8);
+    Mlp model(6, 16, 3);
+    optim::AdamW opt(model.parameters(), {.lr = 1e-2});  // its bias correction reads the step count
+    Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
+                        {input<float>({8, 6}), input<std::int32_t>({8})}, opt);
+    Tensor x({8, 6}), y({8}, DType::i32);
+    std::vector<float> losses;
+    for (int s = 0; s < 6; ++s) {
+      if (with_failure && s == 3) {
+        make_batch(x, y, 99, 3);
+        y.data<std::int32_t>()[5] = 7;  // a label outside [0, 3)
+        CHECK_THROWS_AS(step.run(x, y), DataError);
+        CHECK(opt.steps() == 3);
+        CHECK(step.steps_run() == 3);
+      }
+      make_batch(x, y, std::uint64_t(s), 3);
+      losses.push_back(step.run(x, y));
+    }
+    std::vector<std::vector<char>> state;
+    for (auto& [name, t] : model.named_parameters()) {
+      state.emplace_back(t.nbytes());
+      std::memcpy(state.back().data(), t.raw(), t.nbytes());
+    }
+    for (auto& st : opt.state()) {
+      state.emplace_back(st.tensor.nbytes());
+      std::memcpy(state.back().data(), st.tensor.raw(), st.tensor.nbytes());
+    }
+    return std::tuple{losses, state, opt.steps(), step.steps_run()};
+  };
+  auto [good_losses, good_state, good_opt_steps, good_steps] = train(false);
+  auto [losses, state, opt_steps, steps] = train(true);
+  CHECK(bits_of(losses) == bits_of(good_losses));
+  CHECK(state == good_state);
+  CHECK(opt_steps == good_opt_steps);
+  CHECK(steps == good_steps);
+}

@@ -92,6 +92,15 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
   std::vector<ValueId> clobbered_by(g.num_values(), kNoValue);
   std::vector<char> written(g.num_values(), 0);
   auto write = [&](ValueId v, const Node* node, int t) {
+    // A view placed on its input's bytes writes nothing: every value that
+    // holds those bytes (its input, and what that input is itself a view of
+    // or took over in place) still holds them.
+    if (node && node->op->is_view() && v == node->outputs[0] && arena(node->inputs[0]) &&
+        same_range(v, node->inputs[0])) {
+      holding.push_back(v);
+      written[std::size_t(v)] = 1;
+      return;
+    }
     std::vector<ValueId> keep;
     for (ValueId w : holding) {
       if (!overlap(v, w)) {
@@ -100,10 +109,6 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
       }
       bool sanctioned = false;
       if (node) {
-        if (node->op->is_view() && v == node->outputs[0] && w == node->inputs[0] && same_range(v, w)) {
-          keep.push_back(w);  // a view: both names for the same bytes
-          continue;
-        }
         for (int i : node->inplace)
           if (node->inputs[std::size_t(i)] == w && same_range(v, w) && g.value(w).meta.shape == g.value(v).meta.shape)
             sanctioned = true;

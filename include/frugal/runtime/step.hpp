@@ -97,7 +97,10 @@ class Step {
   // have written (the arena is filled with a marker byte when allocated and
   // scanned from the top), plus the parameters and optimizer state the plan
   // keeps on the device. Never more than plan().total_bytes(); equal to it
-  // once a step has run, since the prediction is exact.
+  // once a step has run, since the prediction is exact. After a re-plan, the
+  // larger of what each plan held (each plan's arena mark with that plan's
+  // persistents: the old plan's arena beside the new plan's persistents never
+  // existed at once).
   std::size_t measured_device_bytes() const;
   std::int64_t steps_run() const { return steps_; }
   // Sets the step counter, as a resumed run does: random ops (dropout) key
@@ -133,7 +136,9 @@ class Step {
   bool replanned_ = false, replan_due_ = false;  // re-planning was tried; it is due before the next step
   int replans_ = 0;
   double measured_ms_ = 0;
-  std::size_t earlier_high_water_ = 0;  // of the executors a re-plan replaced
+  // The most device bytes an executor a re-plan replaced held: its arena's
+  // high-water mark plus its own plan's device-resident persistents.
+  std::size_t earlier_device_bytes_ = 0;
   std::vector<Tensor> outputs_;
   std::int64_t steps_ = 0;
 };

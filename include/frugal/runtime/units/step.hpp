@@ -57,11 +57,21 @@ void Step::stage(std::span<const Tensor* const> inputs) {
 
 float Step::execute() {
   ScopedThreads threads(p_.threads);  // this thread's OpenMP (and so BLAS) count, for this run only
+  const std::int64_t optimizer_steps = p_.optimizer ? p_.optimizer->steps() : 0;
   if (p_.optimizer) p_.optimizer->begin_step();
   const bool timed = p_.replanner && !replanned_ && !replan_due_ && timed_steps_ >= 0 && steps_ > 0;
   if (timed && !recorder_) recorder_ = std::make_unique<plan::OpTimeRecorder>(p_.graph->num_nodes());
   auto t0 = std::chrono::steady_clock::now();
-  executor_->run(std::uint64_t(steps_), timed ? recorder_.get() : nullptr);
+  try {
+    executor_->run(std::uint64_t(steps_), timed ? recorder_.get() : nullptr);
+  } catch (...) {
+    // A step that fails counts for nothing: the optimizer's count goes back
+    // (the step's own is advanced only after a run that finished), so the
+    // next step's bias correction and random streams are the ones it would
+    // have had without the failure.
+    if (p_.optimizer) p_.optimizer->set_steps(optimizer_steps);
+    throw;
+  }
   if (timed) {
     step_ms_[std::size_t(timed_steps_)] =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -129,7 +139,8 @@ void Step::replan_if_due() {
     replanned_ = true;
     return;
   }
-  earlier_high_water_ = std::max(earlier_high_water_, executor_->high_water());  // before the arena is refilled
+  // Before the arena is refilled, and with the plan it ran.
+  earlier_device_bytes_ = std::max(earlier_device_bytes_, executor_->high_water() + p_.plan.persistent_bytes);
   auto moved = std::make_unique<Executor>(next.first, next.second, *executor_);
   executor_ = std::move(moved);
   p_.graph = std::move(next.first);
@@ -141,7 +152,7 @@ void Step::replan_if_due() {
 std::string Step::summary() const { return plan::summary(*p_.graph, p_.plan); }
 plan::VerifyReport Step::verify() const { return plan::verify(*p_.graph, p_.plan, p_.roots); }
 std::size_t Step::measured_device_bytes() const {
-  return std::max(earlier_high_water_, executor_->high_water()) + p_.plan.persistent_bytes;
+  return std::max(earlier_device_bytes_, executor_->high_water() + p_.plan.persistent_bytes);
 }
 void Step::parameters_changed() { executor_->storage_changed(); }
 std::uint64_t Step::fetches_performed() const { return executor_->fetches(); }
