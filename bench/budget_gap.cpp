@@ -11,6 +11,7 @@
 // Gaps are the greedy's extra cost over the exact answer's, as a share of
 // the exact answer's added cost and as a share of the whole predicted step.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -21,7 +22,10 @@
 
 #include <frugal/core/bytes.hpp>
 #include <frugal/plan/budget_exact.hpp>
+#include <frugal/plan/budget_least.hpp>
 #include <frugal/plan/budget_solve.hpp>
+
+#include "../tools/model_zoo.hpp"
 
 using namespace frugal;
 using plan::BudgetProblem;
@@ -150,6 +154,9 @@ struct Summary {
   int rows = 0, greedy_infeasible = 0, not_optimal = 0;
   std::vector<std::string> least_rows;  // the least feasible budget, exact against greedy, per problem
   std::vector<double> least_ratio;      // greedy's least over the exact least
+  std::vector<double> search_ratio;     // the least-memory local search's least over the exact least
+  std::vector<double> search_bound_ratio, exact_bound_ratio;  // over least_memory_lower_bound
+  int search_infeasible = 0;
 };
 
 double median(std::vector<double> v) {
@@ -218,16 +225,89 @@ void gap_rows(const std::string& source, const BudgetProblem& p, int levels, dou
   const plan::Solution greedy_least = plan::solve_min_memory(p);
   const std::int64_t greedy_floor = greedy_least.eval.device_peak;
   sum.least_ratio.push_back(double(greedy_floor) / double(floor));
-  char row[512];
-  std::snprintf(row, sizeof row, "| %s | %d | %zu | %s | %s (%.2f)%s | %s (%.2f) | %.2f | %.3f |", source.c_str(), p.positions,
-                p.candidates.size(), format_bytes(std::size_t(peak)).c_str(), format_bytes(std::size_t(floor)).c_str(),
+  // What compile's least-memory search does on steps too large for the exact
+  // solver (plan/budget_least.hpp), and the lower bound it is held to.
+  const plan::Solution search = plan::least_memory_heuristic(p);
+  const std::int64_t bound = plan::least_memory_lower_bound(p);
+  sum.search_ratio.push_back(double(search.eval.device_peak) / double(floor));
+  sum.search_bound_ratio.push_back(double(search.eval.device_peak) / double(bound));
+  sum.exact_bound_ratio.push_back(double(floor) / double(bound));
+  if (!search.feasible) ++sum.search_infeasible;
+  char row[768];
+  std::snprintf(row, sizeof row, "| %s | %d | %zu | %s | %s (%.2f)%s | %s (%.2f) | %.2f | %s | %.4f | %s | %.4f | %.3f |", source.c_str(),
+                p.positions, p.candidates.size(), format_bytes(std::size_t(peak)).c_str(), format_bytes(std::size_t(floor)).c_str(),
                 double(floor) / double(peak), least.optimal ? "" : " (not proved)", format_bytes(std::size_t(greedy_floor)).c_str(),
-                double(greedy_floor) / double(peak), double(greedy_floor) / double(floor), least.seconds);
+                double(greedy_floor) / double(peak), double(greedy_floor) / double(floor),
+                format_bytes(std::size_t(search.eval.device_peak)).c_str(), double(search.eval.device_peak) / double(floor),
+                format_bytes(std::size_t(bound)).c_str(), double(search.eval.device_peak) / double(bound), least.seconds);
   sum.least_rows.push_back(row);
   for (int l = 0; l < levels; ++l) {
     const double s = levels == 1 ? 0 : 1.0 - double(l) / double(levels - 1);  // 1: the peak, 0: the least
     gap_row(source, p, floor + std::int64_t(s * double(peak - floor)), time_limit_s, sum);
   }
+}
+
+// The least-memory search (plan/budget_least.hpp, what compile runs: reads
+// no price) on the budget problems of real captured training steps, against
+// the lower bound least_memory_lower_bound states, and against the exact
+// least where the step is small enough for the exact solver.
+struct RealStep {
+  std::string name;
+  zoo::Config cfg;
+  std::size_t host = 0;
+};
+
+void real_rows(double time_limit_s) {
+  std::vector<RealStep> steps{
+      {"mlp 2x32 (a 36-op step)", {.family = "mlp", .batch = 16, .layers = 1, .width = 32, .features = 16}},
+      {"mlp 2x256", {.family = "mlp", .batch = 64, .layers = 2, .width = 256, .features = 128}},
+      {"gpt 2x32", {.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64}},
+      {"gpt 2x32, 64 KiB host", {.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64}, 64 << 10},
+      {"gpt (frugal-plan's default)", {.family = "gpt"}},
+      {"gpt default, 8 MiB host", {.family = "gpt"}, 8 << 20},
+      {"gpt 4x128 seq 128 (the README's sample)", {.family = "gpt", .batch = 16, .layers = 4, .width = 128, .seq = 128, .heads = 4, .vocab = 65}},
+      {"resnet 1x4 8px", {.family = "resnet", .batch = 2, .layers = 1, .width = 4, .image = 8}},
+      {"resnet-20 batch 8", {.family = "resnet", .batch = 8, .layers = 3, .width = 16}},
+      {"gcn 2x16", {.family = "gcn", .batch = 32, .layers = 2, .width = 16, .features = 16, .classes = 4}},
+      {"gcn 2x64, 1 MiB host", {.family = "gcn", .batch = 512, .layers = 2, .width = 64, .features = 128}, 1 << 20},
+  };
+  std::printf("| step | positions | candidates | unconstrained | lower bound | least found (abstract) | found / bound | exact least | compile's smallest feasible (placed) | search s |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<double> ratios;
+  for (const RealStep& rs : steps) {
+    zoo::Workload w = zoo::make(rs.cfg);
+    PlannedStep ps = zoo::plan(w);
+    auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 2));
+    plan::PriceModel price = plan::prices_from(cm);
+    plan::Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
+    for (NodeId n : ps.plan.schedule) prices.op_ms.push_back(price.op_ms(*ps.graph, n));
+    const Budget budget{.device = 1, .host = rs.host};
+    auto built = plan::build_budget_problem(*ps.graph, ps.plan.schedule, ps.roots, budget, prices);
+    const auto t0 = std::chrono::steady_clock::now();
+    const plan::MemoryView view = plan::memory_view(built.problem);
+    const plan::Solution least = plan::least_memory(view.problem);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::int64_t bound = plan::least_memory_lower_bound(view.problem);
+    std::string exact = "-";
+    if (built.problem.positions <= plan::kExactPositions) {
+      plan::ExactResult r = plan::solve_exact_min_memory(built.problem, time_limit_s);
+      exact = r.solution.feasible ? cat(r.solution.eval.device_peak, r.optimal ? "" : " (not proved)") : r.status;
+    }
+    std::size_t placed = 0;
+    try {
+      placed = zoo::plan(w, {}, Budget{.device = ps.plan.total_bytes() - 1, .host = rs.host}).plan.min_feasible_bytes;
+    } catch (const BudgetError& e) {
+      placed = e.smallest_feasible_bytes;
+    }
+    const double ratio = double(least.eval.device_peak) / double(std::max<std::int64_t>(bound, 1));
+    ratios.push_back(ratio);
+    std::printf("| %s | %d | %zu | %zu | %lld | %lld | %.4f | %s | %zu | %.3f |\n", rs.name.c_str(), built.problem.positions,
+                built.problem.candidates.size(), ps.plan.total_bytes(), static_cast<long long>(bound),
+                static_cast<long long>(least.eval.device_peak), ratio, exact.c_str(), placed, secs);
+    std::fflush(stdout);
+  }
+  std::printf("\nLeast memory found over the lower bound on %zu real steps: median %.4f, max %.4f.\n", ratios.size(),
+              median(ratios), *std::max_element(ratios.begin(), ratios.end()));
 }
 
 std::vector<int> parse_list(const std::string& s) {
@@ -243,21 +323,35 @@ int main(int argc, char** argv) {
   std::vector<int> sizes{10, 16, 20, 26, 30, 36, 40};
   int seeds = 2, levels = 6, stray_bytes = 0;
   double time_limit_s = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool real = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--real") {
+      real = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "budget_gap: %s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "--positions") sizes = parse_list(argv[i + 1]);
     else if (a == "--seeds") seeds = std::stoi(argv[i + 1]);
     else if (a == "--levels") levels = std::stoi(argv[i + 1]);
     else if (a == "--time-limit") time_limit_s = std::stod(argv[i + 1]);
     else if (a == "--stray-bytes") stray_bytes = std::stoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "budget_gap: unknown option '%s': use --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
+      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real, or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
                    a.c_str());
       return 2;
     }
   }
   if (!plan::kExactSolverHasGlpk)
     std::fprintf(stderr, "budget_gap: built without GLPK; the exact answers come from exhaustive search (install libglpk-dev)\n");
+  if (real) {
+    real_rows(time_limit_s);
+    return 0;
+  }
   Summary sum;
   print_header();
   for (int n : sizes)
@@ -265,8 +359,8 @@ int main(int argc, char** argv) {
       const std::uint64_t seed = std::uint64_t(n) * 1000 + std::uint64_t(s);
       gap_rows("step seed " + std::to_string(seed), step_problem(n, seed, stray_bytes), levels, time_limit_s, sum);
     }
-  std::printf("\n| problem | positions | candidates | unconstrained peak | least feasible, exact (of peak) | least reached by the greedy (of peak) | greedy / exact | exact s |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("\n| problem | positions | candidates | unconstrained peak | least feasible, exact (of peak) | least reached by the greedy (of peak) | greedy / exact | least-memory search | search / exact | lower bound | search / bound | exact s |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (auto& row : sum.least_rows) std::printf("%s\n", row.c_str());
   std::vector<double> t = sum.exact_seconds;
   std::sort(t.begin(), t.end());
@@ -278,4 +372,10 @@ int main(int argc, char** argv) {
               sum.greedy_infeasible, sum.not_optimal, median(t), t.empty() ? 0 : t.back());
   std::printf("The greedy's least memory over the exact least: median %.3f, max %.3f.\n", median(sum.least_ratio),
               sum.least_ratio.empty() ? 0 : *std::max_element(sum.least_ratio.begin(), sum.least_ratio.end()));
+  auto max_of = [](const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); };
+  std::printf("The least-memory search (plan/budget_least.hpp, reading no price) over the exact least: median %.4f, max "
+              "%.4f; over the lower bound: median %.4f, max %.4f (the exact least over the bound: median %.4f, max %.4f). "
+              "It found nothing on %d problems.\n",
+              median(sum.search_ratio), max_of(sum.search_ratio), median(sum.search_bound_ratio), max_of(sum.search_bound_ratio),
+              median(sum.exact_bound_ratio), max_of(sum.exact_bound_ratio), sum.search_infeasible);
 }

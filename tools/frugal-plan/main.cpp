@@ -6,13 +6,18 @@
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
-//               [--svg FILE] [--json]
+//               [--profile FILE] [--svg FILE] [--json]
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
 // device bytes), it shows the budget solver's decisions; an infeasible
 // budget exits with status 1 and names the smallest feasible one.
+// --profile FILE prices the decisions with another machine's DeviceProfile
+// (the JSON `frugal-info --calibrate` writes and caches): the plan that
+// machine would get. The smallest feasible budget does not depend on it.
 #include <fstream>
 #include <iostream>
+
+#include <frugal/runtime/profile_cache.hpp>
 
 #include "../model_zoo.hpp"
 
@@ -23,7 +28,8 @@ using namespace frugal;
             << "\nusage: frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace]\n"
-               "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--svg FILE] [--json]\n";
+               "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
+               "                   [--svg FILE] [--json]\n";
   std::exit(2);
 }
 
@@ -32,6 +38,7 @@ int main(int argc, char** argv) try {
   CompileOptions o;
   std::string svg_path, budget_arg;
   Budget budget;
+  DeviceProfile profile;
   bool json = false, have_model = false;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -70,7 +77,10 @@ int main(int argc, char** argv) try {
     else if (k == "--budget") budget_arg = val();
     else if (k == "--host") budget.host = parse_bytes(val());
     else if (k == "--nvme-dir") budget.nvme_dir = val();
-    else if (k == "--svg") svg_path = val();
+    else if (k == "--profile") {
+      profile = read_profile_file(val());  // a DataError naming the file and the field that is wrong
+      o.profile = &profile;
+    } else if (k == "--svg") svg_path = val();
     else if (k == "--json") json = true;
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
     else usage("unknown option " + k);

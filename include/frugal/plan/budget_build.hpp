@@ -143,8 +143,11 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       if (!jit && in == 0) in_exposed = std::max(0.0, in_exposed - compute(out + 1, T - 1));
       exposed += in_exposed;
       if (jit) exposed = ci + co;
-      if (jit && c.options.size() > 1 && c.options.back().in_start == in && c.options.back().out_done == out) continue;
+      // Just in time is the overlapped option's placement whenever the copies
+      // cannot start earlier: then that one already is the price-free one.
+      if (jit && c.options.size() > 1 && c.options.back().price_free) continue;
       Option o{Choice::host, exposed + prices.overlap_slowdown * (ci + co)};
+      o.price_free = out == u.back() && in == u.front();
       o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
       o.host = {{{0, T - 1}, bytes}};
       o.out_done = out;
@@ -172,8 +175,9 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
         double ex = jit ? ci : 0;
         int s = jit ? b : fetch_start(b, a + 1, ci, ex);
         if (s - 1 < a + 1) continue;
-        if (jit && inner.options.size() > 1 && inner.options.back().in_start == s) continue;
+        if (jit && inner.options.size() > 1 && inner.options.back().price_free) continue;
         Option d{Choice::host, ex + prices.overlap_slowdown * ci};
+        d.price_free = s == b;
         d.device = {{{a + 1, s - 1}, -bytes}};
         d.in_start = s;
         d.out_done = a;
@@ -213,7 +217,12 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
         int s = just_in_time ? b : fetch_start(b, e + 1, in_ms, exposed);
         if (just_in_time) exposed = out_ms + in_ms;
         if (s - 1 < e + 1) return;  // no window left between the two copies
+        const bool price_free = e == a && s == b;
+        if (just_in_time)
+          for (const Option& had : c.options)
+            if (had.choice == choice && had.price_free) return;  // the overlapped copy is already just in time
         Option o{choice, exposed + prices.overlap_slowdown * (out_ms + in_ms)};
+        o.price_free = price_free;
         o.device = {{{e + 1, s - 1}, -bytes}};
         (choice == Choice::host ? o.host : o.nvme) = {{{a, b}, tier_bytes(val.meta.nbytes())}};
         o.out_done = e;
@@ -225,7 +234,6 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       };
       const double copy = prices.copy_ms(val.meta.nbytes());
       for (bool jit : {false, true}) {
-        if (jit && c.options.size() > 1 && c.options.back().out_done == a && c.options.back().in_start == b) continue;
         swap(Choice::host, copy, copy, jit);
         if (nvme) swap(Choice::nvme, prices.nvme_write_ms(val.meta.nbytes()), prices.nvme_read_ms(val.meta.nbytes()), jit);
       }
@@ -244,6 +252,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     if (!n.op->mutated_inputs().empty() || n.op->as_transfer()) continue;
     const std::int64_t bytes = std::int64_t(p.candidates[std::size_t(r.candidate)].bytes);
     Option o{Choice::recompute, prices.op_ms[std::size_t(prod)]};
+    o.price_free = true;
     o.device = {{{r.a + 1, r.b - 1}, -bytes}};
     bool ok = true;
     for (ValueId in : n.inputs) {

@@ -116,7 +116,9 @@ inline ExactResult solve_exhaustive_min_memory(const BudgetProblem& p) {
 
 // The cheapest choice vector whose device peak is at most `target` and that
 // meets the problem's host and NVMe limits and every requirement.
-inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, double time_limit_s = 20) {
+// `node_limit` (when positive) bounds each GLPK run by branch-and-bound
+// nodes, so that an answer left unproved is the same on every machine.
+inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, double time_limit_s = 20, int node_limit = 0) {
   detail::check_budget_problem(p);
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t n = p.candidates.size();
@@ -147,11 +149,13 @@ inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, doub
         r.status = cat("time limit of ", time_limit_s, " s reached", after_cuts());
         break;
       }
-      detail::GlpkAnswer a = detail::run_glpk(p, m, left);
+      detail::GlpkAnswer a = detail::run_glpk(p, m, left, node_limit);
       if (!a.has_solution()) {
         if (a.proved_infeasible()) {
           r.proved_infeasible = true;
           r.status = "infeasible: GLPK proved that no choice of options fits the budget" + after_cuts();
+        } else if (a.ret == GLP_ESTOP) {
+          r.status = cat("node limit of ", node_limit, " reached before GLPK found an answer", after_cuts());
         } else if (a.ret == GLP_ETMLIM) {
           r.status = cat("time limit of ", time_limit_s, " s reached before GLPK found an answer", after_cuts());
         } else {
@@ -164,8 +168,9 @@ inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, doub
         r.solution = std::move(s);
         r.optimal = a.status == GLP_OPT;
         r.status = r.optimal ? "optimal" + after_cuts()
-                             : cat("time limit of ", time_limit_s, " s: the best answer found, not proved optimal",
-                                   after_cuts());
+                   : a.ret == GLP_ESTOP
+                       ? cat("node limit of ", node_limit, ": the best answer found, not proved optimal", after_cuts())
+                       : cat("time limit of ", time_limit_s, " s: the best answer found, not proved optimal", after_cuts());
         break;
       }
       missed = std::max(missed, detail::cut_off(p, m, a.choice, target));
@@ -180,6 +185,7 @@ inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, doub
   }
 #else
   (void)time_limit_s;  // exhaustive search is only tried where it is quick
+  (void)node_limit;
   detail::require_small_without_glpk(p);
   r.solution = solve_exhaustive(p, target);
   r.optimal = r.solution.feasible;
@@ -194,7 +200,7 @@ inline ExactResult solve_exact(const BudgetProblem& p, std::int64_t target, doub
 
 // The cheapest answer among those with the least device peak: that peak is
 // the smallest feasible device budget. optimal=true when both are proved.
-inline ExactResult solve_exact_min_memory(const BudgetProblem& p, double time_limit_s = 20) {
+inline ExactResult solve_exact_min_memory(const BudgetProblem& p, double time_limit_s = 20, int node_limit = 0) {
   detail::check_budget_problem(p);
   const auto t0 = std::chrono::steady_clock::now();
   ExactResult r;
@@ -215,13 +221,13 @@ inline ExactResult solve_exact_min_memory(const BudgetProblem& p, double time_li
     return done(r);
   }
   Solution upper;
-  detail::GlpkAnswer a = detail::run_glpk(p, m, time_limit_s);
+  detail::GlpkAnswer a = detail::run_glpk(p, m, time_limit_s, node_limit);
   if (a.has_solution()) upper = make_solution(p, a.choice, 0);
   if (!a.has_solution() || !fits_target(p, upper.eval, upper.eval.device_peak)) {
     upper = solve_min_memory(p);
     if (!fits_target(p, upper.eval, upper.eval.device_peak)) {
       ExactResult any = solve_exact(p, std::numeric_limits<std::int64_t>::max() / 4,
-                                    time_limit_s - detail::seconds_since(t0));
+                                    time_limit_s - detail::seconds_since(t0), node_limit);
       if (!any.solution.feasible) return done(any);
       upper = any.solution;
     }
@@ -231,7 +237,7 @@ inline ExactResult solve_exact_min_memory(const BudgetProblem& p, double time_li
   bool proved_least = false;
   std::string why_not;
   for (int round = 0; round < 16; ++round) {
-    ExactResult lower = solve_exact(p, peak - 1, time_limit_s - detail::seconds_since(t0));
+    ExactResult lower = solve_exact(p, peak - 1, time_limit_s - detail::seconds_since(t0), node_limit);
     if (lower.solution.feasible) {
       peak = lower.solution.eval.device_peak;
       continue;
@@ -240,12 +246,13 @@ inline ExactResult solve_exact_min_memory(const BudgetProblem& p, double time_li
     why_not = lower.status;
     break;
   }
-  r = solve_exact(p, peak, time_limit_s - detail::seconds_since(t0));
+  r = solve_exact(p, peak, time_limit_s - detail::seconds_since(t0), node_limit);
   r.optimal = r.optimal && proved_least;
   if (!proved_least) r.status = cat("least device peak not proved (a byte lower: ", why_not, "); at this one: ", r.status);
   return done(r);
 #else
   (void)time_limit_s;
+  (void)node_limit;
   detail::require_small_without_glpk(p);
   r = solve_exhaustive_min_memory(p);
   r.seconds = detail::seconds_since(t0);

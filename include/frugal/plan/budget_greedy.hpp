@@ -45,6 +45,30 @@ inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<M
   return true;
 }
 
+// Sets back to keep, dearest first, every eviction in `choice` that the
+// device peak does not need to stay at or under `bound` (requirements kept).
+inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound) {
+  Solution s;
+  s.choice = std::move(choice);
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < s.choice.size(); ++i)
+    if (s.choice[i] != 0) chosen.push_back(i);
+  std::stable_sort(chosen.begin(), chosen.end(), [&](std::size_t a, std::size_t b) {
+    return p.candidates[a].options[std::size_t(s.choice[a])].cost_ms >
+           p.candidates[b].options[std::size_t(s.choice[b])].cost_ms;
+  });
+  for (std::size_t i : chosen) {
+    int was = s.choice[i];
+    if (!may_choose(p, s.choice, i, 0)) continue;
+    s.choice[i] = 0;
+    Evaluation e = evaluate(p, s.choice);
+    if (!e.requirements_met || e.device_peak > bound) s.choice[i] = was;
+  }
+  s.eval = evaluate(p, s.choice);
+  s.feasible = s.eval.requirements_met && s.eval.device_peak <= bound;
+  return s;
+}
+
 inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
   Solution s;
   s.choice.assign(p.candidates.size(), 0);
@@ -103,22 +127,7 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     for (auto [c, k] : best) s.choice[c] = k;
   }
   // Undo what the target does not need, dearest first.
-  std::int64_t bound = std::max(target, evaluate(p, s.choice).device_peak);
-  std::vector<std::size_t> chosen;
-  for (std::size_t i = 0; i < s.choice.size(); ++i)
-    if (s.choice[i] != 0) chosen.push_back(i);
-  std::stable_sort(chosen.begin(), chosen.end(), [&](std::size_t a, std::size_t b) {
-    return p.candidates[a].options[std::size_t(s.choice[a])].cost_ms >
-           p.candidates[b].options[std::size_t(s.choice[b])].cost_ms;
-  });
-  for (std::size_t i : chosen) {
-    int was = s.choice[i];
-    if (!may_choose(p, s.choice, i, 0)) continue;
-    s.choice[i] = 0;
-    Evaluation e = evaluate(p, s.choice);
-    if (!e.requirements_met || e.device_peak > bound) s.choice[i] = was;
-  }
-  s.eval = evaluate(p, s.choice);
+  s = undo_unneeded(p, std::move(s.choice), std::max(target, evaluate(p, s.choice).device_peak));
   s.feasible = s.eval.requirements_met && s.eval.device_peak <= target &&
                (p.host_budget == 0 || s.eval.host_peak <= p.host_budget) &&
                (p.nvme_budget == 0 || s.eval.nvme_peak <= p.nvme_budget);

@@ -281,12 +281,22 @@ struct GlpkAnswer {
   int status = 0;  // glp_mip_status
   std::vector<int> choice;
   double objective = 0;  // ms, or bytes of peak in min-peak mode
-  bool has_solution() const { return ret == 0 || ret == GLP_ETMLIM ? status == GLP_OPT || status == GLP_FEAS : false; }
+  bool has_solution() const {
+    return ret == 0 || ret == GLP_ETMLIM || ret == GLP_ESTOP ? status == GLP_OPT || status == GLP_FEAS : false;
+  }
   bool proved_infeasible() const { return ret == GLP_ENOPFS || (ret == 0 && status == GLP_NOFEAS); }
 };
 
-// One branch-and-cut run.
-inline GlpkAnswer run_glpk(const BudgetProblem& p, const IlpModel& m, double seconds) {
+// Stops branch and cut once it has made `*limit` nodes: a bound on work
+// that, unlike a time limit, ends at the same node on every machine.
+inline void stop_after_nodes(glp_tree* tree, void* limit) {
+  int active = 0, current = 0, total = 0;
+  glp_ios_tree_size(tree, &active, &current, &total);
+  if (total > *static_cast<const int*>(limit)) glp_ios_terminate(tree);
+}
+
+// The model as a GLPK problem (binary columns; the caller deletes it).
+inline glp_prob* glpk_problem(const IlpModel& m) {
   glp_prob* lp = glp_create_prob();
   glp_set_obj_dir(lp, GLP_MIN);
   const int ncols = m.cols + (m.min_peak ? 1 : 0);
@@ -320,11 +330,42 @@ inline GlpkAnswer run_glpk(const BudgetProblem& p, const IlpModel& m, double sec
   }
   if (ia.size() > 1) glp_load_matrix(lp, int(ia.size()) - 1, ia.data(), ja.data(), ar.data());
   for (int c : m.banned) glp_set_col_bnds(lp, c, GLP_FX, 0, 0);
+  return lp;
+}
+
+// The optimum of the model's linear relaxation (every binary column let
+// take any value in [0, 1]), in bytes of peak in min-peak mode: a lower
+// bound on the integer optimum. False when the simplex proves nothing.
+inline bool run_glpk_relaxation(const BudgetProblem&, const IlpModel& m, double& objective) {
+  glp_prob* lp = glpk_problem(m);
+  for (int c = 1; c <= m.cols; ++c) {
+    glp_set_col_kind(lp, c, GLP_CV);
+    if (std::find(m.banned.begin(), m.banned.end(), c) == m.banned.end()) glp_set_col_bnds(lp, c, GLP_DB, 0, 1);
+  }
+  glp_smcp parm;
+  glp_init_smcp(&parm);
+  parm.msg_lev = GLP_MSG_OFF;
+  parm.presolve = GLP_ON;
+  const int ret = glp_simplex(lp, &parm);
+  const bool ok = ret == 0 && glp_get_status(lp) == GLP_OPT;
+  if (ok) objective = glp_get_obj_val(lp) * (m.min_peak ? m.peak_unit : 1.0);
+  glp_delete_prob(lp);
+  return ok;
+}
+
+// One branch-and-cut run, for at most `seconds` and (when positive) at most
+// `node_limit` branch-and-bound nodes.
+inline GlpkAnswer run_glpk(const BudgetProblem& p, const IlpModel& m, double seconds, int node_limit = 0) {
+  glp_prob* lp = glpk_problem(m);
   glp_iocp parm;
   glp_init_iocp(&parm);
   parm.presolve = GLP_ON;
   parm.msg_lev = GLP_MSG_OFF;
   parm.tm_lim = int(std::clamp(seconds * 1000.0, 1.0, 2.0e9));
+  if (node_limit > 0) {
+    parm.cb_func = stop_after_nodes;
+    parm.cb_info = &node_limit;
+  }
   GlpkAnswer a;
   a.ret = glp_intopt(lp, &parm);
   a.status = glp_mip_status(lp);

@@ -61,6 +61,12 @@ struct Option {
   int out_done = -1;   // evict copy finished before this position runs
   int in_start = -1;   // fetch starts before this position runs
   std::string reason;  // why it is priced as it is, for the plan's record
+  // Its memory effects follow from the schedule alone, not from any price:
+  // keep, recompute, and a transfer placed just in time (evicted right after
+  // the use before the window, fetched right before the use after it). The
+  // least-memory search (budget_least.hpp) reads only these options, so the
+  // smallest feasible budget is the same under every DeviceProfile.
+  bool price_free = false;
 };
 
 struct Candidate {
@@ -69,7 +75,7 @@ struct Candidate {
   int before = 0;  // the use before the idle window (or the producer); for a persistent's wrap-around, the last use
   int after = 0;   // the use after it (for a wrap-around, the first use of the next step)
   bool wraps = false;  // a persistent value between the end of one step and its first use in the next
-  std::vector<Option> options;  // options[0] is keep: no effect, no cost
+  std::vector<Option> options;  // options[0] is keep: no effect, no cost (and price_free)
 };
 
 struct BudgetProblem {

@@ -1,28 +1,31 @@
 #pragma once
 // The budget solve: from a graph and a device budget to a plan that fits it.
 //
-// 1. Plan the step unconstrained. If it fits, that is the plan.
+// 1. Plan the step unconstrained. If it fits, that is the plan (and the
+//    smallest feasible budget is not searched for).
 // 2. Build the budget problem and find the least device memory its options
-//    reach (every candidate evicted as cheaply as possible at each peak).
-//    That plan's device bytes are the smallest feasible budget: below it,
-//    compile fails naming it; at it or above, this plan is the fallback.
-// 3. Solve greedily for the budget, rewrite, plan, and check the real arena
-//    (offsets leave gaps the abstract problem does not see); tighten the
-//    target by the overshoot and retry a few times, else fall back to 2.
-// A step of up to kExactPositions ops is solved exactly instead (an ILP
-// through GLPK, budget_exact.hpp), both for its least memory and for the
-// budget, with the greedy as the fallback if the exact solve gives out.
+//    reach, reading no price (budget_least.hpp): exactly on steps of up to
+//    kExactPositions ops, else by the greedy and a local search. That plan's
+//    device bytes are the smallest feasible budget, the same under every
+//    DeviceProfile: below it, compile fails naming it; at it or above, this
+//    plan is the fallback, so every such budget compiles on every machine.
+// 3. Solve for the budget with the prices (exactly on small steps, greedily
+//    otherwise), rewrite, plan, and check the real arena (offsets leave gaps
+//    the abstract problem does not see); tighten the target by the overshoot
+//    and retry a few times. Else take the least-memory plan with every
+//    eviction the budget does not need undone, dearest first; else the
+//    least-memory plan itself. Prices choose among plans that fit; they
+//    never decide whether one exists.
 #include <numeric>
 
 #include "budget_exact.hpp"
 #include "budget_greedy.hpp"
+#include "budget_least.hpp"
 #include "cost_model.hpp"
 #include "plan.hpp"
 #include "rewrite.hpp"
 
 namespace frugal::plan {
-
-inline constexpr int kExactPositions = 40;
 
 struct BudgetedPlan {
   std::shared_ptr<Graph> graph;  // the graph the plan runs: the input, or its rewrite
@@ -87,7 +90,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   base.predicted_step_ms = base_ms;
   base.budget_bytes = budget.device;
   if (budget.device == 0 || base.total_bytes() <= budget.device) {
-    base.min_feasible_bytes = base.total_bytes();  // not searched: no eviction was needed
+    base.min_feasible_bytes = 0;  // not searched: no eviction was needed (the summary says so)
     return {g, std::move(base)};
   }
 
@@ -108,14 +111,8 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     return BudgetedPlan{std::move(rw.graph), std::move(p)};
   };
 
-  const bool exact = problem.positions <= kExactPositions;
-  auto least_solution = [&] {
-    if (exact) {
-      ExactResult r = solve_exact_min_memory(problem, 10);
-      if (r.solution.feasible) return r.solution;
-    }
-    return solve_min_memory(problem);
-  };
+  const bool exact = problem.positions <= kExactPositions &&
+                     (kExactSolverHasGlpk || option_combinations(problem) <= kExhaustiveCombinationLimit);
   auto solve_for = [&](std::int64_t target) {
     if (exact) {
       ExactResult r = solve_exact(problem, target, 10);
@@ -123,7 +120,11 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     }
     return solve_greedy(problem, target);
   };
-  BudgetedPlan least = realize(least_solution());
+  // The least memory, from the price-free view of the problem; its choices
+  // mapped back to the priced options they are (same placement, real costs).
+  const MemoryView view = memory_view(problem);
+  const std::vector<int> least_choice = full_choice(view, least_memory(view.problem).choice);
+  BudgetedPlan least = realize(make_solution(problem, least_choice, std::numeric_limits<std::int64_t>::max()));
   const std::size_t min_feasible = least.plan.total_bytes();
   if (budget.device < min_feasible)
     throw BudgetError(cat("device budget ", format_bytes(budget.device), " (", budget.device,
@@ -132,6 +133,8 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
                       budget.nvme_dir.empty() ? "" : " or spill", " moved off the device",
                       budget.host ? cat(" and a host pool of at most ", format_bytes(budget.host)) : std::string(),
                       "; unconstrained the step needs ", format_bytes(base.total_bytes()),
+                      " (the same on every machine: no measured speed enters it). Give a device budget of at least ",
+                      min_feasible, " bytes", budget.host ? ", or a larger host pool" : "",
                       ". Largest consumers at that plan's peak:", largest_consumers(*least.graph, least.plan)),
                       min_feasible);
   least.plan.min_feasible_bytes = min_feasible;
@@ -146,6 +149,20 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
       return bp;
     }
     target -= std::int64_t(bp.plan.total_bytes() - budget.device) + std::int64_t(kAlignment);
+  }
+  // The priced solves found nothing that fits: the least-memory plan, with
+  // the evictions this budget does not need undone (dearest first), if that
+  // still fits once placed; else the least-memory plan as it is.
+  if (budget.device > min_feasible) {
+    const std::int64_t room = std::int64_t(budget.device) - std::int64_t(min_feasible);
+    Solution relaxed = undo_unneeded(problem, least_choice, evaluate(problem, least_choice).device_peak + room);
+    if (relaxed.choice != least_choice) {
+      BudgetedPlan bp = realize(relaxed);
+      if (bp.plan.total_bytes() <= budget.device) {
+        bp.plan.min_feasible_bytes = min_feasible;
+        return bp;
+      }
+    }
   }
   return least;
 }

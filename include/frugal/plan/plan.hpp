@@ -62,7 +62,7 @@ struct Plan {
   };
   std::vector<Decision> decisions;
   std::size_t budget_bytes = 0;        // the device budget it was solved for (0: none)
-  std::size_t min_feasible_bytes = 0;  // the least device budget this planner meets for the step
+  std::size_t min_feasible_bytes = 0;  // the least device budget this planner meets for the step; 0: not searched (the budget does not bind)
   std::size_t unconstrained_bytes = 0; // the device bytes without any eviction
   double predicted_step_ms = 0;        // the cost model's step time
   std::string priced_with;             // whose rates priced the budget's choices (said in the summary)

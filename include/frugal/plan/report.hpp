@@ -70,9 +70,13 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
   std::ostringstream os;
   char ms[64];
   std::snprintf(ms, sizeof ms, "%.2f", p.predicted_step_ms);
+  // min_feasible_bytes is 0 when the budget did not bind: then nothing was
+  // evicted and the least the step could run in was not searched for.
   os << "budget " << format_bytes(p.budget_bytes) << ": the step needs " << format_bytes(p.total_bytes())
-     << " on the device (unconstrained " << format_bytes(p.unconstrained_bytes) << ", smallest feasible "
-     << format_bytes(p.min_feasible_bytes) << "), predicted " << ms << " ms per step\n";
+     << " on the device (unconstrained " << format_bytes(p.unconstrained_bytes) << ", "
+     << (p.min_feasible_bytes ? "smallest feasible " + format_bytes(p.min_feasible_bytes)
+                              : std::string("the budget does not bind, so the smallest feasible budget was not searched for"))
+     << "), predicted " << ms << " ms per step\n";
   if (!p.priced_with.empty()) os << "  priced with " << p.priced_with << "\n";
   if (p.decisions.empty()) return os.str();
   os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
@@ -139,8 +143,10 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
   }
   os << "]";
   if (p.budget_bytes) {
-    os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":" << p.min_feasible_bytes
+    os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":"  // null: not searched (the budget does not bind)
+       << (p.min_feasible_bytes ? std::to_string(p.min_feasible_bytes) : std::string("null"))
        << ",\"unconstrained_bytes\":" << p.unconstrained_bytes << ",\"predicted_step_ms\":" << p.predicted_step_ms
+       << ",\"priced_with\":\"" << json_escape(p.priced_with) << "\""
        << ",\"host_bytes\":" << p.host_bytes << ",\"nvme_bytes\":" << p.nvme_bytes
        << ",\"offloaded_bytes\":" << p.offloaded_bytes << ",\"decision_counts\":{\"recompute\":"
        << p.count(Choice::recompute) << ",\"swap_host\":" << p.count(Choice::host)

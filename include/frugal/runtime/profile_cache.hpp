@@ -3,6 +3,7 @@
 // and written: one small JSON file per backend and thread count, replaced
 // atomically (temp file, fsync, rename) so a crash never leaves half a file.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>

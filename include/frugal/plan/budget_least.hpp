@@ -1,0 +1,329 @@
+#pragma once
+// The least device memory a budget problem's options reach, found without
+// reading a single price, so that the smallest feasible budget (and with it
+// whether a budget fits) is the same under every DeviceProfile (DESIGN.md,
+// invariant 4). Prices only choose among plans that fit (budget_solve.hpp).
+//
+// The problem's options come priced: an overlapped transfer frees the device
+// only between where its copies finish and start, which the compute times
+// decide. Its just-in-time twin (evicted right after the use before the
+// window, fetched right before the use after it) frees the whole window and
+// holds the same host or NVMe bytes, so it is never worse in memory. The
+// memory view keeps only such price-free options (Option::price_free: keep,
+// recompute, just in time) and gives them canonical costs that read no rate,
+// so the view, and every answer found on it, is the same whatever the
+// prices were. Its least peak is the least peak of the whole problem.
+//
+// On the view, a problem of up to kExactPositions positions is solved by the
+// exact solver (bounded by branch-and-bound nodes, not seconds, so that an
+// answer it cannot prove is still the same on every machine); a larger one
+// by the greedy, then by a local search that moves single candidates to
+// lower the peak. least_memory_lower_bound states how far from the optimum
+// an answer can at most be.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "budget_exact.hpp"
+
+namespace frugal::plan {
+
+inline constexpr int kExactPositions = 40;
+// Branch-and-bound nodes per GLPK run in the least-memory search: enough to
+// prove the steps of up to kExactPositions ops seen so far, and a bound that
+// ends at the same node on every machine.
+inline constexpr int kLeastMemoryNodeLimit = 20000;
+// Seconds per exact least-memory search: a backstop only; the node limit is
+// what normally ends an unproved search, and only it is machine-independent.
+inline constexpr double kLeastMemoryBackstopSeconds = 120;
+
+// A fixed preference among options that reads no rate: fewer bytes moved
+// off the device, then recomputation before a host round trip before an
+// NVMe one. Only used to break ties among answers of equal peak.
+inline double canonical_cost(const Candidate& c, const Option& o) {
+  const double weight = o.choice == Choice::recompute ? 1 : o.choice == Choice::host ? 2 : o.choice == Choice::nvme ? 3 : 0;
+  return weight * (1 + double(c.bytes) / double(1 << 20));
+}
+
+struct MemoryView {
+  BudgetProblem problem;            // the price-free options, canonically priced
+  std::vector<std::vector<int>> to_full;  // per candidate: view option -> option of the full problem
+};
+
+inline MemoryView memory_view(const BudgetProblem& p) {
+  MemoryView v;
+  BudgetProblem& q = v.problem;
+  q.positions = p.positions;
+  q.base = p.base;
+  q.op_ms.assign(std::size_t(std::max(p.positions, 0)), 0.0);
+  q.device_budget = p.device_budget;
+  q.host_budget = p.host_budget;
+  q.nvme_budget = p.nvme_budget;
+  // Which full options each candidate keeps, in a fixed order (by choice;
+  // there is at most one price-free option of each choice).
+  std::vector<std::vector<int>> full_to_view(p.candidates.size());
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+    const auto& opts = p.candidates[i].options;
+    std::vector<int> keep{0};
+    for (int j = 1; j < int(opts.size()); ++j)
+      if (opts[std::size_t(j)].price_free) keep.push_back(j);
+    std::stable_sort(keep.begin() + 1, keep.end(),
+                     [&](int a, int b) { return opts[std::size_t(a)].choice < opts[std::size_t(b)].choice; });
+    full_to_view[i].assign(opts.size(), -1);
+    for (int k = 0; k < int(keep.size()); ++k) full_to_view[i][std::size_t(keep[std::size_t(k)])] = k;
+    v.to_full.push_back(std::move(keep));
+  }
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+    const Candidate& c = p.candidates[i];
+    Candidate d{c.value, c.bytes, c.before, c.after, c.wraps, {}};
+    for (int j : v.to_full[i]) {
+      Option o = c.options[std::size_t(j)];
+      o.cost_ms = j == 0 ? 0.0 : canonical_cost(c, o);
+      o.reason.clear();
+      for (Requirement& r : o.requires_) {  // option masks name the view's options
+        std::uint32_t mask = 0;
+        const auto& map = full_to_view[std::size_t(r.candidate)];
+        for (std::size_t k = 0; k < map.size() && k < 32; ++k)
+          if (((r.allowed >> k) & 1u) && map[k] >= 0 && map[k] < 32) mask |= 1u << map[k];
+        r.allowed = mask;
+      }
+      d.options.push_back(std::move(o));
+    }
+    q.candidates.push_back(std::move(d));
+  }
+  return v;
+}
+
+// A view answer as a choice vector of the full problem.
+inline std::vector<int> full_choice(const MemoryView& v, const std::vector<int>& view_choice) {
+  std::vector<int> out(view_choice.size());
+  for (std::size_t i = 0; i < view_choice.size(); ++i) out[i] = v.to_full[i][std::size_t(view_choice[i])];
+  return out;
+}
+
+// Lowers the peak by local moves while one lowers it, or keeps it and
+// leaves fewer positions at it, within the host and NVMe limits and every
+// requirement. A move sets one candidate's option where that frees bytes at
+// a peak position, together with what the requirements then ask: a
+// candidate the new option requires in some state is moved into it, and one
+// whose option required the old state (a recomputation needing its input
+// kept) is moved to the option of its own that holds the fewest bytes at
+// the peak. Deterministic: candidates and options in index order, the first
+// improving move taken.
+inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max_rounds = 512) {
+  const std::size_t n = std::size_t(std::max(p.positions, 0));
+  const std::size_t C = p.candidates.size();
+  // requirers[i]: candidates with some option requiring something of i.
+  std::vector<std::vector<std::size_t>> requirers(C);
+  for (std::size_t k = 0; k < C; ++k)
+    for (auto& o : p.candidates[k].options)
+      for (auto& r : o.requires_)
+        if (std::size_t(r.candidate) != k) requirers[std::size_t(r.candidate)].push_back(k);
+  for (auto& v : requirers) v.erase(std::unique(v.begin(), v.end()), v.end());
+  auto allows = [](const Requirement& r, int option) { return ((r.allowed >> option) & 1u) != 0; };
+  for (int round = 0; round < max_rounds && n > 0; ++round) {
+    const Evaluation now = evaluate(p, s.choice);
+    const Profiles pr = profiles(p, s.choice);
+    const std::int64_t peak = now.device_peak;
+    std::vector<int> at_peak;
+    for (std::size_t t = 0; t < n; ++t)
+      if (pr.device[t] == peak) at_peak.push_back(int(t));
+    auto at_peak_bytes = [&](const Option& o) {
+      std::int64_t b = 0;
+      for (int t : at_peak) b += bytes_at(o.device, t);
+      return b;
+    };
+    bool moved = false;
+    for (std::size_t i = 0; i < C && !moved; ++i) {
+      const int was = s.choice[i];
+      const Option& from = p.candidates[i].options[std::size_t(was)];
+      for (int j = 0; j < int(p.candidates[i].options.size()) && !moved; ++j) {
+        if (j == was) continue;
+        const Option& to = p.candidates[i].options[std::size_t(j)];
+        bool frees = false;
+        for (int t : at_peak) frees = frees || bytes_at(to.device, t) < bytes_at(from.device, t);
+        if (!frees) continue;
+        std::vector<int> trial = s.choice;
+        trial[i] = j;
+        bool ok = true;
+        for (auto& r : to.requires_) {  // what the new option needs of others
+          const std::size_t c = std::size_t(r.candidate);
+          if (allows(r, trial[c])) continue;
+          int k = 0;
+          while (k < int(p.candidates[c].options.size()) && !allows(r, k)) ++k;
+          if (c == i || k >= int(p.candidates[c].options.size())) { ok = false; break; }
+          trial[c] = k;
+        }
+        if (!ok) continue;
+        for (std::size_t k : requirers[i]) {  // those the change breaks move to their best other option
+          bool broken = false;
+          for (auto& r : p.candidates[k].options[std::size_t(trial[k])].requires_)
+            broken = broken || (std::size_t(r.candidate) == i && !allows(r, trial[i]));
+          if (!broken) continue;
+          int best = -1;
+          std::int64_t best_bytes = 0;
+          for (int m = 0; m < int(p.candidates[k].options.size()); ++m) {
+            bool fine = true;
+            for (auto& r : p.candidates[k].options[std::size_t(m)].requires_)
+              fine = fine && allows(r, trial[std::size_t(r.candidate)]);
+            if (!fine) continue;
+            const std::int64_t b = at_peak_bytes(p.candidates[k].options[std::size_t(m)]);
+            if (best < 0 || b < best_bytes) best = m, best_bytes = b;
+          }
+          if (best < 0) { ok = false; break; }
+          trial[k] = best;
+        }
+        if (!ok) continue;
+        auto improves = [&](const std::vector<int>& c) {
+          const Evaluation e = evaluate(p, c);
+          if (!fits_target(p, e, e.device_peak) || e.device_peak > peak) return false;
+          if (e.device_peak < peak) return true;
+          std::size_t count = 0;
+          for (std::int64_t b : profiles(p, c).device) count += b == peak;
+          return count < at_peak.size();
+        };
+        if (improves(trial)) {
+          s.choice = std::move(trial);
+          moved = true;
+          break;
+        }
+        // Over the host or NVMe limit: make room by moving one candidate that
+        // holds bytes there (and nothing at the peak positions) to its option
+        // with the fewest bytes at the peak among those holding less there.
+        const Evaluation e = evaluate(p, trial);
+        const bool host_over = p.host_budget && e.host_peak > p.host_budget;
+        const bool nvme_over = p.nvme_budget && e.nvme_peak > p.nvme_budget;
+        if (!e.requirements_met || (!host_over && !nvme_over) || e.device_peak > peak) continue;
+        for (std::size_t k = 0; k < C && !moved; ++k) {
+          if (k == i || trial[k] != s.choice[k]) continue;
+          const Option& held = p.candidates[k].options[std::size_t(trial[k])];
+          if ((host_over ? held.host : held.nvme).empty()) continue;
+          int best = -1;
+          std::int64_t best_bytes = 0;
+          for (int m = 0; m < int(p.candidates[k].options.size()); ++m) {
+            const Option& o = p.candidates[k].options[std::size_t(m)];
+            if (m == trial[k] || !(host_over ? o.host : o.nvme).empty() || !may_choose(p, trial, k, m)) continue;
+            const std::int64_t b = at_peak_bytes(o);
+            if (best < 0 || b < best_bytes) best = m, best_bytes = b;
+          }
+          if (best < 0) continue;
+          std::vector<int> pair = trial;
+          pair[k] = best;
+          if (improves(pair)) {
+            s.choice = std::move(pair);
+            moved = true;
+          }
+        }
+      }
+    }
+    if (!moved) break;
+  }
+  s.eval = evaluate(p, s.choice);
+  s.feasible = fits_target(p, s.eval, s.eval.device_peak);
+  return s;
+}
+
+// A start for the local search that the peak-by-peak greedy can miss: every
+// candidate, largest first (bytes times window), at the option that frees the
+// most device bytes over the whole step, while the host and NVMe limits leave
+// room and the requirements hold. With no host limit that is every value
+// swapped just in time: each position at its own least.
+inline Solution transfer_start(const BudgetProblem& p) {
+  const std::size_t C = p.candidates.size();
+  std::vector<std::size_t> order(C);
+  for (std::size_t i = 0; i < C; ++i) order[i] = i;
+  auto weight = [&](std::size_t i) {
+    const Candidate& c = p.candidates[i];
+    return double(c.bytes) * double(c.wraps ? p.positions - (c.before - c.after) : c.after - c.before);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return weight(a) > weight(b); });
+  auto freed = [&](const Option& o) {
+    double f = 0;
+    for (auto& e : o.device)
+      if (!e.span.empty()) f -= double(e.bytes) * double(e.span.last - e.span.first + 1);
+    return f;
+  };
+  Solution s;
+  s.choice.assign(C, 0);
+  Profiles pr = profiles(p, s.choice);
+  for (int pass = 0; pass < 2; ++pass)  // a second pass takes what needed another's choice first
+    for (std::size_t i : order) {
+      if (s.choice[i] != 0) continue;
+      int best = 0;
+      double best_freed = 0;
+      bool best_free = false;  // requires nothing of others, so it blocks no one's later choice
+      for (int j = 1; j < int(p.candidates[i].options.size()); ++j) {
+        const Option& o = p.candidates[i].options[std::size_t(j)];
+        const double f = freed(o);
+        const bool free = o.requires_.empty();
+        if (f < best_freed || (f == best_freed && (best != 0 && (best_free || !free))) || f <= 0) continue;
+        if (!may_choose(p, s.choice, i, j)) continue;
+        if (!tier_fits(pr.host, o.host, p.host_budget) || !tier_fits(pr.nvme, o.nvme, p.nvme_budget)) continue;
+        best = j, best_freed = f, best_free = free;
+      }
+      if (best == 0) continue;
+      s.choice[i] = best;
+      pr = profiles(p, s.choice);
+    }
+  s.eval = evaluate(p, s.choice);
+  s.feasible = fits_target(p, s.eval, s.eval.device_peak);
+  return s;
+}
+
+// The least device peak the view reaches: exact (or, unproved, the best the
+// node limit allows) on small problems; on larger ones the lower of two
+// local searches, from the greedy's answer and from transfer_start; the
+// lowest of all three where the exact solver runs. Reads no price.
+// The local searches alone (what runs on steps over kExactPositions ops).
+inline Solution least_memory_heuristic(const BudgetProblem& view) {
+  Solution greedy = improve_least_memory(view, solve_min_memory(view));
+  Solution swapped = improve_least_memory(view, transfer_start(view));
+  if (swapped.feasible && (!greedy.feasible || swapped.eval.device_peak < greedy.eval.device_peak)) greedy = std::move(swapped);
+  return greedy;
+}
+
+inline Solution least_memory(const BudgetProblem& view) {
+  Solution greedy = least_memory_heuristic(view);
+  if (view.positions > kExactPositions) return greedy;
+  if (!kExactSolverHasGlpk && option_combinations(view) > kExhaustiveCombinationLimit) return greedy;
+  ExactResult r = solve_exact_min_memory(view, kLeastMemoryBackstopSeconds, kLeastMemoryNodeLimit);
+  if (r.solution.feasible && r.solution.eval.device_peak <= greedy.eval.device_peak) return r.solution;
+  return greedy;
+}
+
+// A lower bound on the least device peak any choice of the problem's options
+// reaches: the larger of
+// - at each position, its base bytes plus, for every candidate, the fewest
+//   bytes any of its options holds there (each position alone, as if each
+//   could choose for it; ignores host and NVMe limits and requirements), and
+// - with GLPK, the linear relaxation of the least-peak integer program
+//   (budget_ilp.hpp), which keeps the limits and requirements but lets a
+//   candidate take fractions of options.
+// For checking the search (tests, bench/budget_gap); compile does not run it.
+inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
+  std::int64_t bound = 0;
+  const std::size_t n = std::size_t(std::max(p.positions, 0));
+  std::vector<std::int64_t> least(p.base.begin(), p.base.end());
+  for (const Candidate& c : p.candidates) {
+    std::vector<std::int64_t> fewest(n, std::numeric_limits<std::int64_t>::max());
+    for (const Option& o : c.options) {
+      std::vector<std::int64_t> d = detail::dense_effect(p, o.device);
+      for (std::size_t t = 0; t < n; ++t) fewest[t] = std::min(fewest[t], d[t]);
+    }
+    for (std::size_t t = 0; t < n; ++t) least[t] += fewest[t];
+  }
+  for (std::int64_t b : least) bound = std::max(bound, b);
+#ifdef FRUGAL_HAVE_GLPK
+  if (!p.candidates.empty()) {
+    detail::IlpModel m = detail::build_ilp(p, 0, true);
+    if (m.infeasible.empty()) {
+      double lp = 0;
+      if (detail::run_glpk_relaxation(p, m, lp)) bound = std::max(bound, std::int64_t(std::ceil(lp - 1e-6 * std::abs(lp))));
+    }
+  }
+#endif
+  return bound;
+}
+
+}  // namespace frugal::plan

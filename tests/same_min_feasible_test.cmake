@@ -1,0 +1,27 @@
+# Runs frugal-plan with --json under each of several device profiles and
+# checks that min_feasible_bytes is the same under all of them: feasibility
+# depends only on the graph and the budget, never on measured speeds.
+# EXE: frugal-plan; ARGS: its arguments (a ;-list); PROFILES: profile files.
+set(first "")
+foreach(profile ${PROFILES})
+  execute_process(COMMAND ${EXE} ${ARGS} --profile ${profile} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${EXE} ${ARGS} --profile ${profile} exited ${rc}\n${out}\n${err}")
+  endif()
+  string(STRIP "${out}" out)
+  string(JSON least ERROR_VARIABLE jerr GET "${out}" min_feasible_bytes)
+  if(jerr)
+    message(FATAL_ERROR "no min_feasible_bytes in the output under ${profile}: ${jerr}\n${out}")
+  endif()
+  if(NOT least MATCHES "^[0-9]+$" OR least EQUAL 0)
+    message(FATAL_ERROR "min_feasible_bytes is '${least}' under ${profile}: the budget should bind, so it is searched")
+  endif()
+  string(JSON priced GET "${out}" priced_with)
+  message("${profile}: min_feasible_bytes ${least} (priced with ${priced})")
+  if(first STREQUAL "")
+    set(first ${least})
+    set(first_profile ${profile})
+  elseif(NOT least EQUAL first)
+    message(FATAL_ERROR "min_feasible_bytes differs by profile: ${first} under ${first_profile}, ${least} under ${profile}")
+  endif()
+endforeach()
