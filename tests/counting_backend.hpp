@@ -9,11 +9,13 @@
 namespace counting {
 
 inline std::atomic<int> allocations{0}, deallocations{0};
+inline std::atomic<std::size_t> bytes_to_device{0};  // what copy_to_device moved
 inline std::atomic<bool> hide_kernels{false};
 
 inline void reset() {
   allocations = 0;
   deallocations = 0;
+  bytes_to_device = 0;
   hide_kernels = false;
 }
 
@@ -29,7 +31,10 @@ class Backend final : public frugal::Backend {
     ++deallocations;
     real_->deallocate(p);
   }
-  void copy_to_device(void* d, const void* s, std::size_t n) override { real_->copy_to_device(d, s, n); }
+  void copy_to_device(void* d, const void* s, std::size_t n) override {
+    bytes_to_device += n;
+    real_->copy_to_device(d, s, n);
+  }
   void copy_to_host(void* d, const void* s, std::size_t n) override { real_->copy_to_host(d, s, n); }
   void fill(void* d, unsigned char b, std::size_t n) override { real_->fill(d, b, n); }
   void synchronize() override { real_->synchronize(); }

@@ -593,3 +593,95 @@ TEST_CASE("views over in-place chains plan, verify and train: Linear, reshape, B
     CHECK(std::isfinite(loss));
   }
 }
+
+TEST_CASE("constants are bound once, read-only, reported as constants, and offloaded under a tight budget; module "
+          "buffers are reported as buffers",
+          "[plan][constant]") {
+  // A wide fixed feature matrix read by the first layer forward and again by
+  // its weight gradient: the same step as with the features as an input.
+  const int n = 64, f = 96;
+  Tensor features({n, f}), labels({n}, DType::i32);
+  fill_batch(features, labels, 17, 4);
+  auto train = [&](bool as_constant, Budget budget) {
+    nn::manual_seed(2);
+    nn::Linear fc1(f, 8), fc2(8, 4);
+    std::vector<Tensor> params = fc1.parameters();
+    for (auto& t : fc2.parameters()) params.push_back(t);
+    optim::SGD opt(params, {.lr = 0.1});
+    counting::reset();
+    CompileOptions o{.use_backend = counting::make()};
+    std::optional<Step> step;
+    if (as_constant)
+      step.emplace(compile([&](Var y) { return cross_entropy(fc2(relu(fc1(constant(features, "features")))), y); },
+                           {input<std::int32_t>({n})}, opt, budget, o));
+    else
+      step.emplace(compile([&](Var x, Var y) { return cross_entropy(fc2(relu(fc1(x))), y); },
+                           {input<float>({n, f}), input<std::int32_t>({n})}, opt, budget, o));
+    std::vector<float> losses;
+    for (int s = 0; s < 3; ++s) losses.push_back(as_constant ? step->run(labels) : step->run(features, labels));
+    const std::size_t copied = counting::bytes_to_device;
+    std::string described;
+    for (ValueId v : step->graph().values_of_kind(ValueKind::constant)) described += plan::describe_value(step->graph(), v);
+    return std::tuple{losses, fc1.weight.clone(), step->plan(), copied, described};
+  };
+  auto [in_losses, in_w, in_plan, in_copied, in_summary] = train(false, {});
+  auto [c_losses, c_w, c_plan, c_copied, c_summary] = train(true, {});
+  CHECK(c_losses == in_losses);
+  CHECK(std::memcmp(c_w.raw(), in_w.raw(), c_w.nbytes()) == 0);
+  // The input is copied in by every run; the constant never is.
+  CHECK(in_copied >= 3 * features.nbytes());
+  CHECK(c_copied < features.nbytes());
+  CHECK(c_plan.persistent_by_kind.at("constants") == features.nbytes());
+  CHECK(c_summary == "constant 'features' f32[64, 96]");
+  CHECK(in_summary.empty());
+  // A constant read once, early (a fixed offset added to the first layer's
+  // output; the add's backward does not read it): under a tight budget it
+  // waits on the host through the backward's peak, and the bits stay.
+  Tensor offset({n, 64});
+  {
+    Rng r(5);
+    for (std::int64_t i = 0; i < offset.numel(); ++i) offset.data<float>()[i] = float(r.normal());
+  }
+  auto offset_run = [&](Budget budget) {
+    nn::manual_seed(4);
+    nn::Linear fc1(f, 64), fc2(64, 4);
+    std::vector<Tensor> params = fc1.parameters();
+    for (auto& t : fc2.parameters()) params.push_back(t);
+    optim::SGD opt(params, {.lr = 0.1});
+    Step step = compile([&](Var x, Var y) { return cross_entropy(fc2(relu(fc1(x) + constant(offset, "offset"))), y); },
+                        {input<float>({n, f}), input<std::int32_t>({n})}, opt, budget);
+    std::vector<float> losses;
+    for (int s = 0; s < 3; ++s) losses.push_back(step.run(features, labels));
+    return std::tuple{losses, fc2.weight.clone(), step.plan()};
+  };
+  auto [o_losses, o_w, o_plan] = offset_run({});
+  const std::size_t least = std::get<2>(offset_run(Budget{.device = o_plan.total_bytes() - 1})).min_feasible_bytes;
+  REQUIRE(least < o_plan.total_bytes());
+  auto [t_losses, t_w, t_plan] = offset_run(Budget{.device = least});
+  CHECK(t_plan.total_bytes() <= least);
+  CHECK(t_plan.offloaded_bytes >= offset.nbytes());
+  CHECK(t_losses == o_losses);
+  CHECK(std::memcmp(t_w.raw(), o_w.raw(), t_w.nbytes()) == 0);
+
+  // A constant is read-only: an op that writes one is refused at capture.
+  Tensor count({}, DType::i64), found({}, DType::f32);
+  Graph g;
+  ValueId c = g.add_persistent(count, ValueKind::constant, "steps");
+  ValueId fi = g.add_persistent(found, ValueKind::parameter, "found_inf");
+  CHECK_THROWS_WITH(g.apply(std::make_shared<ops::AdvanceStepCount>(), {c, fi}),
+                    Catch::Contains("'steps', which is a constant"));
+
+  // BatchNorm's running statistics are buffers, not optimizer state.
+  nn::BatchNorm2d bn(3);
+  nn::Linear head(3 * 2 * 2, 2);
+  std::vector<Tensor> params = bn.parameters();
+  for (auto& t : head.parameters()) params.push_back(t);
+  optim::SGD opt(params, {.lr = 0.1});
+  Step step = compile([&](Var x, Var y) { return cross_entropy(head(reshape(bn(x), {4, 12})), y); },
+                      {input<float>({4, 3, 2, 2}), input<std::int32_t>({4})}, opt);
+  const std::size_t stats = 2 * 3 * sizeof(float);
+  CHECK(step.plan().persistent_by_kind.at("buffers") >= stats);
+  std::string names;
+  for (ValueId v : step.graph().values_of_kind(ValueKind::buffer)) names += plan::describe_value(step.graph(), v) + ";";
+  CHECK_THAT(names, Catch::Contains("buffer 'running_mean'") && Catch::Contains("buffer 'running_var'"));
+}

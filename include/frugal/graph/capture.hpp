@@ -29,8 +29,16 @@ class CaptureScope {
 // The Var of a parameter (or other persistent tensor) in the current capture.
 inline Var persistent_var(const Tensor& t, ValueKind kind, const std::string& name) {
   Graph* g = current_graph();
-  if (!g) fail("parameter '", name, "' was used outside a capture: call the model inside compile(...)");
+  if (!g) fail(value_kind_name(kind), " '", name, "' was used outside a capture: call the model inside compile(...)");
   return {g, g->add_persistent(t, kind, name)};
 }
+
+// A tensor every step reads and none writes (a fixed feature matrix, a
+// graph's adjacency), as a Var in the current capture. Unlike a step input,
+// it is bound once: run() does not copy it in, and under a tight budget the
+// planner can keep it on the host between its reads, like a parameter. The
+// program keeps the tensor alive while the step lives; after changing its
+// contents between steps, call step.parameters_changed().
+inline Var constant(const Tensor& t, const std::string& name) { return persistent_var(t, ValueKind::constant, name); }
 
 }  // namespace frugal

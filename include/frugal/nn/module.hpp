@@ -112,13 +112,13 @@ class Module {
       }
     fail("module '", qualified_name(), "': tensor is not one of its registered parameters");
   }
-  // The Var of one of this module's buffers in the current capture: a state
+  // The Var of one of this module's buffers in the current capture: a buffer
   // value, bound to the buffer's storage, that ops may read or update.
   Var buffer_var(const Tensor& t) const {
     for (auto& [n, b] : buffers_)
       if (b.raw() == t.raw()) {
         std::string q = qualified_name();
-        return persistent_var(t, ValueKind::state, q.empty() ? n : q + "." + n);
+        return persistent_var(t, ValueKind::buffer, q.empty() ? n : q + "." + n);
       }
     fail("module '", qualified_name(), "': tensor is not one of its registered buffers");
   }

@@ -202,20 +202,20 @@ struct SparseMatrix {
     SparseVar s;
     s.rows = rows;
     s.cols = cols;
-    s.row_ptr = persistent_var(row_ptr, ValueKind::state, name + ".row_ptr");
-    s.col = persistent_var(col, ValueKind::state, name + ".col");
-    s.values = persistent_var(values, ValueKind::state, name + ".values");
+    s.row_ptr = persistent_var(row_ptr, ValueKind::constant, name + ".row_ptr");
+    s.col = persistent_var(col, ValueKind::constant, name + ".col");
+    s.values = persistent_var(values, ValueKind::constant, name + ".values");
     if (t_ptr.defined()) {
       if (t_ptr.numel() != cols + 1)
         fail<ShapeError>("SparseMatrix '", name, "': t_ptr ", t_ptr.shape().str(), " must have cols + 1 = ", cols + 1,
                          " entries");
-      s.t_ptr = persistent_var(t_ptr, ValueKind::state, name + ".t_ptr");
-      s.t_idx = persistent_var(t_idx, ValueKind::state, name + ".t_idx");
-      s.t_perm = persistent_var(t_perm, ValueKind::state, name + ".t_perm");
+      s.t_ptr = persistent_var(t_ptr, ValueKind::constant, name + ".t_ptr");
+      s.t_idx = persistent_var(t_idx, ValueKind::constant, name + ".t_idx");
+      s.t_perm = persistent_var(t_perm, ValueKind::constant, name + ".t_perm");
       // Constant values only: if the values were bound as a trained
       // parameter, a transposed copy would go stale.
       if (t_values.defined() && s.values.graph->value(s.values.id).kind != ValueKind::parameter)
-        s.t_values = persistent_var(t_values, ValueKind::state, name + ".t_values");
+        s.t_values = persistent_var(t_values, ValueKind::constant, name + ".t_values");
     }
     return s;
   }

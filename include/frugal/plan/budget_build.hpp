@@ -73,7 +73,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
   }
   std::int64_t persistent = 0;
   for (const Value& v : g.values())
-    if (v.kind == ValueKind::parameter || v.kind == ValueKind::state) persistent += std::int64_t(v.meta.nbytes());
+    if (is_persistent(v.kind)) persistent += std::int64_t(v.meta.nbytes());
   p.base.assign(std::size_t(T), 0);
   std::int64_t cur = 0;
   for (int t = 0; t < T; ++t) p.base[std::size_t(t)] = (cur += diff[std::size_t(t)]) + persistent;
@@ -126,7 +126,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
   built.wrap_of.assign(g.num_values(), -1);
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
     const Value& val = g.value(v);
-    if (val.kind != ValueKind::parameter && val.kind != ValueKind::state) continue;
+    if (!is_persistent(val.kind)) continue;
     const auto& u = uses[std::size_t(v)];
     if (u.empty() || val.meta.nbytes() < kMinPersistentCandidate) continue;
     const std::int64_t bytes = std::int64_t(val.meta.nbytes());

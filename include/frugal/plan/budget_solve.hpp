@@ -56,7 +56,7 @@ inline std::string largest_consumers(const Graph& g, const Plan& plan, std::size
   std::vector<std::pair<std::size_t, std::string>> big;
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
     const Value& val = g.value(v);
-    if (val.kind == ValueKind::parameter || val.kind == ValueKind::state) big.push_back({val.meta.nbytes(), describe_value(g, v)});
+    if (is_persistent(val.kind)) big.push_back({val.meta.nbytes(), describe_value(g, v)});
   }
   for (auto& iv : plan.intervals)
     if (iv.first <= plan.peak_position && plan.peak_position <= iv.last) big.push_back({iv.bytes, describe_value(g, iv.value)});

@@ -110,7 +110,7 @@ inline void find_early_fetches(const Graph& g, Plan& p, std::span<const ValueId>
     if (!tr || tr->kind() != ops::TransferKind::fetch_start) continue;
     const ValueId home = n.inputs[0];
     const Value& hv = g.value(home);
-    if (hv.kind != ValueKind::parameter && hv.kind != ValueKind::state) continue;
+    if (!is_persistent(hv.kind)) continue;
     const int own = p.buffer_of[std::size_t(n.outputs[0])];
     const std::size_t lo = p.offsets[std::size_t(own)], hi = lo + p.intervals[std::size_t(own)].bytes;
     int after = written_back[std::size_t(home)];  // the source is final once written back
@@ -195,13 +195,13 @@ inline Plan plan_schedule(const Graph& g, std::vector<NodeId> schedule, std::spa
   }
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
     const Value& val = g.value(v);
-    if (val.kind != ValueKind::parameter && val.kind != ValueKind::state) continue;
+    if (!is_persistent(val.kind)) continue;
     if (read[std::size_t(v)] && !on_device[std::size_t(v)]) {
       p.offloaded_bytes += val.meta.nbytes();
       continue;
     }
     p.persistent_bytes += val.meta.nbytes();
-    p.persistent_by_kind[val.kind == ValueKind::parameter ? "parameters" : "optimizer state"] += val.meta.nbytes();
+    p.persistent_by_kind[persistent_category(val.kind)] += val.meta.nbytes();
   }
   plan::place_tiers(g, p);
   plan::find_early_fetches(g, p, roots);

@@ -15,8 +15,7 @@ namespace frugal::plan {
 // Where the bytes of a buffer belong, for the categories people ask about.
 inline std::string category_of(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
-  if (val.kind == ValueKind::parameter) return "parameters";
-  if (val.kind == ValueKind::state) return "optimizer state";
+  if (is_persistent(val.kind)) return persistent_category(val.kind);
   if (val.kind == ValueKind::input) return "inputs";
   if (val.is_workspace) return "workspace";
   switch (g.node(val.producer).phase) {
@@ -28,8 +27,8 @@ inline std::string category_of(const Graph& g, ValueId v) {
 }
 
 inline const std::vector<std::string>& categories() {
-  static const std::vector<std::string> c{"parameters", "gradients", "optimizer state", "activations", "inputs",
-                                          "workspace"};
+  static const std::vector<std::string> c{"parameters", "gradients", "optimizer state", "buffers", "constants",
+                                          "activations", "inputs", "workspace"};
   return c;
 }
 
@@ -170,6 +169,8 @@ inline const char* category_colour(const std::string& c) {
   if (c == "inputs") return "#59a14f";
   if (c == "optimizer state") return "#f28e2b";
   if (c == "parameters") return "#9c755f";
+  if (c == "buffers") return "#edc948";
+  if (c == "constants") return "#76b7b2";
   return "#bab0ac";
 }
 

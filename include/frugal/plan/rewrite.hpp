@@ -53,7 +53,7 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
     const Candidate& cand = p.candidates[c];
     const Option& o = cand.options[std::size_t(choice[c])];
     const Value& val = g.value(cand.value);
-    const bool persistent = val.kind == ValueKind::parameter || val.kind == ValueKind::state;
+    const bool persistent = is_persistent(val.kind);
     r.decisions.push_back({cand.value, o.choice, cand.bytes, cand.before, cand.after, cand.wraps, o.cost_ms, o.reason});
     const int ci = int(c);
     if (o.choice == Choice::recompute) {
@@ -126,7 +126,7 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
     for (auto [act, c] : before[std::size_t(t)]) {
       const Candidate& cand = p.candidates[std::size_t(c)];
       const ValueId v = cand.value;
-      const bool persistent = g.value(v).kind == ValueKind::parameter || g.value(v).kind == ValueKind::state;
+      const bool persistent = is_persistent(g.value(v).kind);
       if (act == fetch_start) {
         ValueId from = persistent ? v : tier_copy[std::size_t(c)];
         std::vector<NodeId> order;

@@ -226,7 +226,7 @@ class Executor {
     // it remembers the count it copied.
     for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
       const Value& val = graph_->value(v);
-      if ((val.kind == ValueKind::parameter || val.kind == ValueKind::state) && val.external.defined() &&
+      if (is_persistent(val.kind) && val.external.defined() &&
           !plan.offset_of[std::size_t(v)])
         persistent_.emplace(val.external.raw(), WriteGenerations::of(val.external.raw()));
     }

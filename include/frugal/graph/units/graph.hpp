@@ -2,13 +2,14 @@
 // Compiled once per program (frugal_add_kernels, or <frugal/kernels.hpp>):
 // the Graph members every captured op goes through.
 #include "../graph.hpp"
+#include "../var.hpp"
 
 namespace frugal {
 
 ValueId Graph::add_persistent(const Tensor& storage, ValueKind kind, std::string name) {
   if (!storage.defined()) fail("parameter '", name, "' has no storage (was it registered before it was created?)");
-  if (kind != ValueKind::parameter && kind != ValueKind::state)
-    fail("'", name, "': only parameters and optimizer state are bound to tensors the user owns; a ",
+  if (!is_persistent(kind))
+    fail("'", name, "': only parameters, optimizer state, buffers and constants are bound to tensors the user owns; a ",
          value_kind_name(kind), " is declared with input<T>(shape) or produced by an op");
   auto it = by_storage_.find(storage.raw());
   if (it != by_storage_.end()) return it->second;
@@ -40,6 +41,10 @@ std::vector<ValueId> Graph::apply_impl(std::shared_ptr<const Op> op, std::vector
                                       .is_workspace = true}));
     node.has_workspace = true;
   }
+  for (int mi : node.op->mutated_inputs())
+    if (const Value& target = value(node.inputs[std::size_t(mi)]); target.kind == ValueKind::constant)
+      fail(node.op->name(), " writes '", target.name, "', which is a constant: a constant is read by every step and ",
+           "written by none (bind it as a parameter, or as a module buffer, if an op must update it)");
   if (after) {
     node.after = *after;
   } else {

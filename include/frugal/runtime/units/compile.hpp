@@ -135,7 +135,7 @@ Prepared prepare_gradients(std::shared_ptr<Backend> backend, Captured c, const s
   std::vector<Var> vars;
   for (auto& t : wrt) {
     ValueId found = kNoValue;
-    for (const ValueKind k : {ValueKind::parameter, ValueKind::state})
+    for (const ValueKind k : {ValueKind::parameter, ValueKind::state, ValueKind::buffer, ValueKind::constant})
       for (ValueId v : g.values_of_kind(k))
         if (g.value(v).external.raw() == t.raw()) found = v;
     if (found == kNoValue)
