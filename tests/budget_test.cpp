@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <frugal/frugal.hpp>
 #include <frugal/plan/budget_solve.hpp>
+#include <frugal/runtime/nvme_store.hpp>
 
 #include "../tools/model_zoo.hpp"
 #include "counting_backend.hpp"
@@ -273,6 +274,61 @@ TEST_CASE("a full disk for the NVMe tier fails at compile, naming the directory,
   std::vector<std::vector<char>> after;
   for (auto& [n, t] : w.model->named_parameters()) after.push_back(bytes_of(t));
   CHECK(after == before);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a step whose NVMe read fails after some updates ran is undone: six good steps around it train as six "
+          "good steps",
+          "[budget][nvme][errors][atomic]") {
+  auto dir = fresh_dir("undo");
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  Budget b;
+  {
+    zoo::Workload w = zoo::make(c);
+    b = Budget{.device = zoo::plan(w).plan.total_bytes() - 1, .host = 1, .nvme_dir = dir.string()};
+    b.device = zoo::plan(w, {}, b).plan.min_feasible_bytes;
+  }
+  auto& fault = testing::nvme_read_fault_in();
+  // How many NVMe reads one step makes (the plan is the same every time).
+  long reads = 0;
+  {
+    zoo::Workload w = zoo::make(c);
+    Step step = zoo::compile(w, b);
+    auto batch = w.batch(1);
+    fault = 1L << 40;
+    step.run(batch[0], batch[1]);
+    reads = (1L << 40) - fault.load();
+    fault = -1;
+  }
+  REQUIRE(reads > 0);
+  auto train = [&](bool with_failure) {
+    zoo::Workload w = zoo::make(c);
+    Step step = zoo::compile(w, b);
+    // The last read comes after updates have run (they run as soon as their
+    // gradient is complete), so undoing needs the journal.
+    if (with_failure) CHECK(step.undo_journal_bytes() > 0);
+    std::vector<float> losses;
+    for (int s = 0; s < 6; ++s) {
+      auto batch = w.batch(std::uint64_t(s + 1));
+      if (with_failure && s == 3) {
+        fault = reads - 1;  // this step's last NVMe read fails
+        CHECK_THROWS_AS(step.run(batch[0], batch[1]), IoError);
+        CHECK(fault.load() == -1);  // the planted fault was met
+        CHECK(step.steps_run() == 3);
+        CHECK(w.opt->steps() == 3);
+      }
+      losses.push_back(step.run(batch[0], batch[1]));
+    }
+    std::vector<std::vector<char>> state;
+    for (auto& [n, t] : w.model->named_parameters()) state.push_back(bytes_of(t));
+    for (auto& st : w.opt->state()) state.push_back(bytes_of(st.tensor));
+    return std::pair{losses, state};
+  };
+  auto good = train(false);
+  auto failed = train(true);
+  fault = -1;
+  CHECK(failed.first == good.first);
+  CHECK(failed.second == good.second);
   std::filesystem::remove_all(dir);
 }
 

@@ -18,6 +18,7 @@
 #include "copy_engine.hpp"
 #include "host_pool.hpp"
 #include "nvme_store.hpp"
+#include "undo_journal.hpp"
 
 namespace frugal {
 
@@ -103,10 +104,12 @@ class Executor {
     // written the host-resident parameter it was fetched from.
     const bool fetched = prefetched_;
     prefetched_ = false;
+    journal_.begin();
     try {
       for (std::size_t i = 0; i < bound_.size(); ++i) {
         const Bound& b = bound_[i];
         auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+        journal_.before(i, backend_);
         if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
         else if (!(fetched && early_[i] && still_fetched(i))) transfer(b.move);
         for (WriteGenerations::Counter* c : b.writes) c->fetch_add(1, std::memory_order_acq_rel);
@@ -124,7 +127,8 @@ class Executor {
         if (copies_) copies_->drain();  // nothing may still be copying into memory the caller reuses
       } catch (...) {
       }
-      written_changed();  // a write may have been cut short
+      journal_.undo(backend_);  // the persistents as they were before this step
+      written_changed();        // a write may have been cut short
       throw;
     }
     if (copies_) copies_->drain();
@@ -142,6 +146,9 @@ class Executor {
     prefetched_ = false;
     for (auto& c : persistent_) c.second->fetch_add(1, std::memory_order_acq_rel);
   }
+  // Host bytes kept to undo a step that fails part way (UndoJournal): zero
+  // unless the plan reads or writes NVMe after its first update.
+  std::size_t journal_bytes() const { return journal_.bytes(); }
   // Fetches into the arena performed so far (early ones included): what a
   // still-valid early fetch saves.
   std::uint64_t fetches() const { return fetches_; }
@@ -243,6 +250,7 @@ class Executor {
       // a write back counts when its copy is done
       if (b.move.kind == ops::TransferKind::write_back_start && !b.kernel) b.writes.clear();
     }
+    plan_journal();
     fetched_at_.assign(bound_.size(), 0);
     // Fetches for the next step, issued after a position of this one.
     early_at_.assign(bound_.size(), {});
@@ -345,6 +353,40 @@ class Executor {
   // step reads or writes, by address.
   std::map<const void*, std::shared_ptr<WriteGenerations::Counter>> persistent_;
   std::uint64_t fetches_ = 0;
+  UndoJournal journal_;
+
+  // What a failed step must put back: the persistents written in place, and
+  // the homes written back to, before the step's last NVMe transfer (an I/O
+  // error is the failure a correct plan can still meet part way).
+  void plan_journal() {
+    journal_ = UndoJournal{};
+    std::vector<char> slot_is_nvme(64, 0);
+    std::size_t last_fallible = 0;
+    bool any = false;
+    for (std::size_t i = 0; i < bound_.size(); ++i) {
+      const Bound& b = bound_[i];
+      if (b.kernel) continue;
+      if (b.move.slot >= slot_is_nvme.size()) slot_is_nvme.resize(b.move.slot + 1, 0);
+      const bool start = b.op->as_transfer()->is_start();
+      if (start) slot_is_nvme[b.move.slot] = b.move.via != Move::memory;
+      if (slot_is_nvme[b.move.slot]) last_fallible = i, any = true;
+    }
+    if (!any) return;
+    for (std::size_t i = 0; i < last_fallible; ++i) {
+      const Bound& b = bound_[i];
+      const Node& node = graph_->node(b.node);
+      if (b.kernel) {
+        for (int k : node.op->mutated_inputs()) {
+          const ValueId v = node.inputs[std::size_t(k)];
+          if (is_persistent(graph_->value(v).kind))  // written where it lives (an arena copy goes home by a write back)
+            journal_.add(i, address_[std::size_t(v)], graph_->value(v).meta.nbytes(), UndoJournal::Where::device);
+        }
+      } else if (b.move.kind == ops::TransferKind::write_back_start && b.move.via == Move::memory) {
+        journal_.add(i, b.move.dst, b.move.bytes, UndoJournal::Where::host);
+      }
+    }
+    journal_.reserve();
+  }
 
   bool still_fetched(std::size_t i) const {
     const WriteGenerations::Counter* c = bound_[i].source;

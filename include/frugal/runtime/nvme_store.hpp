@@ -52,6 +52,16 @@ struct FreeDeleter {
 
 }  // namespace nvme_detail
 
+namespace testing {
+// A seam for tests of what a failing disk leaves behind: the NVMe read `n`
+// reads from now (0: the next) fails once with an IoError, as a read that
+// hits a bad sector would; -1 (the default) plants nothing. Process-wide.
+inline std::atomic<long>& nvme_read_fault_in() {
+  static std::atomic<long> n{-1};
+  return n;
+}
+}  // namespace testing
+
 class NvmeStore {
  public:
   // O_DIRECT wants buffer, offset and length aligned to the logical block
@@ -88,6 +98,13 @@ class NvmeStore {
   }
   void read(std::uint64_t offset, void* dst, std::size_t bytes) {
     check_range(offset, bytes);
+    auto& fault = testing::nvme_read_fault_in();
+    long n = fault.load();
+    while (n >= 0 && !fault.compare_exchange_weak(n, n - 1)) {
+    }
+    if (n == 0)
+      fail<IoError>("NVMe tier: read of ", bytes, " bytes at file offset ", offset, " in '", dir_,
+                    "' failed: an I/O error planted by frugal::testing::nvme_read_fault_in()");
     transfer(false, offset, static_cast<std::byte*>(dst), bytes);
   }
 

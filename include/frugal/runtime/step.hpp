@@ -116,6 +116,10 @@ class Step {
   // Fetches into the arena this step's executor has performed: an early
   // fetch still valid at the next step saves one.
   std::uint64_t fetches_performed() const;
+  // Host bytes kept so that a step failing part way (an NVMe I/O error after
+  // some updates ran) is undone: it leaves parameters, optimizer state and
+  // counters as they were. Zero unless the plan touches NVMe after an update.
+  std::size_t undo_journal_bytes() const;
 
  private:
   void stage(std::span<const Tensor* const> inputs);

@@ -156,5 +156,6 @@ std::size_t Step::measured_device_bytes() const {
 }
 void Step::parameters_changed() { executor_->storage_changed(); }
 std::uint64_t Step::fetches_performed() const { return executor_->fetches(); }
+std::size_t Step::undo_journal_bytes() const { return executor_->journal_bytes(); }
 
 }  // namespace frugal
