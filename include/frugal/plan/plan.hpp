@@ -16,6 +16,10 @@ namespace frugal {
 struct PlanOptions {
   bool reorder = true;  // run optimizer updates as soon as their gradient is complete
   bool inplace = true;  // let elementwise outputs take over inputs that die
+  // Merge chains of elementwise ops into one node before planning
+  // (ops/fusion.hpp): their intermediate values never exist. The fused
+  // step computes the unfused bits.
+  bool fuse = true;
 };
 
 struct Plan {
@@ -62,6 +66,10 @@ struct Plan {
   };
   std::vector<Decision> decisions;
   std::size_t budget_bytes = 0;        // the device budget it was solved for (0: none)
+  // Elementwise chains fused before planning (PlanOptions::fuse): fused
+  // nodes, and the bytes of the intermediate values that no longer exist.
+  int fused_chains = 0;
+  std::size_t fused_away_bytes = 0;
   std::size_t min_feasible_bytes = 0;  // the least device budget this planner meets for the step; 0: not searched (the budget does not bind)
   std::size_t unconstrained_bytes = 0; // the device bytes without any eviction
   double predicted_step_ms = 0;        // the cost model's step time
