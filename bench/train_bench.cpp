@@ -7,7 +7,7 @@
 //
 //   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
-//               [--host BYTES] [--nvme-dir DIR] [--audit] [--no-fuse]
+//               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse]
 //
 // --budget runs the step within a device byte budget (bytes such as 48MiB,
 // a percentage of the unconstrained device bytes, or `min`: the smallest
@@ -16,8 +16,8 @@
 // and how many values it recomputes, swaps to host or spills to NVMe.
 // bench/budget-curve sweeps budgets with it. An infeasible budget exits
 // with status 3 and a message naming the smallest feasible one.
-// --no-fuse plans the step without merging elementwise chains
-// (PlanOptions::fuse), for measuring what fusion saves.
+// --fuse / --no-fuse plan the step with or without merging elementwise
+// chains (PlanOptions::fuse, off by default), to measure what fusion saves.
 // --audit runs two more steps with the arena pattern-filled afterwards and
 // reports the bytes the step really wrote (audit_*), so device bytes can
 // be checked against the budget.
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   std::string budget_arg;
   Budget budget;
-  bool audit = false, fuse = true;
+  bool audit = false, fuse = CompileOptions{}.plan.fuse;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
     else if (a == "--nvme-dir") budget.nvme_dir = next();
     else if (a == "--audit") audit = true;
     else if (a == "--no-fuse") fuse = false;
+    else if (a == "--fuse") fuse = true;
     else {
       std::fprintf(stderr, "train_bench: unknown argument '%s'\n", a.c_str());
       return 2;

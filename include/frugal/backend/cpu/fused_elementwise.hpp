@@ -15,26 +15,29 @@
 #include "parallel.hpp"
 #include "strided.hpp"
 
+#include <cstring>
+
 #include "abi.hpp"
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 namespace fused_detail {
 
-// Runs one program step over m elements of the slots.
+// Runs one program step over m elements: operands from `src` (an input's
+// memory, or an earlier step's block), the result into r.
 template <class S, class C>
-void run_step(const ops::FusedStep& st, C (*slot)[bulk::kBlock], C* r, int m) {
+void run_step(const ops::FusedStep& st, const C* const* src, C* r, int m) {
   std::visit(
       [&](const auto& f) {
         using F = std::decay_t<decltype(f)>;
-        const C* x = slot[st.args[0]];
+        const C* x = src[st.args[0]];
         if constexpr (ops::fused_arity<F> == 1) {
           for (int j = 0; j < m; ++j) r[j] = f(x[j]);
         } else if constexpr (ops::fused_arity<F> == 2) {
-          const C* z = slot[st.args[1]];
+          const C* z = src[st.args[1]];
           for (int j = 0; j < m; ++j) r[j] = f(x[j], z[j]);
         } else {
-          const C *y = slot[st.args[1]], *dy = slot[st.args[2]];
+          const C *y = src[st.args[1]], *dy = src[st.args[2]];
           for (int j = 0; j < m; ++j) r[j] = f(x[j], y[j], dy[j]);
         }
       },
@@ -74,8 +77,17 @@ inline void fused_elementwise_kernel(const ops::FusedElementwise& op, const Kern
 
     // Elements [base, base + m) of the output; row r's broadcast inputs
     // start at their row offsets, column c0 of the row.
+    // Outputs are stored only after every step has read the inputs, so an
+    // output may share an input's memory (in place).
     auto block = [&](C (*slot)[bulk::kBlock], std::int64_t base, int m, std::int64_t r, std::int64_t c0) {
+      const C* src[kSlots];
       for (int k = 0; k < ni; ++k) {
+        if constexpr (std::is_same_v<S, C>) {
+          if (full[std::size_t(k)]) {  // read in place: no copy
+            src[k] = in[std::size_t(k)] + base;
+            continue;
+          }
+        }
         if (full[std::size_t(k)]) {
           convert_block(in[std::size_t(k)] + base, slot[k], m);
         } else {
@@ -84,10 +96,16 @@ inline void fused_elementwise_kernel(const ops::FusedElementwise& op, const Kern
           const std::int64_t cs = out.rank() > 0 ? s[out.rank() - 1] : 0;
           for (int j = 0; j < m; ++j) slot[k][j] = math::convert<C>(row[(c0 + j) * cs]);
         }
+        src[k] = slot[k];
       }
-      for (int s = 0; s < ns; ++s)
-        fused_detail::run_step<S, C>(prog.steps[std::size_t(s)], slot, slot[ni + s], m);
-      for (std::size_t o = 0; o < prog.outputs.size(); ++o) convert_block(slot[prog.outputs[o]], outp[o] + base, m);
+      for (int s = 0; s < ns; ++s) {
+        fused_detail::run_step<S, C>(prog.steps[std::size_t(s)], src, slot[ni + s], m);
+        src[ni + s] = slot[ni + s];
+      }
+      for (std::size_t o = 0; o < prog.outputs.size(); ++o) {
+        if constexpr (std::is_same_v<S, C>) std::memcpy(outp[o] + base, slot[prog.outputs[o]], sizeof(C) * std::size_t(m));
+        else convert_block(slot[prog.outputs[o]], outp[o] + base, m);
+      }
     };
     if (all_full) {
       parallel_for(numel, 8, [&](std::int64_t b, std::int64_t e) {
