@@ -7,7 +7,7 @@
 //
 //   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
-//               [--host BYTES] [--nvme-dir DIR] [--audit]
+//               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse]
 //
 // --budget runs the step within a device byte budget (bytes such as 48MiB,
 // a percentage of the unconstrained device bytes, or `min`: the smallest
@@ -16,6 +16,8 @@
 // and how many values it recomputes, swaps to host or spills to NVMe.
 // bench/budget-curve sweeps budgets with it. An infeasible budget exits
 // with status 3 and a message naming the smallest feasible one.
+// --fuse / --no-fuse plan the step with or without merging elementwise
+// chains (PlanOptions::fuse, off by default), to measure what fusion saves.
 // --audit runs two more steps with the arena pattern-filled afterwards and
 // reports the bytes the step really wrote (audit_*), so device bytes can
 // be checked against the budget.
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   std::string budget_arg;
   Budget budget;
-  bool audit = false;
+  bool audit = false, fuse = CompileOptions{}.plan.fuse;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -57,6 +59,8 @@ int main(int argc, char** argv) {
     else if (a == "--host") budget.host = parse_bytes(next());
     else if (a == "--nvme-dir") budget.nvme_dir = next();
     else if (a == "--audit") audit = true;
+    else if (a == "--no-fuse") fuse = false;
+    else if (a == "--fuse") fuse = true;
     else {
       std::fprintf(stderr, "train_bench: unknown argument '%s'\n", a.c_str());
       return 2;
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
     const double rss_start = double(peak_rss_bytes()) / (1 << 20);
     nn::manual_seed(seed);
     std::unique_ptr<bench::Workload> w = bench::make_workload(workload, threads);
+    w->plan_options().plan.fuse = fuse;
     if (warmup < 0) warmup = w->default_warmup;
     if (steps < 0) steps = w->default_steps;
 
@@ -150,14 +155,14 @@ int main(int argc, char** argv) {
         "\"unconstrained_bytes\":%zu,\"min_feasible_bytes\":%zu,\"persistent_bytes\":%zu,\"arena_bytes\":%zu,"
         "\"peak_bytes\":%zu,\"predicted_step_ms\":%.4f,"
         "\"decisions\":{\"recompute\":%zu,\"swap_host\":%zu,\"spill_nvme\":%zu},"
-        "\"offloaded_bytes\":%zu,\"host_bytes\":%zu,\"nvme_bytes\":%zu,\"compile_ms\":%.1f,\"cpu_util\":%.3f%s}\n",
+        "\"fused_chains\":%d,\"fused_away_bytes\":%zu,\"offloaded_bytes\":%zu,\"host_bytes\":%zu,\"nvme_bytes\":%zu,\"compile_ms\":%.1f,\"cpu_util\":%.3f%s}\n",
         workload.c_str(), threads, warmup, steps, (long long)w->batch, w->unit.c_str(), (long long)w->params, med,
         sorted.empty() ? 0 : sorted.front(), mean, double(w->batch) / (med / 1e3),
         double(peak_rss_bytes()) / (1 << 20), rss_start, rss_setup, double(w->arena_bytes()) / (1 << 20),
         losses.front(), losses.back(), budget_arg.c_str(), budget.device, budget.host, p.total_bytes(),
         unconstrained, min_feasible, p.persistent_bytes, p.arena_bytes, p.peak_bytes, p.predicted_step_ms,
         p.count(plan::Choice::recompute), p.count(plan::Choice::host), p.count(plan::Choice::nvme),
-        p.offloaded_bytes, p.host_bytes, p.nvme_bytes, compile_ms, cpu_util,
+        p.fused_chains, p.fused_away_bytes, p.offloaded_bytes, p.host_bytes, p.nvme_bytes, compile_ms, cpu_util,
         audit_json.c_str());
   } catch (const BudgetError& e) {
     std::fprintf(stderr, "train_bench: %s\n", e.what());

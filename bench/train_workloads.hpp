@@ -36,6 +36,8 @@ struct Workload {
     return *s;
   }
   std::size_t arena_bytes() const { return compiled().arena_bytes(); }
+  // What the step is planned and compiled with (threads, planner switches).
+  CompileOptions& plan_options() { return plan_options_; }
 
   std::int64_t batch = 0;
   std::int64_t params = 0;
@@ -47,13 +49,16 @@ struct Workload {
   // compiled under any budget. fn may capture `this`: workloads do not move.
   template <class Fn>
   void define(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, int threads) {
-    CompileOptions o{.threads = threads};
-    plan_ = [fn, specs, &opt, o](const Budget& b) { return frugal::plan_training(fn, specs, opt, o, b); };
-    compile_ = [fn, specs, &opt, o](const Budget& b) { return frugal::compile(fn, specs, opt, b, o); };
+    plan_options_.threads = threads;
+    // The options are read when the step is planned, so a caller may change
+    // them (plan_options()) after the workload is made.
+    plan_ = [this, fn, specs, &opt](const Budget& b) { return frugal::plan_training(fn, specs, opt, plan_options_, b); };
+    compile_ = [this, fn, specs, &opt](const Budget& b) { return frugal::compile(fn, specs, opt, b, plan_options_); };
   }
   std::unique_ptr<Step> s;
 
  private:
+  CompileOptions plan_options_;
   std::function<PlannedStep(const Budget&)> plan_;
   std::function<Step(const Budget&)> compile_;
 };

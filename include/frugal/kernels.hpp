@@ -28,6 +28,7 @@
 #include "backend/units/make_backend.hpp"
 #include "graph/units/graph.hpp"
 #include "nn/units/layers.hpp"
+#include "ops/units/fused_elementwise.hpp"
 #include "ops/units/ops.hpp"
 #include "optim/units/optim.hpp"
 #include "runtime/units/compile.hpp"

@@ -86,6 +86,32 @@ class Graph {
   // reader takes a fetched or recomputed copy instead of the original).
   void set_input(NodeId n, std::size_t slot, ValueId v) { nodes_.at(std::size_t(n)).inputs.at(slot) = v; }
 
+  // Puts `op` in node n's place, reading `inputs` and producing the existing
+  // values `outputs` (a graph pass merging nodes: ops/fusion.hpp). Each
+  // output's producer becomes n; the node's in-place choices are asked of
+  // the backend again. The caller keeps the graph acyclic and gives the
+  // nodes that produced these outputs before new outputs of their own.
+  void replace_node(NodeId n, std::shared_ptr<const Op> op, std::vector<ValueId> inputs,
+                    std::vector<ValueId> outputs, std::vector<NodeId> after) {
+    Node& node = nodes_.at(std::size_t(n));
+    node.op = std::move(op);
+    node.inputs = std::move(inputs);
+    node.outputs = std::move(outputs);
+    node.after = std::move(after);
+    node.has_workspace = false;
+    node.inplace = queries_.inplace_inputs ? queries_.inplace_inputs(*node.op) : node.op->inplace_inputs();
+    for (ValueId o : node.outputs) values_.at(std::size_t(o)).producer = n;
+  }
+  // Gives output `slot` of node n a new value of the same meta, which nothing
+  // reads: the node's old output has moved to another producer.
+  void detach_output(NodeId n, std::size_t slot) {
+    ValueId old = nodes_.at(std::size_t(n)).outputs.at(slot);
+    Value fresh{.meta = values_.at(std::size_t(old)).meta, .kind = ValueKind::activation, .producer = n};
+    nodes_[std::size_t(n)].outputs[slot] = add_value(std::move(fresh));
+  }
+  // Node n runs after `before` as well as after its inputs' producers.
+  void set_after(NodeId n, std::vector<NodeId> before) { nodes_.at(std::size_t(n)).after = std::move(before); }
+
   // Nodes appended from now on belong to phase p.
   Phase set_phase(Phase p) { return std::exchange(phase_, p); }
 

@@ -4,6 +4,7 @@
 #include "binary.hpp"
 #include "cast.hpp"
 #include "fill.hpp"
+#include "fused_elementwise.hpp"
 #include "loss.hpp"
 #include "loss_scaling.hpp"
 #include "matmul.hpp"

@@ -140,7 +140,7 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
        << "\",\"what\":\"" << json_escape(describe_value(g, iv.value)) << "\",\"first\":" << iv.first
        << ",\"last\":" << iv.last << "}";
   }
-  os << "]";
+  os << "],\"fused_chains\":" << p.fused_chains << ",\"fused_away_bytes\":" << p.fused_away_bytes;
   if (p.budget_bytes) {
     os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":"  // null: not searched (the budget does not bind)
        << (p.min_feasible_bytes ? std::to_string(p.min_feasible_bytes) : std::string("null"))

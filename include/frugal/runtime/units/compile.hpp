@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "../../ops/all.hpp"
+#include "../../ops/fusion.hpp"
 #include "../../plan/budget_solve.hpp"
 #include "../../plan/verify.hpp"
 #include "../calibrate.hpp"
@@ -159,8 +160,21 @@ Prepared prepare_inference(std::shared_ptr<Backend> backend, Captured c, const C
   return {std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}};
 }
 
+// Fuses the prepared graph's elementwise chains (PlanOptions::fuse) before
+// anything plans it, so re-plans start from the fused graph too.
+static ops::FusionReport fuse_prepared(Prepared& p, const CompileOptions& o) {
+  if (!o.plan.fuse) return {};
+  return ops::fuse_elementwise(*p.c.graph, p.roots);
+}
+static void note_fusion(Plan& plan, const ops::FusionReport& r) {
+  plan.fused_chains = r.chains;
+  plan.fused_away_bytes = r.bytes_removed;
+}
+
 PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
+  const ops::FusionReport fused = fuse_prepared(p, o);
   Plan plan = plan_prepared(p, budget, o);
+  note_fusion(plan, fused);
   std::size_t in = 0;
   for (auto& s : specs) in += s.meta.nbytes();
   return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
@@ -184,8 +198,10 @@ Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
 }
 
 Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
+  const ops::FusionReport fused = fuse_prepared(p, o);
   std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
+  note_fusion(plan, fused);
   Step::Parts parts{std::move(p.c.graph), std::move(plan), p.backend, p.opt, std::move(p.c.inputs),
                     p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
                     budget.nvme_dir};
@@ -196,13 +212,14 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
     auto roots = parts.roots;
     auto plan_opts = o.plan;
     bool verify = o.verify;
-    parts.replanner = [captured, budget, cm, roots, plan_opts, verify](const plan::OpTimeRecorder& times) {
+    parts.replanner = [captured, budget, cm, roots, plan_opts, verify, fused](const plan::OpTimeRecorder& times) {
       cm->set_measured(times);
       auto solved = plan::solve_budget(captured, roots, budget, plan::prices_from(cm), plan_opts);
       if (verify) {
         auto report = plan::verify(*solved.graph, solved.plan, roots);
         if (!report.ok()) fail("internal error: a re-plan was rejected by the verifier:\n", report.str());
       }
+      note_fusion(solved.plan, fused);
       return std::pair{std::move(solved.graph), std::move(solved.plan)};
     };
   }

@@ -1,9 +1,10 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): elementwise
-// math, the vectorised exact GELU, casts, reshape and permute.
+// math, fused elementwise chains, the vectorised exact GELU, casts, reshape and permute.
 #include "../../../ops/gelu.hpp"
 #include "../cast.hpp"
 #include "../elementwise.hpp"
+#include "../fused_elementwise.hpp"
 #include "../register.hpp"
 #include "../shape.hpp"
 
@@ -13,6 +14,7 @@ void add_elementwise_kernels(KernelTable& t, const BackendOptions&) {
   add_unary_kernels(t, ops::UnaryFunctors{});
   add_unary_kernels(t, ops::FunctorList<math::GeluErfPoly>{});
   add_binary_kernels(t, ops::BinaryFunctors{});
+  t.add<ops::FusedElementwise>(fused_elementwise_kernel);
   t.add<ops::FillLike>(fill_kernel);
   t.add<ops::Cast>(cast_kernel);
   t.add<ops::Reshape>(reshape_kernel);
