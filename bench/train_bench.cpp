@@ -146,6 +146,24 @@ int main(int argc, char** argv) {
                        ",\"audit_within_budget\":",
                        budget.device == 0 || device_written <= budget.device ? "true" : "false");
     }
+    // Activations the forward leaves for the backward: the arena bytes of
+    // forward values still live where the backward starts. This is what
+    // the peer's activation_mib counts (tensors autograd saves; with
+    // torch.utils.checkpoint, the segment boundaries), so the two compare.
+    std::size_t saved_activation_bytes = 0;
+    {
+      const Graph& g = w->compiled().graph();
+      int first_backward = -1;
+      for (int t = 0; t < int(p.schedule.size()) && first_backward < 0; ++t)
+        if (g.node(p.schedule[std::size_t(t)]).phase == Phase::backward) first_backward = t;
+      for (const auto& iv : p.intervals) {
+        const Value& v = g.value(iv.value);
+        if (first_backward < 0 || v.kind != ValueKind::activation || v.producer < 0) continue;
+        if (g.node(v.producer).phase == Phase::forward && iv.first < first_backward && first_backward <= iv.last)
+          saved_activation_bytes += iv.bytes;
+      }
+    }
+    audit_json += cat(",\"saved_activation_bytes\":", saved_activation_bytes);
     std::printf(
         "RESULT {\"workload\":\"%s\",\"impl\":\"frugal\",\"threads\":%d,\"warmup\":%d,\"steps\":%d,\"batch\":%lld,"
         "\"unit\":\"%s\",\"params\":%lld,\"ms_step_median\":%.4f,\"ms_step_min\":%.4f,\"ms_step_mean\":%.4f,"

@@ -66,8 +66,8 @@ Run train_random(std::uint64_t seed, Budget budget, int steps, bool audit = fals
   return run;
 }
 
-std::size_t min_feasible(std::uint64_t seed, std::size_t unconstrained) {
-  Budget b{.device = unconstrained - 1};
+std::size_t min_feasible(std::uint64_t seed, std::size_t unconstrained, std::size_t host = 0) {
+  Budget b{.device = unconstrained - 1, .host = host};
   try {
     return train_random(seed, b, 0).plan.min_feasible_bytes;
   } catch (const BudgetError&) {
@@ -79,27 +79,40 @@ std::size_t min_feasible(std::uint64_t seed, std::size_t unconstrained) {
 
 TEST_CASE("under any feasible budget, random graphs train bit for bit as unconstrained, inside the budget",
           "[budget][property]") {
-  int binding = 0, evicting = 0;
+  // Every third seed has no host pool (a 1-byte one: nothing fits), so only
+  // recomputation, chains of it included, can meet the budget.
+  int binding = 0, evicting = 0, chains = 0, recompute_only = 0;
   for (std::uint64_t seed = 1; seed <= 200; ++seed) {
     INFO("seed " << seed);
+    const std::size_t host = seed % 3 == 0 ? 1 : 0;
     Run free = train_random(seed, {}, 2);
     const std::size_t unconstrained = free.plan.total_bytes();
-    const std::size_t least = min_feasible(seed, unconstrained);
+    const std::size_t least = min_feasible(seed, unconstrained, host);
     REQUIRE(least <= unconstrained);
     Rng r(seed);
     const std::size_t budget = least + std::size_t(r.uniform() * double(unconstrained - least));
-    Run tight = train_random(seed, Budget{.device = budget}, 2);
+    Run tight = train_random(seed, Budget{.device = budget, .host = host}, 2);
     CHECK(tight.plan.total_bytes() <= budget);
     CHECK(tight.losses == free.losses);
     CHECK(tight.params == free.params);
-    Run audited = train_random(seed, Budget{.device = budget}, 1, true);
+    Run audited = train_random(seed, Budget{.device = budget, .host = host}, 1, true);
     CHECK(audited.high_water <= audited.plan.peak_bytes);
     binding += budget < unconstrained;
     evicting += !tight.plan.decisions.empty();
+    if (host) recompute_only += !tight.plan.decisions.empty();
+    for (auto& d : tight.plan.decisions) {
+      if (host) CHECK(d.choice == plan::Choice::recompute);
+      if (d.reason.find("deeper recomputation") != std::string::npos || d.reason.find("re-creating") != std::string::npos) {
+        ++chains;
+        break;
+      }
+    }
   }
   // The property must have been exercised, not passed vacuously.
   CHECK(binding > 150);
   CHECK(evicting > 100);
+  CHECK(recompute_only > 20);
+  CHECK(chains > 10);
 }
 
 TEST_CASE("the smallest feasible budget works and one byte less fails, naming it", "[budget]") {
@@ -118,6 +131,85 @@ TEST_CASE("the smallest feasible budget works and one byte less fails, naming it
                                Catch::Contains("smallest feasible"));
     }
   }
+}
+
+namespace {
+
+// Layers of Linear, an affine map (whose backward saves nothing) and tanh
+// (whose backward reads its output): the affine output and the Linear
+// output are dead once the forward has passed them, so recomputing a tanh
+// output needs the two ops before it re-created too, from the layer input.
+struct ChainNet : nn::Module {
+  std::vector<std::unique_ptr<nn::Linear>> fc;
+  explicit ChainNet(int width, int depth, int classes) {
+    nn::manual_seed(7);
+    for (int i = 0; i < depth; ++i) {
+      fc.push_back(std::make_unique<nn::Linear>(width, width));
+      register_module(cat("fc", i), *fc.back());
+    }
+    fc.push_back(std::make_unique<nn::Linear>(width, classes));
+    register_module("head", *fc.back());
+  }
+  Var forward(Var x) {
+    for (std::size_t i = 0; i + 1 < fc.size(); ++i) x = tanh((*fc[i])(x) * 0.5 + 0.1);
+    return (*fc.back())(x);
+  }
+};
+
+struct ChainRun {
+  std::vector<float> losses;
+  std::vector<std::vector<char>> params;
+  Plan plan;
+  std::size_t high_water = 0;
+};
+
+ChainRun train_chain(Budget budget, int steps) {
+  const int batch = 64, width = 64, depth = 6, classes = 4;
+  ChainNet net(width, depth, classes);
+  optim::SGD opt(net.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  Step step = compile([&](Var x, Var y) { return cross_entropy(net.forward(x), y); },
+                      {input<float>({batch, width}), input<std::int32_t>({batch})}, opt, budget);
+  ChainRun run;
+  run.plan = step.plan();
+  for (int s = 0; s <= steps; ++s) {
+    Rng d(1000 + std::uint64_t(s));
+    Tensor x({batch, width}), y({batch}, DType::i32);
+    zoo::fill_normal(x, d);
+    zoo::fill_labels(y, d, classes);
+    if (s == steps) {
+      auto a = step.audit(x, y);
+      CHECK(a.canary_intact);
+      run.high_water = a.high_water;
+    } else {
+      run.losses.push_back(step.run(x, y));
+    }
+  }
+  for (auto& [name, t] : net.named_parameters()) run.params.push_back(bytes_of(t));
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("with no host pool, recomputation re-creates dead inputs two ops deep: a budget one op of recomputation "
+          "cannot reach trains bit for bit", "[budget][recompute][chain]") {
+  ChainRun free = train_chain({}, 2);
+  const std::size_t unconstrained = free.plan.total_bytes();
+  const std::size_t activation = align_up(std::size_t(64 * 64 * 4));  // one layer's tanh output
+  // Recomputing one op alone frees nothing here: tanh's input would have to
+  // stay alive as long as its output would have. Re-creating the affine map
+  // and the Linear as well drops tanh outputs whose layer input is kept.
+  const Budget budget{.device = unconstrained - 2 * activation, .host = 1};
+  ChainRun tight = train_chain(budget, 2);
+  CHECK(tight.plan.total_bytes() <= budget.device);
+  CHECK(tight.high_water <= tight.plan.peak_bytes);
+  CHECK(tight.losses == free.losses);
+  CHECK(tight.params == free.params);
+  int deep = 0;
+  for (auto& d : tight.plan.decisions) {
+    CHECK(d.choice == plan::Choice::recompute);
+    deep += d.reason.find(" dead inputs with it") != std::string::npos;  // two or more
+  }
+  CHECK(deep >= 2);
 }
 
 namespace {

@@ -13,6 +13,7 @@
 // finishes as soon as the ops after it have taken as long as the copy, a
 // fetch starts early enough to land before its reader.
 #include <functional>
+#include <numeric>
 
 #include "../ops/transfer.hpp"
 #include "budget.hpp"
@@ -32,6 +33,11 @@ struct Prices {
 };
 
 inline constexpr std::size_t kMinPersistentCandidate = 1 << 10;  // smaller state is not worth a transfer
+// How deep a recomputation re-creates inputs that are dead where it runs,
+// and how many positions each activation may be recomputed before (its
+// reader's, and the nearest ones where deeper recomputations read it).
+inline constexpr int kMaxInlineDepth = 4;
+inline constexpr int kMaxRecomputePositions = 16;
 
 // The value whose buffer a view (reshape) reads, following views back.
 inline ValueId view_root(const Graph& g, ValueId v) {
@@ -243,38 +249,168 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     }
   }
 
-  // Recomputation, once every gap is known: the producer runs again just
-  // before the reader at b, so what it reads must be on the device there.
-  for (const Pending& r : recompute_later) {
-    const Value& val = g.value(r.v);
-    const Node& n = g.node(val.producer);
-    const int prod = pos_of[std::size_t(val.producer)];
-    if (!n.op->mutated_inputs().empty() || n.op->as_transfer()) continue;
-    const std::int64_t bytes = std::int64_t(p.candidates[std::size_t(r.candidate)].bytes);
-    Option o{Choice::recompute, prices.op_ms[std::size_t(prod)]};
-    o.price_free = true;
-    o.device = {{{r.a + 1, r.b - 1}, -bytes}};
+  // Recomputation, once every gap is known. A recomputation of v for the
+  // window (a, b) runs v's producer again before some position q in a < q
+  // <= b (the reader at b, or earlier, where a deeper recomputation needs
+  // v), and v's clone serves every reader from q to b. What the producer
+  // reads must be on the device at q:
+  // - an input kept in its own window there, or itself recomputed before a
+  //   position at or before q in that window (a chain: that clone is shared
+  //   by its readers and by this one), or fetched just before q = its reader;
+  // - an input whose last use is before q is re-created for this
+  //   recomputation alone (its producer cloned first, recursively, up to
+  //   kMaxInlineDepth deep), or else kept alive until q.
+  // Every option is memory-only-defined (price_free): the positions come
+  // from the schedule and the readers, never from a price.
+  const std::size_t C0 = p.candidates.size();
+  std::vector<int> pending_of(C0, -1);
+  for (std::size_t k = 0; k < recompute_later.size(); ++k) pending_of[std::size_t(recompute_later[k].candidate)] = int(k);
+  auto clonable = [&](const Node& n) {
+    return n.op->mutated_inputs().empty() && !n.op->as_transfer() && !n.op->is_view() && !n.outputs.empty();
+  };
+  auto gap_at = [&](ValueId root, int q) -> const Gap* {
+    for (const Gap& gp : gaps[std::size_t(root)])
+      if (gp.a < q && q <= gp.b) return &gp;
+    return nullptr;
+  };
+  auto last_use = [&](ValueId root) {
+    const auto& u = uses[std::size_t(root)];
+    const Value& rv = g.value(root);
+    int last = u.empty() ? (rv.producer >= 0 ? pos_of[std::size_t(rv.producer)] : -1) : u.back();
+    if (is_root[std::size_t(root)]) last = T;  // a step's result lives to the end
+    return last;
+  };
+  // One recomputation of a candidate before position q, as the build sees it.
+  struct Plan1 {
+    int q = 0;
     bool ok = true;
-    for (ValueId in : n.inputs) {
-      ValueId root = view_root(g, in);
-      for (int m : mutated_at[std::size_t(root)])
-        if (m >= prod && m < r.b) ok = false;  // it would read a value already overwritten
-      for (const Gap& gp : gaps[std::size_t(root)])
-        if (gp.a < r.b && r.b <= gp.b) o.requires_.push_back({gp.candidate, 1u});
-      const Value& rv = g.value(root);
-      if (rv.kind == ValueKind::activation || rv.kind == ValueKind::input) {
-        const auto& u = uses[std::size_t(root)];
-        int last = u.empty() ? prod : u.back();
-        if (last < r.b) o.device.push_back({{last + 1, r.b}, std::int64_t(align_up(rv.meta.nbytes()))});
+    std::vector<NodeId> inline_nodes;             // schedule order
+    std::vector<std::pair<int, int>> needs;       // (candidate, q): kept, recomputed at <= q, or fetched at q
+    std::vector<int> keep_needs;                  // candidates that must be kept (persistent windows)
+    std::vector<MemEffect> extend;                // inputs kept alive until q
+    std::int64_t transient = 0;                   // inline clones and the clone's other outputs, at q
+    double ms = 0;
+    int ops = 0;
+  };
+  // What running node `n` before q needs; inlines dead inputs recursively.
+  std::function<void(NodeId, int, int, Plan1&, std::vector<char>&)> close_over =
+      [&](NodeId nid, int q, int depth, Plan1& pl, std::vector<char>& inlined) {
+        const Node& n = g.node(nid);
+        const int prod = pos_of[std::size_t(nid)];
+        pl.ms += prices.op_ms[std::size_t(prod)];
+        ++pl.ops;
+        for (ValueId in : n.inputs) {
+          const ValueId root = view_root(g, in);
+          for (int m : mutated_at[std::size_t(root)])
+            if (m >= prod && m < q) pl.ok = false;  // it would read a value already overwritten
+          const Value& rv = g.value(root);
+          if (rv.kind == ValueKind::parameter || rv.kind == ValueKind::state) {
+            for (const Gap& gp : gaps[std::size_t(root)])
+              if (gp.a < q && q <= gp.b) pl.keep_needs.push_back(gp.candidate);
+            continue;
+          }
+          if (const Gap* gp = gap_at(root, q)) {
+            pl.needs.push_back({gp->candidate, q});
+            continue;
+          }
+          const int last = last_use(root);
+          if (last >= q) continue;  // live at q (read there, or no window to evict it in)
+          const bool activation = rv.kind == ValueKind::activation && !rv.is_workspace && rv.producer >= 0 &&
+                                  pos_of[std::size_t(rv.producer)] >= 0;
+          if (activation && depth < kMaxInlineDepth && clonable(g.node(rv.producer))) {
+            if (inlined[std::size_t(rv.producer)]) continue;
+            inlined[std::size_t(rv.producer)] = 1;
+            const Node& pn = g.node(rv.producer);
+            close_over(rv.producer, q, depth + 1, pl, inlined);
+            pl.inline_nodes.push_back(rv.producer);
+            for (ValueId out : pn.outputs)
+              pl.transient += std::int64_t(align_up(std::max<std::size_t>(g.value(out).meta.nbytes(), 1)));
+          } else if (rv.kind == ValueKind::activation || rv.kind == ValueKind::input) {
+            pl.extend.push_back({{last + 1, q}, std::int64_t(align_up(rv.meta.nbytes()))});
+          }
+        }
+      };
+
+  // Positions each candidate is asked to be recomputed before: its reader,
+  // and where deeper recomputations of its dependents read it. A producer
+  // comes before its readers in the schedule, so walking candidates by
+  // producer position, latest first, sees every demand on a candidate
+  // before building its options.
+  std::vector<std::vector<int>> demand(C0);
+  for (const Pending& r : recompute_later) demand[std::size_t(r.candidate)].push_back(r.b);
+  std::vector<std::size_t> order(recompute_later.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return pos_of[std::size_t(g.value(recompute_later[x].v).producer)] >
+           pos_of[std::size_t(g.value(recompute_later[y].v).producer)];
+  });
+  std::vector<std::vector<Plan1>> plans(C0);
+  for (std::size_t k : order) {
+    const Pending& r = recompute_later[k];
+    const Node& n = g.node(g.value(r.v).producer);
+    if (!clonable(n)) continue;
+    auto& qs = demand[std::size_t(r.candidate)];
+    std::sort(qs.begin(), qs.end());
+    qs.erase(std::unique(qs.begin(), qs.end()), qs.end());
+    // Latest first (the reader's own position, then the nearest deeper
+    // ones); a recomputation must free at least one position.
+    std::vector<int> chosen;
+    for (std::size_t i = qs.size(); i-- > 0 && int(chosen.size()) < kMaxRecomputePositions;)
+      if (qs[i] >= r.a + 2 && qs[i] <= r.b) chosen.push_back(qs[i]);
+    for (int q : chosen) {
+      Plan1 pl;
+      pl.q = q;
+      std::vector<char> inlined(g.num_nodes(), 0);
+      close_over(g.value(r.v).producer, q, 0, pl, inlined);
+      if (!pl.ok) continue;
+      for (ValueId out : n.outputs)
+        if (out != r.v) pl.transient += std::int64_t(align_up(std::max<std::size_t>(g.value(out).meta.nbytes(), 1)));
+      for (auto [c, at] : pl.needs)
+        if (pending_of[std::size_t(c)] >= 0 && at < p.candidates[std::size_t(c)].after) demand[std::size_t(c)].push_back(at);
+      plans[std::size_t(r.candidate)].push_back(std::move(pl));
+    }
+  }
+  // The options, then their requirements (which name other candidates'
+  // recompute options by index).
+  std::vector<std::vector<std::pair<int, int>>> rec_options(C0);  // (q, option index)
+  for (std::size_t c = 0; c < C0; ++c) {
+    Candidate& cand = p.candidates[c];
+    for (const Plan1& pl : plans[c]) {
+      if (cand.options.size() >= 32) break;  // requirement masks are 32 bits
+      const Node& n = g.node(g.value(cand.value).producer);
+      Option o{Choice::recompute, pl.ms};
+      o.price_free = true;
+      o.device = {{{cand.before + 1, pl.q - 1}, -std::int64_t(cand.bytes)}};
+      for (const MemEffect& e : pl.extend) o.device.push_back(e);
+      if (pl.transient) o.device.push_back({{pl.q, pl.q}, pl.transient});
+      o.in_start = pl.q;
+      o.inline_nodes = pl.inline_nodes;
+      o.reason = cat("recomputed by ", n.op->name(), " before position ", pl.q,
+                     pl.q < cand.after ? cat(" (for a deeper recomputation; read again at ", cand.after, ")") : std::string(),
+                     pl.ops > 1 ? cat(", re-creating ", pl.ops - 1, " dead input", pl.ops > 2 ? "s" : "", " with it") : std::string(),
+                     " (", o.cost_ms, " ms)");
+      rec_options[c].push_back({pl.q, int(cand.options.size())});
+      cand.options.push_back(std::move(o));
+    }
+  }
+  for (std::size_t c = 0; c < C0; ++c) {
+    std::size_t next = 0;
+    for (const Plan1& pl : plans[c]) {
+      if (next >= rec_options[c].size()) break;
+      Option& o = p.candidates[c].options[std::size_t(rec_options[c][next++].second)];
+      for (int kc : pl.keep_needs) o.requires_.push_back({kc, 1u});
+      for (auto [ic, at] : pl.needs) {
+        std::uint32_t allowed = 1u;  // kept
+        const Candidate& in = p.candidates[std::size_t(ic)];
+        for (auto [q, j] : rec_options[std::size_t(ic)])
+          if (q <= at && j < 32) allowed |= 1u << j;  // its clone exists by then
+        if (at == in.after)  // fetched just before its reader, where this one runs too
+          for (int j = 1; j < int(in.options.size()) && j < 32; ++j)
+            if (in.options[std::size_t(j)].choice == Choice::host || in.options[std::size_t(j)].choice == Choice::nvme)
+              allowed |= 1u << j;
+        o.requires_.push_back({ic, allowed});
       }
     }
-    if (!ok) continue;
-    std::int64_t transient = 0;  // the clone's other outputs and scratch, at the reader
-    for (ValueId out : n.outputs)
-      if (out != r.v) transient += std::int64_t(align_up(std::max<std::size_t>(g.value(out).meta.nbytes(), 1)));
-    if (transient) o.device.push_back({{r.b, r.b}, transient});
-    o.reason = cat("recomputed by ", n.op->name(), " before position ", r.b, " (", o.cost_ms, " ms)");
-    p.candidates[std::size_t(r.candidate)].options.push_back(std::move(o));
   }
   return built;
 }

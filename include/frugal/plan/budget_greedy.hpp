@@ -5,6 +5,7 @@
 // second"). Then it walks the choices back, dearest first, and undoes every
 // one the target does not need. With target 0 it finds the least device
 // memory its options can reach.
+#include <algorithm>
 #include <limits>
 
 #include "budget_problem.hpp"
@@ -45,6 +46,84 @@ inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<M
   return true;
 }
 
+// Repairs the requirements a changed choice breaks, in place: a candidate
+// the change requires in some state moves to the allowed option that holds
+// the fewest bytes where `bytes_of` looks, and one whose option required
+// the old state of a changed candidate moves to its own such option; each
+// moved candidate is checked in turn, so a chain of recomputations (each
+// needing its input recomputed no later than itself) moves as one. `fixed`
+// (the candidate whose change started it) is never moved. Every change is
+// logged in `undo` (candidate, option it had) so the caller can revert.
+struct RequirementRepair {
+  const BudgetProblem& p;
+  std::vector<std::vector<std::size_t>> requirers;  // by candidate: candidates with an option requiring it
+  explicit RequirementRepair(const BudgetProblem& problem) : p(problem), requirers(problem.candidates.size()) {
+    for (std::size_t k = 0; k < p.candidates.size(); ++k)
+      for (auto& o : p.candidates[k].options)
+        for (auto& r : o.requires_)
+          if (std::size_t(r.candidate) != k) requirers[std::size_t(r.candidate)].push_back(k);
+    for (auto& v : requirers) v.erase(std::unique(v.begin(), v.end()), v.end());
+  }
+  static bool allows(const Requirement& r, int option) { return ((r.allowed >> option) & 1u) != 0; }
+  // Whether every chosen option requiring something of c allows option m.
+  bool allowed_by_others(const std::vector<int>& choice, std::size_t c, int m) const {
+    for (std::size_t k : requirers[c])
+      for (auto& r : p.candidates[k].options[std::size_t(choice[k])].requires_)
+        if (std::size_t(r.candidate) == c && !allows(r, m)) return false;
+    return true;
+  }
+  template <class BytesOf>
+  bool repair(std::vector<int>& choice, std::size_t fixed, const BytesOf& bytes_of,
+              std::vector<std::pair<std::size_t, int>>& undo, int max_moves = 256) const {
+    std::vector<std::size_t> work{fixed};
+    int moves = 0;
+    auto move = [&](std::size_t c, int m) {
+      undo.push_back({c, choice[c]});
+      choice[c] = m;
+      work.push_back(c);
+      return ++moves <= max_moves;
+    };
+    // The best option of c satisfying `ok`, or -1.
+    auto best_of = [&](std::size_t c, auto ok) {
+      int best = -1;
+      std::int64_t best_bytes = 0;
+      for (int m = 0; m < int(p.candidates[c].options.size()); ++m) {
+        if (m == choice[c] || !ok(m)) continue;
+        const std::int64_t b = bytes_of(p.candidates[c].options[std::size_t(m)]);
+        if (best < 0 || b < best_bytes) best = m, best_bytes = b;
+      }
+      return best;
+    };
+    while (!work.empty()) {
+      const std::size_t c = work.back();
+      work.pop_back();
+      // What c's option needs of others.
+      for (const Requirement& r : p.candidates[c].options[std::size_t(choice[c])].requires_) {
+        const std::size_t d = std::size_t(r.candidate);
+        if (allows(r, choice[d])) continue;
+        if (d == fixed || d == c) return false;
+        int m = best_of(d, [&](int k) { return allows(r, k) && allowed_by_others(choice, d, k); });
+        if (m < 0 || !move(d, m)) return false;
+      }
+      // Those whose option needed c's old state.
+      for (std::size_t k : requirers[c]) {
+        bool broken = false;
+        for (auto& r : p.candidates[k].options[std::size_t(choice[k])].requires_)
+          broken = broken || (std::size_t(r.candidate) == c && !allows(r, choice[c]));
+        if (!broken) continue;
+        if (k == fixed) return false;
+        int m = best_of(k, [&](int j) {
+          for (auto& r : p.candidates[k].options[std::size_t(j)].requires_)
+            if (std::size_t(r.candidate) == c && !allows(r, choice[c])) return false;
+          return allowed_by_others(choice, k, j);
+        });
+        if (m < 0 || !move(k, m)) return false;
+      }
+    }
+    return true;
+  }
+};
+
 // Sets back to keep, dearest first, every eviction in `choice` that the
 // device peak does not need to stay at or under `bound` (requirements kept).
 inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound) {
@@ -72,6 +151,7 @@ inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, s
 inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
   Solution s;
   s.choice.assign(p.candidates.size(), 0);
+  const RequirementRepair repair(p);
   // Each round lowers the bytes at the current peak; a move may also switch
   // a candidate already evicted to a dearer option that frees more there.
   for (std::size_t round = 0; round <= 4 * p.candidates.size(); ++round) {
@@ -80,41 +160,40 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     for (int t = 1; t < p.positions; ++t)
       if (pr.device[std::size_t(t)] > pr.device[std::size_t(peak)]) peak = t;
     if (p.positions == 0 || pr.device[std::size_t(peak)] <= target) break;
-    // A move sets one candidate's option, together with the options its
-    // requirements name where those candidates are still kept (a persistent's
-    // inner window needs the persistent to live on the host first).
+    // A move sets one candidate's option, together with what its
+    // requirements then ask of others (a persistent's inner window needs the
+    // persistent to live on the host first; a recomputation needs its inputs
+    // kept or recomputed no later than itself), RequirementRepair.
     double best_score = -1;
     std::vector<std::pair<std::size_t, int>> best;
+    std::vector<std::pair<std::size_t, int>> undo;
+    auto at_peak = [&](const Option& o) { return bytes_at(o.device, peak); };
     for (std::size_t i = 0; i < p.candidates.size(); ++i) {
       const auto& opts = p.candidates[i].options;
       for (int j = 1; j < int(opts.size()); ++j) {
         if (j == s.choice[i]) continue;
-        const Option& o = opts[std::size_t(j)];
-        std::vector<std::pair<std::size_t, int>> move{{i, j}};
-        for (auto& r : o.requires_) {
-          std::size_t c = std::size_t(r.candidate);
-          if ((r.allowed >> s.choice[c]) & 1u) continue;
-          if (s.choice[c] != 0) { move.clear(); break; }
-          int k = 1;
-          while (k < int(p.candidates[c].options.size()) && !((r.allowed >> k) & 1u)) ++k;
-          if (k >= int(p.candidates[c].options.size())) { move.clear(); break; }
-          move.push_back({c, k});
-        }
-        if (move.empty()) continue;
-        std::vector<int> trial = s.choice;
-        bool ok = true;
+        // Cheap test first: the candidate alone must free bytes at the peak.
+        if (bytes_at(opts[std::size_t(j)].device, peak) >= bytes_at(opts[std::size_t(s.choice[i])].device, peak)) continue;
+        undo.clear();
+        undo.push_back({i, s.choice[i]});
+        s.choice[i] = j;
+        bool ok = repair.repair(s.choice, i, at_peak, undo);
         std::int64_t saving = 0;
         double cost = 0;
-        for (std::size_t m = move.size(); m-- > 0;) {  // requirements first
-          auto [c, k] = move[m];
-          if ((c != i && trial[c] != 0) || !may_choose(p, trial, c, k)) { ok = false; break; }
-          const Option& was = p.candidates[c].options[std::size_t(trial[c])];
-          const Option& oc = p.candidates[c].options[std::size_t(k)];
-          if (!tier_fits(pr.host, oc.host, p.host_budget) || !tier_fits(pr.nvme, oc.nvme, p.nvme_budget)) { ok = false; break; }
-          trial[c] = k;
-          saving += bytes_at(was.device, peak) - bytes_at(oc.device, peak);
-          cost += oc.cost_ms - was.cost_ms;
+        std::vector<std::pair<std::size_t, int>> move;
+        if (ok) {
+          for (auto [c, was_option] : undo) {
+            if (std::find_if(move.begin(), move.end(), [&](auto& m) { return m.first == c; }) != move.end()) continue;
+            // The first entry for c holds the option it had before the move.
+            const Option& was = p.candidates[c].options[std::size_t(was_option)];
+            const Option& oc = p.candidates[c].options[std::size_t(s.choice[c])];
+            if (!tier_fits(pr.host, oc.host, p.host_budget) || !tier_fits(pr.nvme, oc.nvme, p.nvme_budget)) { ok = false; break; }
+            saving += bytes_at(was.device, peak) - bytes_at(oc.device, peak);
+            cost += oc.cost_ms - was.cost_ms;
+            move.push_back({c, s.choice[c]});
+          }
         }
+        for (auto it = undo.rbegin(); it != undo.rend(); ++it) s.choice[it->first] = it->second;
         if (!ok || saving <= 0) continue;
         double score = double(saving) / (std::max(cost, 0.0) + 1e-3);
         if (score > best_score) {

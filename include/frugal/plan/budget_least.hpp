@@ -110,18 +110,14 @@ inline std::vector<int> full_choice(const MemoryView& v, const std::vector<int>&
 // whose option required the old state (a recomputation needing its input
 // kept) is moved to the option of its own that holds the fewest bytes at
 // the peak. Deterministic: candidates and options in index order, the first
-// improving move taken.
+// improving move taken. Requirements are repaired as a chain
+// (RequirementRepair), so a recomputation that needs its inputs recomputed
+// earlier moves them with it.
 inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max_rounds = 512) {
   const std::size_t n = std::size_t(std::max(p.positions, 0));
   const std::size_t C = p.candidates.size();
-  // requirers[i]: candidates with some option requiring something of i.
-  std::vector<std::vector<std::size_t>> requirers(C);
-  for (std::size_t k = 0; k < C; ++k)
-    for (auto& o : p.candidates[k].options)
-      for (auto& r : o.requires_)
-        if (std::size_t(r.candidate) != k) requirers[std::size_t(r.candidate)].push_back(k);
-  for (auto& v : requirers) v.erase(std::unique(v.begin(), v.end()), v.end());
-  auto allows = [](const Requirement& r, int option) { return ((r.allowed >> option) & 1u) != 0; };
+  const RequirementRepair repair(p);
+  std::vector<std::pair<std::size_t, int>> undo;
   for (int round = 0; round < max_rounds && n > 0; ++round) {
     const Evaluation now = evaluate(p, s.choice);
     const Profiles pr = profiles(p, s.choice);
@@ -146,35 +142,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
         if (!frees) continue;
         std::vector<int> trial = s.choice;
         trial[i] = j;
-        bool ok = true;
-        for (auto& r : to.requires_) {  // what the new option needs of others
-          const std::size_t c = std::size_t(r.candidate);
-          if (allows(r, trial[c])) continue;
-          int k = 0;
-          while (k < int(p.candidates[c].options.size()) && !allows(r, k)) ++k;
-          if (c == i || k >= int(p.candidates[c].options.size())) { ok = false; break; }
-          trial[c] = k;
-        }
-        if (!ok) continue;
-        for (std::size_t k : requirers[i]) {  // those the change breaks move to their best other option
-          bool broken = false;
-          for (auto& r : p.candidates[k].options[std::size_t(trial[k])].requires_)
-            broken = broken || (std::size_t(r.candidate) == i && !allows(r, trial[i]));
-          if (!broken) continue;
-          int best = -1;
-          std::int64_t best_bytes = 0;
-          for (int m = 0; m < int(p.candidates[k].options.size()); ++m) {
-            bool fine = true;
-            for (auto& r : p.candidates[k].options[std::size_t(m)].requires_)
-              fine = fine && allows(r, trial[std::size_t(r.candidate)]);
-            if (!fine) continue;
-            const std::int64_t b = at_peak_bytes(p.candidates[k].options[std::size_t(m)]);
-            if (best < 0 || b < best_bytes) best = m, best_bytes = b;
-          }
-          if (best < 0) { ok = false; break; }
-          trial[k] = best;
-        }
-        if (!ok) continue;
+        undo.clear();
+        if (!repair.repair(trial, i, at_peak_bytes, undo)) continue;
         auto improves = [&](const std::vector<int>& c) {
           const Evaluation e = evaluate(p, c);
           if (!fits_target(p, e, e.device_peak) || e.device_peak > peak) return false;

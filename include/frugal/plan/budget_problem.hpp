@@ -59,7 +59,10 @@ struct Option {
   // Placement details the rewrite needs (positions of the transfer's start
   // and end, or of the recomputation), in schedule positions.
   int out_done = -1;   // evict copy finished before this position runs
-  int in_start = -1;   // fetch starts before this position runs
+  int in_start = -1;   // fetch starts (or a recomputation runs) before this position runs
+  // A recomputation's clones of producers of inputs that are dead where it
+  // runs, in schedule order, made for it alone (node ids of the graph).
+  std::vector<NodeId> inline_nodes;
   std::string reason;  // why it is priced as it is, for the plan's record
   // Its memory effects follow from the schedule alone, not from any price:
   // keep, recompute, and a transfer placed just in time (evicted right after

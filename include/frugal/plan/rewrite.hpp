@@ -56,8 +56,8 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
     const bool persistent = is_persistent(val.kind);
     r.decisions.push_back({cand.value, o.choice, cand.bytes, cand.before, cand.after, cand.wraps, o.cost_ms, o.reason});
     const int ci = int(c);
-    if (o.choice == Choice::recompute) {
-      before[std::size_t(cand.after)].push_back({recompute, ci});
+    if (o.choice == Choice::recompute) {  // before its reader, or earlier for a deeper recomputation
+      before[std::size_t(o.in_start >= 0 ? o.in_start : cand.after)].push_back({recompute, ci});
       continue;
     }
     before[std::size_t(o.in_start)].push_back({fetch_start, ci});
@@ -79,8 +79,17 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
       after[std::size_t(o.out_done)].push_back({evict_done, ci});
     }
   }
+  // Recomputations before one position run in the order of the ops they
+  // repeat, so a chain's clone exists before the recomputation reading it.
+  std::vector<int> pos_of(g.num_nodes(), -1);
+  for (int t = 0; t < T; ++t) pos_of[std::size_t(schedule[std::size_t(t)])] = t;
+  auto producer_pos = [&](int c) { return pos_of[std::size_t(g.value(p.candidates[std::size_t(c)].value).producer)]; };
   for (auto* lists : {&before, &after})
-    for (auto& l : *lists) std::stable_sort(l.begin(), l.end(), [](auto& x, auto& y) { return x.first < y.first; });
+    for (auto& l : *lists)
+      std::stable_sort(l.begin(), l.end(), [&](auto& x, auto& y) {
+        if (x.first != y.first) return x.first < y.first;
+        return x.first == recompute && producer_pos(x.second) < producer_pos(y.second);
+      });
 
   // The copy of each value that readers use now; kNoValue while it is off the device.
   std::vector<ValueId> cur(g.num_values());
@@ -137,10 +146,25 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
         ValueId from = persistent ? v : tier_copy[std::size_t(c)];
         cur[std::size_t(v)] = emit(done_op(ops::TransferKind::fetch_done, c), {staged[std::size_t(c)], from}, phase)[0];
       } else if (act == recompute) {
+        // Inputs dead here are re-created first, for this recomputation
+        // alone: readers see their clones only until it has run.
+        const Option& o = cand.options[std::size_t(choice[std::size_t(c)])];
+        std::vector<std::pair<ValueId, ValueId>> restore;  // (value, the copy readers used before)
+        for (NodeId dead : o.inline_nodes) {
+          const Node& dn = g.node(dead);
+          std::vector<ValueId> in;
+          for (ValueId x : dn.inputs) in.push_back(resolve(x, phase));
+          std::vector<ValueId> out = emit(dn.op, in, phase);
+          for (std::size_t k = 0; k < dn.outputs.size() && k < out.size(); ++k) {
+            restore.push_back({dn.outputs[k], cur[std::size_t(dn.outputs[k])]});
+            cur[std::size_t(dn.outputs[k])] = out[k];
+          }
+        }
         const Node& n = g.node(g.value(v).producer);
         std::vector<ValueId> in;
         for (ValueId x : n.inputs) in.push_back(resolve(x, phase));
         std::vector<ValueId> out = emit(n.op, in, phase);
+        for (auto it = restore.rbegin(); it != restore.rend(); ++it) cur[std::size_t(it->first)] = it->second;
         for (std::size_t k = 0; k < n.outputs.size() && k < out.size(); ++k)
           if (n.outputs[k] == v) cur[std::size_t(v)] = out[k];
       }
