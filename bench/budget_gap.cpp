@@ -257,7 +257,7 @@ struct RealStep {
   std::size_t host = 0;
 };
 
-void real_rows(double time_limit_s) {
+void real_rows(double time_limit_s, bool exact_all) {
   std::vector<RealStep> steps{
       {"mlp 2x32 (a 36-op step)", {.family = "mlp", .batch = 16, .layers = 1, .width = 32, .features = 16}},
       {"mlp 2x256", {.family = "mlp", .batch = 64, .layers = 2, .width = 256, .features = 128}},
@@ -289,8 +289,8 @@ void real_rows(double time_limit_s) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::int64_t bound = plan::least_memory_lower_bound(view.problem);
     std::string exact = "-";
-    if (built.problem.positions <= plan::kExactPositions) {
-      plan::ExactResult r = plan::solve_exact_min_memory(built.problem, time_limit_s);
+    if (exact_all || built.problem.positions <= plan::kExactPositions) {
+      plan::ExactResult r = plan::solve_exact_min_memory(view.problem, time_limit_s);
       exact = r.solution.feasible ? cat(r.solution.eval.device_peak, r.optimal ? "" : " (not proved)") : r.status;
     }
     std::size_t placed = 0;
@@ -323,11 +323,11 @@ int main(int argc, char** argv) {
   std::vector<int> sizes{10, 16, 20, 26, 30, 36, 40};
   int seeds = 2, levels = 6, stray_bytes = 0;
   double time_limit_s = 20;
-  bool real = false;
+  bool real = false, exact_all = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--real") {
-      real = true;
+    if (a == "--real" || a == "--exact-all") {
+      (a == "--real" ? real : exact_all) = true;
       --i;
       continue;
     }
@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
     else if (a == "--time-limit") time_limit_s = std::stod(argv[i + 1]);
     else if (a == "--stray-bytes") stray_bytes = std::stoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real, or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
+      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real [--exact-all] [--time-limit S], or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
                    a.c_str());
       return 2;
     }
@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
   if (!plan::kExactSolverHasGlpk)
     std::fprintf(stderr, "budget_gap: built without GLPK; the exact answers come from exhaustive search (install libglpk-dev)\n");
   if (real) {
-    real_rows(time_limit_s);
+    real_rows(time_limit_s, exact_all);
     return 0;
   }
   Summary sum;
