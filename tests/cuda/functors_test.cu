@@ -23,6 +23,12 @@ __global__ void unary_on_device(F f, const double* x, double* y, double* dx, int
   }
 }
 
+template <class F>
+__global__ void binary_on_device(F f, const double* a, const double* b, double* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = f(a[i], b[i]);
+}
+
 __global__ void halves_on_device(const float* x, unsigned short* bf, unsigned short* h, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
@@ -75,6 +81,40 @@ void check_unary(F f, const char* name, bool positive_only = false) {
   cudaFree(ddx_);
 }
 
+// Binary functors are exact (selects), so host and device agree bit for
+// bit, ties and NaN included.
+template <class F>
+void check_binary(F f, const char* name) {
+  const int n = 1000;
+  std::vector<double> a(n), b(n), y(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = (i % 7) * 0.5 - 1.0;
+    b[i] = (i % 5) * 0.5 - 1.0;  // ties where the two agree
+    if (i % 97 == 3) a[i] = NAN;
+    if (i % 89 == 5) b[i] = NAN;
+  }
+  double *ad, *bd, *yd;
+  CUDA_OK(cudaMalloc(&ad, n * 8));
+  CUDA_OK(cudaMalloc(&bd, n * 8));
+  CUDA_OK(cudaMalloc(&yd, n * 8));
+  CUDA_OK(cudaMemcpy(ad, a.data(), n * 8, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(bd, b.data(), n * 8, cudaMemcpyHostToDevice));
+  binary_on_device<<<(n + 255) / 256, 256>>>(f, ad, bd, yd, n);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaMemcpy(y.data(), yd, n * 8, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    const double h = f(a[i], b[i]);
+    if (!(h == y[i] || (std::isnan(h) && std::isnan(y[i])))) {
+      std::printf("FAIL %s at (%g, %g): host %g device %g\n", name, a[i], b[i], h, y[i]);
+      ++failures;
+      break;
+    }
+  }
+  cudaFree(ad);
+  cudaFree(bd);
+  cudaFree(yd);
+}
+
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -90,6 +130,20 @@ int main() {
   check_unary(math::Log{}, "log", true);
   check_unary(math::Rsqrt{}, "rsqrt", true);
   check_unary(math::Affine{2.5, -1.0}, "affine");
+  check_unary(math::Abs{}, "abs");
+  check_unary(math::Sqrt{}, "sqrt", true);
+  check_unary(math::Square{}, "square");
+  check_unary(math::Sin{}, "sin");
+  check_unary(math::Cos{}, "cos");
+  check_unary(math::Pow{2.5}, "pow", true);
+  check_unary(math::Pow{0.0}, "pow 0");
+  check_unary(math::Clamp{-0.5, 1.5}, "clamp");
+  check_unary(math::SmoothL1{0.7}, "smooth_l1");
+  check_unary(math::Huber{0.7}, "huber");
+  check_unary(math::Log1pExp{}, "log1p_exp");
+  check_binary(math::Maximum{}, "maximum");
+  check_binary(math::Minimum{}, "minimum");
+  check_binary(math::MaxShare{}, "max_share");
 
   const int n = 4096;
   std::vector<float> x(n);

@@ -23,6 +23,12 @@
 #include "conv.hpp"
 #include "batch_norm.hpp"
 #include "pool.hpp"
+#include "pointwise.hpp"
+#include "where.hpp"
+#include "max_min.hpp"
+#include "detach.hpp"
+#include "nll_loss.hpp"
+#include "losses.hpp"
 
 namespace frugal {
 

@@ -29,6 +29,7 @@ class Binary final : public Op {
 };
 
 using BinaryFunctors = FunctorList<math::Add, math::Sub, math::Mul, math::Div>;
+using MinMaxFunctors = FunctorList<math::Maximum, math::Minimum, math::MaxShare>;
 
 }  // namespace frugal::ops
 
@@ -42,6 +43,11 @@ inline Var add(Var a, Var b) { return a + b; }
 inline Var sub(Var a, Var b) { return a - b; }
 inline Var mul(Var a, Var b) { return a * b; }
 inline Var div(Var a, Var b) { return a / b; }
+// torch.maximum / torch.minimum: elementwise, broadcasting, NaN-propagating.
+inline Var maximum(Var a, Var b) { return apply1<ops::Binary<math::Maximum>>({a, b}); }
+inline Var minimum(Var a, Var b) { return apply1<ops::Binary<math::Minimum>>({a, b}); }
+// maximum(a, b)'s share of the gradient that goes to a (for their backward).
+inline Var max_share(Var a, Var b) { return apply1<ops::Binary<math::MaxShare>>({a, b}); }
 
 template <class F>
 std::vector<std::optional<Var>> ops::Binary<F>::backward(const BackwardArgs& args) const {
@@ -53,10 +59,18 @@ std::vector<std::optional<Var>> ops::Binary<F>::backward(const BackwardArgs& arg
     ga = g, gb = -g;
   } else if constexpr (std::is_same_v<F, math::Mul>) {
     ga = g * b, gb = g * a;
-  } else {
-    static_assert(std::is_same_v<F, math::Div>);
+  } else if constexpr (std::is_same_v<F, math::Div>) {
     ga = g / b;
     gb = -(ga * y);  // d(a/b)/db = -a/b^2 = -(1/b)(a/b)
+  } else if constexpr (std::is_same_v<F, math::Maximum> || std::is_same_v<F, math::Minimum>) {
+    // PyTorch's split: ties share the gradient evenly (math::MaxShare).
+    Var share_a = std::is_same_v<F, math::Maximum> ? max_share(a, b) : max_share(b, a);
+    Var share_b = std::is_same_v<F, math::Maximum> ? max_share(b, a) : max_share(a, b);
+    ga = g * share_a, gb = g * share_b;
+  } else {
+    // A piecewise-constant function (math::MaxShare): no gradient flows.
+    static_assert(std::is_same_v<F, math::MaxShare>);
+    return {std::nullopt, std::nullopt};
   }
   return {sum_to(ga, a.shape()), sum_to(gb, b.shape())};
 }
@@ -69,4 +83,7 @@ extern template class Binary<math::Add>;
 extern template class Binary<math::Sub>;
 extern template class Binary<math::Mul>;
 extern template class Binary<math::Div>;
+extern template class Binary<math::Maximum>;
+extern template class Binary<math::Minimum>;
+extern template class Binary<math::MaxShare>;
 }  // namespace frugal::ops

@@ -67,6 +67,16 @@ Spmm::~Spmm() = default;
 SpmmPermuted::~SpmmPermuted() = default;
 SpmmValuesGrad::~SpmmValuesGrad() = default;
 Transfer::~Transfer() = default;
+WhereGrad::~WhereGrad() = default;
+Where::~Where() = default;
+AlongDimReduction::~AlongDimReduction() = default;
+MaxMinDimGrad::~MaxMinDimGrad() = default;
+MaxMinDim::~MaxMinDim() = default;
+ArgMaxMin::~ArgMaxMin() = default;
+Detach::~Detach() = default;
+NllLossBase::~NllLossBase() = default;
+NllLossGrad::~NllLossGrad() = default;
+NllLoss::~NllLoss() = default;
 
 // The element-wise templates, for the functors the backends implement.
 template class Unary<math::Relu>;
@@ -91,5 +101,28 @@ template class Binary<math::Add>;
 template class Binary<math::Sub>;
 template class Binary<math::Mul>;
 template class Binary<math::Div>;
+template class Unary<math::Abs>;
+template class UnaryGrad<math::Abs>;
+template class Unary<math::Sqrt>;
+template class UnaryGrad<math::Sqrt>;
+template class Unary<math::Square>;
+template class UnaryGrad<math::Square>;
+template class Unary<math::Sin>;
+template class UnaryGrad<math::Sin>;
+template class Unary<math::Cos>;
+template class UnaryGrad<math::Cos>;
+template class Unary<math::Pow>;
+template class UnaryGrad<math::Pow>;
+template class Unary<math::Clamp>;
+template class UnaryGrad<math::Clamp>;
+template class Unary<math::SmoothL1>;
+template class UnaryGrad<math::SmoothL1>;
+template class Unary<math::Huber>;
+template class UnaryGrad<math::Huber>;
+template class Unary<math::Log1pExp>;
+template class UnaryGrad<math::Log1pExp>;
+template class Binary<math::Maximum>;
+template class Binary<math::Minimum>;
+template class Binary<math::MaxShare>;
 
 }  // namespace frugal::ops

@@ -1,7 +1,11 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): elementwise
-// math, fused elementwise chains, the vectorised exact GELU, casts, reshape and permute.
+// math, fused elementwise chains, the vectorised exact GELU, casts, reshape and permute,
+// where and detach.
 #include "../../../ops/gelu.hpp"
+#include "../../../ops/pointwise.hpp"
+#include "../detach.hpp"
+#include "../where.hpp"
 #include "../cast.hpp"
 #include "../elementwise.hpp"
 #include "../fused_elementwise.hpp"
@@ -19,6 +23,11 @@ void add_elementwise_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::Cast>(cast_kernel);
   t.add<ops::Reshape>(reshape_kernel);
   t.add<ops::Permute>(permute_kernel);
+  add_unary_kernels(t, ops::PointwiseFunctors{});
+  add_binary_kernels(t, ops::MinMaxFunctors{});
+  t.add<ops::Where>(where_kernel);
+  t.add<ops::WhereGrad>(where_grad_kernel);
+  t.add<ops::Detach>(detach_kernel);
 }
 
 }  // namespace frugal::cpu

@@ -3,6 +3,8 @@
 // broadcasts, softmax, cross-entropy and the loss-scaling checks.
 #include "../loss.hpp"
 #include "../loss_scaling.hpp"
+#include "../max_min.hpp"
+#include "../nll_loss.hpp"
 #include "../reduce.hpp"
 #include "../register.hpp"
 #include "../softmax.hpp"
@@ -21,6 +23,11 @@ void add_reduction_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::NonFiniteCheck>(non_finite_check_kernel);
   t.add<ops::UpdateLossScale>(update_loss_scale_kernel);
   t.add<ops::AdvanceStepCount>(advance_step_count_kernel);
+  t.add<ops::MaxMinDim>(max_min_dim_kernel);
+  t.add<ops::MaxMinDimGrad>(max_min_dim_grad_kernel);
+  t.add<ops::ArgMaxMin>(argmax_min_kernel);
+  t.add<ops::NllLoss>(nll_loss_kernel);
+  t.add<ops::NllLossGrad>(nll_loss_grad_kernel);
 }
 
 }  // namespace frugal::cpu
