@@ -23,6 +23,10 @@
 #include "conv.hpp"
 #include "batch_norm.hpp"
 #include "pool.hpp"
+#include "conv_transpose.hpp"
+#include "upsample.hpp"
+#include "group_norm.hpp"
+#include "batch_norm1d.hpp"
 
 namespace frugal {
 
