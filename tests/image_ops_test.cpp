@@ -474,7 +474,10 @@ struct AeRun {
   frugal::Plan plan;
 };
 
-AeRun train_autoencoder(frugal::Budget budget, int steps) {
+// With `audit`, fills the arena and a canary beyond it, runs one step and
+// checks that the highest byte written is the plan's prediction (the
+// transposed convolutions' scratch is planned, not allocated), then stops.
+AeRun train_autoencoder(frugal::Budget budget, int steps, bool audit = false) {
   using namespace frugal;
   nn::manual_seed(11);
   TinyAutoencoder m;
@@ -487,6 +490,15 @@ AeRun train_autoencoder(frugal::Budget budget, int steps) {
       {input<float>({4, 1, 16, 16})}, opt, budget);
   AeRun r;
   r.plan = step.plan();
+  if (audit) {
+    Tensor x({4, 1, 16, 16});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(i % 7) / 7.f;
+    auto a = step.audit(x);
+    CHECK(a.canary_intact);
+    CHECK(a.high_water == a.predicted);
+    CHECK(step.verify().ok());
+    return r;
+  }
   for (int s = 0; s < steps; ++s) {
     Rng rng(100 + std::uint64_t(s));
     Tensor x({4, 1, 16, 16});
@@ -521,4 +533,6 @@ TEST_CASE("a model of the image ops trains under a tight budget bit for bit as u
     CHECK(tight.losses == free.losses);
     CHECK(tight.tensors == free.tensors);
   }
+  train_autoencoder(Budget{.device = least}, 0, true);
+  train_autoencoder({}, 0, true);
 }
