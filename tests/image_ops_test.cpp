@@ -227,6 +227,40 @@ TEST_CASE("group_norm forward and backward", "[image14]") {
   check_op(group_norm_case("[1,4,2,3] 2 groups no affine", {1, 4, 2, 3}, 2, false));
 }
 
+TEST_CASE("group_norm and upsampling split over threads: the reference forward, the same gradient bits", "[image14][threads]") {
+  // Large enough that every kernel takes its parallel path; the gradients on
+  // 2 threads must be the 1-thread bits (each block or plane is summed by one
+  // thread in a fixed order), and the forward the f64 reference.
+  const Case cases[] = {
+      group_norm_case("large [8,32,16,16] 8 groups", {8, 32, 16, 16}, 8, true),
+      upsample_case("large bilinear [4,8,16,16] to 40x40", {4, 8, 16, 16}, frugal::UpsampleMode::bilinear,
+                    {.size = frugal::Size2{40, 40}}),
+      upsample_case("large nearest [4,8,16,16] scale 3", {4, 8, 16, 16}, frugal::UpsampleMode::nearest,
+                    {.scale_factor = 3.0}),
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    frugal::Rng rng(seed_of(c.name));
+    Arrays vals;
+    for (auto& in : c.inputs) vals.push_back(draw_array(rng, in));
+    const ref::Array want = c.reference(vals);
+    const ref::Array r = draw_array(rng, x(want.shape));
+    GradRun one, two;
+    {
+      ThreadCount t(1);
+      one = run_backward(c, vals, r, DType::f32, false);
+    }
+    {
+      ThreadCount t(2);
+      check_forward_large(c);
+      two = run_backward(c, vals, r, DType::f32, false);
+    }
+    CHECK(one.loss == two.loss);
+    REQUIRE(one.grads.size() == two.grads.size());
+    for (std::size_t k = 0; k < one.grads.size(); ++k) CHECK(one.grads[k] == two.grads[k]);
+  }
+}
+
 // ---- batch_norm1d ----------------------------------------------------------------------
 
 TEST_CASE("batch_norm1d on [N, C] and [N, C, L]: train and eval, forward and backward", "[image14]") {
