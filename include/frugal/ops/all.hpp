@@ -29,6 +29,10 @@
 #include "detach.hpp"
 #include "nll_loss.hpp"
 #include "losses.hpp"
+#include "conv_transpose.hpp"
+#include "upsample.hpp"
+#include "group_norm.hpp"
+#include "batch_norm1d.hpp"
 
 namespace frugal {
 

@@ -18,6 +18,10 @@
 #include "../resnet.hpp"
 #include "../sequential.hpp"
 #include "../transformer.hpp"
+#include "../conv_transpose.hpp"
+#include "../group_norm.hpp"
+#include "../upsample.hpp"
+#include "../batch_norm1d.hpp"
 
 namespace frugal::nn {
 
@@ -44,5 +48,9 @@ Bottleneck::~Bottleneck() = default;
 Sequential::~Sequential() = default;
 Mlp::~Mlp() = default;
 TransformerBlock::~TransformerBlock() = default;
+ConvTranspose2d::~ConvTranspose2d() = default;
+GroupNorm::~GroupNorm() = default;
+Upsample::~Upsample() = default;
+BatchNorm1d::~BatchNorm1d() = default;
 
 }  // namespace frugal::nn

@@ -77,6 +77,13 @@ Detach::~Detach() = default;
 NllLossBase::~NllLossBase() = default;
 NllLossGrad::~NllLossGrad() = default;
 NllLoss::~NllLoss() = default;
+ConvTranspose2d::~ConvTranspose2d() = default;
+ConvTranspose2dBackwardData::~ConvTranspose2dBackwardData() = default;
+ConvTranspose2dBackwardWeight::~ConvTranspose2dBackwardWeight() = default;
+Upsample2d::~Upsample2d() = default;
+Upsample2dBackward::~Upsample2dBackward() = default;
+GroupNorm::~GroupNorm() = default;
+GroupNormGrad::~GroupNormGrad() = default;
 
 // The element-wise templates, for the functors the backends implement.
 template class Unary<math::Relu>;

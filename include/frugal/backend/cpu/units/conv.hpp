@@ -2,6 +2,7 @@
 // Kernel unit (compiled once per program; see ../register.hpp): conv2d and
 // its backward ops, on the engine the backend was made with.
 #include "../conv.hpp"
+#include "../conv_transpose.hpp"
 #include "../register.hpp"
 
 namespace frugal::cpu {
@@ -16,6 +17,24 @@ void add_conv_kernels(KernelTable& t, const BackendOptions& o) {
   t.add<ops::Conv2dBackwardWeight>(
       [e](const ops::Conv2dBackwardWeight& op, const KernelArgs& a) { conv2d_backward_weight_kernel(e, op, a); },
       [](const ops::Conv2dBackwardWeight& op, auto in, auto) { return conv2d_backward_weight_workspace(op, in); });
+  // conv_transpose2d runs the same kernels on the engine chosen above.
+  t.add<ops::ConvTranspose2d>(
+      [e](const ops::ConvTranspose2d& op, const KernelArgs& a) { conv_transpose2d_kernel(e, op, a); },
+      [](const ops::ConvTranspose2d& op, auto in, auto) { return conv_transpose2d_workspace(op, in); });
+  t.add<ops::ConvTranspose2dBackwardData>(
+      [e](const ops::ConvTranspose2dBackwardData& op, const KernelArgs& a) {
+        conv_transpose2d_backward_data_kernel(e, op, a);
+      },
+      [](const ops::ConvTranspose2dBackwardData& op, auto in, auto) {
+        return conv_transpose2d_backward_data_workspace(op, in);
+      });
+  t.add<ops::ConvTranspose2dBackwardWeight>(
+      [e](const ops::ConvTranspose2dBackwardWeight& op, const KernelArgs& a) {
+        conv_transpose2d_backward_weight_kernel(e, op, a);
+      },
+      [](const ops::ConvTranspose2dBackwardWeight& op, auto in, auto) {
+        return conv_transpose2d_backward_weight_workspace(op, in);
+      });
 }
 
 }  // namespace frugal::cpu

@@ -1,10 +1,12 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): layer norm,
-// batch norm and pooling.
+// batch norm, group norm, pooling and upsampling.
 #include "../batch_norm.hpp"
 #include "../layer_norm.hpp"
 #include "../pool.hpp"
 #include "../register.hpp"
+#include "../group_norm.hpp"
+#include "../upsample.hpp"
 
 namespace frugal::cpu {
 
@@ -21,6 +23,10 @@ void add_norm_pool_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::AvgPool2dBackward>(avg_pool2d_backward_kernel);
   t.add<ops::GlobalAvgPool2d>(global_avg_pool2d_kernel);
   t.add<ops::GlobalAvgPool2dBackward>(global_avg_pool2d_backward_kernel);
+  t.add<ops::GroupNorm>(group_norm_kernel);
+  t.add<ops::GroupNormGrad>(group_norm_grad_kernel);
+  t.add<ops::Upsample2d>(upsample2d_kernel);
+  t.add<ops::Upsample2dBackward>(upsample2d_backward_kernel);
 }
 
 }  // namespace frugal::cpu
