@@ -23,6 +23,8 @@
 #include "conv.hpp"
 #include "batch_norm.hpp"
 #include "pool.hpp"
+#include "grad_clipping.hpp"
+#include "skip_count.hpp"
 
 namespace frugal {
 

@@ -1,6 +1,7 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): sums and
 // broadcasts, softmax, cross-entropy and the loss-scaling checks.
+#include "../grad_clipping.hpp"
 #include "../loss.hpp"
 #include "../loss_scaling.hpp"
 #include "../reduce.hpp"
@@ -21,6 +22,8 @@ void add_reduction_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::NonFiniteCheck>(non_finite_check_kernel);
   t.add<ops::UpdateLossScale>(update_loss_scale_kernel);
   t.add<ops::AdvanceStepCount>(advance_step_count_kernel);
+  t.add<ops::ClipGradNormCoef>(clip_grad_norm_coef_kernel);
+  t.add<ops::CountSkippedStep>(count_skipped_step_kernel);
 }
 
 }  // namespace frugal::cpu
