@@ -341,6 +341,30 @@ TEST_CASE("clip_grad_norm with a norm that does not bind computes the unclipped 
   CHECK(plain == clipped);
 }
 
+TEST_CASE("clip_grad_norm runs every update after the last gradient, where unclipped updates interleave",
+          "[loop14][clip]") {
+  // Where the last backward node and the first update sit in the schedule.
+  auto positions = [](const Step& step) {
+    std::size_t last_backward = 0, first_update = std::size_t(-1), norm = std::size_t(-1);
+    const auto& sched = step.plan().schedule;
+    for (std::size_t i = 0; i < sched.size(); ++i) {
+      const Node& n = step.graph().node(sched[i]);
+      if (n.phase == Phase::backward) last_backward = i;
+      if (n.op->name() == "sgd_update") first_update = std::min(first_update, i);
+      if (n.op->name() == "clip_grad_norm_coef") norm = i;
+    }
+    return std::tuple{last_backward, first_update, norm};
+  };
+  Net net;
+  optim::SGD opt(net.parameters(), {.lr = 0.1});
+  auto [lb, fu, none] = positions(compile(loss_fn(net), specs(), opt));
+  CHECK(fu < lb);  // fc2's update frees its gradient before fc1's backward
+  CHECK(none == std::size_t(-1));
+  auto [clb, cfu, cnorm] = positions(compile(loss_fn(net), specs(), opt, {}, {.clip_grad_norm = 1}));
+  CHECK(clb < cnorm);
+  CHECK(cnorm < cfu);
+}
+
 TEST_CASE("clip_grad_norm rejects bad values and steps it does not apply to", "[loop14][clip][errors]") {
   Net net;
   optim::SGD opt(net.parameters(), {.lr = 0.1});
