@@ -156,8 +156,11 @@ TEST_CASE("OneCycleLR matches PyTorch's two- and three-phase cosine schedules an
     CHECK(opt.group_momentum(0) == Approx(0.85).epsilon(1e-15));
     sched.set_epoch(9);
     CHECK(opt.lr() == Approx(4e-7).epsilon(1e-12));
-    sched.set_epoch(10);  // allowed, as in PyTorch; one more is not
+    sched.set_epoch(10);  // allowed, as in PyTorch; one more is not, and changes nothing
+    const double at_end = opt.lr();
     CHECK_THROWS_WITH(sched.step(), Catch::Contains("total_steps is 10"));
+    CHECK(sched.last_epoch() == 10);
+    CHECK(opt.lr() == at_end);
   }
   SECTION("three phases, linear, without momentum cycling") {
     opt.set_group_momentum(0, 0.9);

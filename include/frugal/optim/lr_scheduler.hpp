@@ -12,6 +12,7 @@
 // step() moves to the next epoch. Each value is the schedule's closed form
 // at that epoch (PyTorch's _get_closed_form_lr), so resuming at epoch n
 // gives the same learning rate as stepping there.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -31,13 +32,18 @@ class LRScheduler {
   // Sets epoch n's learning rates (resuming a run).
   void set_epoch(std::int64_t n) {
     if (n < 0) fail("optim::LRScheduler: the epoch cannot be negative (got ", n, ")");
-    last_epoch_ = n;
-    last_lr_.clear();
+    // Every rate is computed and checked before any is set: a failing epoch
+    // (past OneCycleLR's end, a negative rate) changes nothing.
+    std::vector<double> lrs;
     for (std::size_t g = 0; g < opt_.num_groups(); ++g) {
-      const double lr = lr_at(g, n);
-      opt_.set_group_lr(g, lr);
-      last_lr_.push_back(lr);
+      lrs.push_back(lr_at(g, n));
+      if (!(lrs.back() >= 0) || !std::isfinite(lrs.back()))
+        fail("optim::LRScheduler: epoch ", n, " gives group ", g, " the learning rate ", lrs.back(),
+             ", which is not finite and >= 0");
     }
+    for (std::size_t g = 0; g < lrs.size(); ++g) opt_.set_group_lr(g, lrs[g]);
+    last_epoch_ = n;
+    last_lr_ = std::move(lrs);
     after_step(n);
   }
   // The learning rate of each group the last step set.
