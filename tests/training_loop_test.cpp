@@ -581,3 +581,28 @@ TEST_CASE("groups, clipping, the guard and extra outputs compute the same bits u
   for (std::size_t s = 0; s < free.norms.size(); ++s)
     if (std::isfinite(free.norms[s])) CHECK(std::memcmp(&tight.norms[s], &free.norms[s], sizeof(double)) == 0);
 }
+
+TEST_CASE("skip_non_finite and clip_grad_norm say which combinations they do not support",
+          "[loop14][guard][clip][errors]") {
+  Net net;
+  optim::AdamW opt(net.parameters(), {.lr = 1e-3});
+  optim::LossScaler scaler;
+  CHECK_THROWS_WITH(compile(loss_fn(net), specs(), opt, {}, {.loss_scaler = &scaler, .skip_non_finite = true}),
+                    Catch::Contains("skip_non_finite") && Catch::Contains("already skips"));
+  CHECK_THROWS_WITH(compile(loss_fn(net), specs(), opt, {}, {.loss_scaler = &scaler, .clip_grad_norm = 1}),
+                    Catch::Contains("clip_grad_norm") && Catch::Contains("unscaled"));
+  // An optimizer whose updates cannot be skipped.
+  struct Plain final : Optimizer {
+    std::vector<Tensor> p;
+    std::int64_t n = 0;
+    const std::vector<Tensor>& params() const override { return p; }
+    void append_update(Var, Var, std::size_t) override {}
+    void begin_step() override { ++n; }
+    std::string kind() const override { return "plain"; }
+    std::int64_t steps() const override { return n; }
+    void set_steps(std::int64_t s) override { n = s; }
+  } plain;
+  plain.p = net.parameters();
+  CHECK_THROWS_WITH(compile(loss_fn(net), specs(), plain, {}, {.skip_non_finite = true}),
+                    Catch::Contains("skip_non_finite needs an optimizer whose updates can be skipped"));
+}
