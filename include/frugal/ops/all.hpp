@@ -33,6 +33,8 @@
 #include "upsample.hpp"
 #include "group_norm.hpp"
 #include "batch_norm1d.hpp"
+#include "grad_clipping.hpp"
+#include "skip_count.hpp"
 
 namespace frugal {
 

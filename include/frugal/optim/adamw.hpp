@@ -3,10 +3,15 @@
 // scaling (optim/loss_scaler.hpp) its updates are guarded: a skipped step
 // changes no parameter, no moment and not the count of steps taken that the
 // bias corrections use.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
 #include "../graph/capture.hpp"
 #include "../ops/optimizer_updates.hpp"
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
+#include "param_groups.hpp"
 
 namespace frugal::optim {
 
@@ -18,7 +23,13 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
-class AdamW final : public Optimizer, public SkippableOptimizer {
+// One parameter group's hyperparameters; unset ones are the optimizer's defaults.
+struct AdamWGroupOptions {
+  std::optional<double> lr, beta1, beta2, eps, weight_decay;
+};
+using AdamWParamGroup = ParamGroup<AdamWGroupOptions>;
+
+class AdamW final : public Optimizer, public SkippableOptimizer, public ScheduledOptimizer {
  public:
   ~AdamW() override;
   AdamW(std::vector<Tensor> params, AdamWOptions o)
@@ -30,27 +41,68 @@ class AdamW final : public Optimizer, public SkippableOptimizer {
     m_.resize(params_.size());
     v_.resize(params_.size());
   }
+  // Parameter groups (optim/param_groups.hpp), each checked as the
+  // constructor above checks its options.
+  AdamW(const std::vector<AdamWParamGroup>& groups, AdamWOptions defaults)
+      : AdamW(flatten_groups(groups, "optim::AdamW"), defaults) {
+    for (const auto& g : groups) {
+      const AdamWGroupOptions& o = g.options;
+      AdamWOptions merged{o.lr.value_or(defaults.lr), o.beta1.value_or(defaults.beta1),
+                          o.beta2.value_or(defaults.beta2), o.eps.value_or(defaults.eps),
+                          o.weight_decay.value_or(defaults.weight_decay)};
+      AdamW check(std::vector<Tensor>{}, merged);
+      auto h = groups_.empty() ? h_ : std::make_shared<ops::AdamWHyper>();
+      *h = *check.h_;
+      groups_.push_back(h);
+      group_of_.insert(group_of_.end(), g.params.size(), groups_.size() - 1);
+    }
+  }
   const std::vector<Tensor>& params() const override { return params_; }
   void append_update(Var p, Var g, std::size_t i) override {
     auto [m, v] = moments(p, i);
-    frugal::apply(std::make_shared<ops::AdamWUpdate>(h_), {p, g, m, v});
+    frugal::apply(std::make_shared<ops::AdamWUpdate>(hyper_of(i)), {p, g, m, v});
   }
   void append_guarded_update(Var p, Var g, std::size_t i, const ops::UpdateGuard& guard) override {
     auto [m, v] = moments(p, i);
-    frugal::apply(std::make_shared<ops::AdamWUpdate>(h_, true), {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
+    frugal::apply(std::make_shared<ops::AdamWUpdate>(hyper_of(i), true), {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
   }
   void append_guarded_step_end(const ops::UpdateGuard& guard) override {
     frugal::apply(std::make_shared<ops::AdvanceStepCount>(), {taken_var(), guard.found_inf});
   }
-  void begin_step() override { ++h_->step; }
+  void begin_step() override {
+    ++h_->step;
+    for (auto& h : groups_) h->step = h_->step;
+  }
 
-  void set_lr(double lr) { h_->lr = lr; }
+  void set_lr(double lr) {
+    h_->lr = lr;
+    for (auto& h : groups_) h->lr = lr;  // every group, as PyTorch's schedulers set each
+  }
   double lr() const { return h_->lr; }
+  // Per parameter group, in the order given (an optimizer made without
+  // groups has one, group 0).
+  void set_lr(std::size_t group, double lr) {
+    if (!(lr >= 0) || !std::isfinite(lr)) fail("optim::AdamW: learning rate ", lr, " of group ", group, " is not finite and >= 0");
+    hyper(group).lr = lr;
+  }
+  double lr(std::size_t group) const { return hyper(group).lr; }
+  std::size_t num_groups() const override { return std::max<std::size_t>(1, groups_.size()); }
+  double group_lr(std::size_t group) const override { return lr(group); }
+  void set_group_lr(std::size_t group, double lr) override { set_lr(group, lr); }
+  double group_momentum(std::size_t group) const override { return hyper(group).beta1; }
+  void set_group_momentum(std::size_t group, double beta1) override {
+    if (!(beta1 >= 0 && beta1 < 1)) fail("optim::AdamW: beta1 must lie in [0, 1), got ", beta1);
+    hyper(group).beta1 = beta1;
+  }
+  // A group's weight decay, e.g. to check what a group was given.
+  double weight_decay(std::size_t group = 0) const { return hyper(group).weight_decay; }
+
   // Steps run (the host's count, advanced before each step).
   std::int64_t steps() const override { return h_->step; }
   void set_steps(std::int64_t n) override {
     if (n < 0) fail("optim::AdamW: the step count cannot be negative (got ", n, ")");
     h_->step = n;
+    for (auto& h : groups_) h->step = n;
   }
   std::string kind() const override { return "adamw"; }
   // Per parameter "exp_avg" and "exp_avg_sq"; "steps_taken" under loss scaling.
@@ -85,8 +137,19 @@ class AdamW final : public Optimizer, public SkippableOptimizer {
     return persistent_var(taken_, ValueKind::state, "adamw.steps_taken");
   }
 
+  // The hyperparameters params()[i]'s update reads: its group's.
+  std::shared_ptr<ops::AdamWHyper> hyper_of(std::size_t i) const { return groups_.empty() ? h_ : groups_[group_of_.at(i)]; }
+  // A group's hyperparameters (the pointees stay writable: the update ops share them).
+  ops::AdamWHyper& hyper(std::size_t group) const {
+    if (group >= num_groups()) fail("optim::AdamW: parameter group ", group, " does not exist (", num_groups(), " groups)");
+    return group == 0 ? *h_ : *groups_[group];
+  }
+
   std::vector<Tensor> params_;
   std::shared_ptr<ops::AdamWHyper> h_;
+  // Parameter groups (empty without): groups_[0] is h_; group_of_[i] is params()[i]'s.
+  std::vector<std::shared_ptr<ops::AdamWHyper>> groups_;
+  std::vector<std::size_t> group_of_;
   std::vector<Tensor> m_, v_;
   Tensor taken_;
 };

@@ -2,6 +2,7 @@
 // capture -> autograd -> optimizer ops -> plan -> Step.
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "../graph/capture.hpp"
 #include "../plan/budget.hpp"
@@ -52,6 +53,19 @@ struct CompileOptions {
   // Under a binding budget, time the ops of the first steps and re-plan
   // once if the predicted step time is off by more than 20%.
   bool replan = true;
+  // Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_
+  // (0: off): every gradient is multiplied by min(clip_grad_norm /
+  // (total_norm + 1e-6), 1) before the updates; step.grad_norm() reads the
+  // norm before clipping (keep_grads keeps the unclipped gradients). All gradients must then be complete before the
+  // first update, so they are all live at once (ops/grad_clipping.hpp).
+  // Training steps only.
+  double clip_grad_norm = 0;
+  // Skip the update when the loss or any gradient is not finite, for any
+  // dtype: parameters, optimizer state and the count of steps taken stay
+  // bitwise as they were; step.skipped_steps() counts the skips
+  // (runtime/non_finite_guard.hpp). Needs a SkippableOptimizer (AdamW,
+  // SGD); a loss_scaler already skips on overflow. Training steps only.
+  bool skip_non_finite = false;
 };
 
 namespace detail {
@@ -99,6 +113,8 @@ struct Prepared {
   std::vector<ValueId> outputs;
   std::map<const void*, ValueId> grad_of;
   std::shared_ptr<plan::CostModel> prices;  // set by plan_prepared when the budget binds
+  ValueId grad_norm = kNoValue;             // CompileOptions::clip_grad_norm's total norm
+  Tensor skip_stats;                        // CompileOptions::skip_non_finite's counts
 };
 
 // Only calling the user's function is compiled where compile() is called:
@@ -123,6 +139,14 @@ Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_
   CaptureScope scope(*c.graph);
   auto r = call_with_vars(fn, vars);
   if constexpr (std::is_same_v<decltype(r), Var>) c.results = {r};
+  else if constexpr (requires { std::tuple_size<decltype(r)>::value; })  // {loss, extras...}
+    std::apply(
+        [&](const auto&... v) {
+          static_assert((std::is_same_v<std::decay_t<decltype(v)>, Var> && ...),
+                        "a step function returning a tuple must return only Vars");
+          (c.results.push_back(v), ...);
+        },
+        r);
   else c.results = std::vector<Var>(r.begin(), r.end());
   end_capture(c);
   return c;
@@ -154,7 +178,10 @@ Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer
 }  // namespace detail
 
 // A training step: fn(inputs...) returns the loss; its gradients update
-// opt's parameters with opt's rule, all inside the one captured graph.
+// opt's parameters with opt's rule, all inside the one captured graph. fn
+// may also return {loss, extras...} (a std::tuple or std::vector of Vars):
+// the extras (accuracy, logits) are kept to the end of the step and read
+// with step.output(i) after run, extras[i] in output(i).
 template <class Fn>
 Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {}, CompileOptions o = {}) {
   return detail::finish(detail::prepare_training(fn, specs, opt, o), budget, o);
@@ -181,6 +208,8 @@ template <class Fn>
 Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor> wrt, Budget budget = {},
                        CompileOptions o = {}) {
   if (o.loss_scaler) fail("compile_gradients: CompileOptions::loss_scaler applies to training steps (compile)");
+  if (o.clip_grad_norm != 0 || o.skip_non_finite)
+    fail("compile_gradients: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend);
   return detail::finish(detail::prepare_gradients(std::move(backend), std::move(c), wrt, o), budget, o);
@@ -199,6 +228,8 @@ PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, CompileOptions
 template <class Fn>
 Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
   if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
+  if (o.clip_grad_norm != 0 || o.skip_non_finite)
+    fail("compile_inference: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend);
   return detail::finish(detail::prepare_inference(std::move(backend), std::move(c), o), budget, o);

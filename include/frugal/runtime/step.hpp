@@ -38,6 +38,8 @@ class Step {
     // Re-solves the budget with measured op times (set when the plan made
     // budget decisions and re-planning is on).
     std::function<std::pair<std::shared_ptr<Graph>, Plan>(const plan::OpTimeRecorder&)> replanner;
+    ValueId grad_norm = kNoValue;  // CompileOptions::clip_grad_norm's total norm (a root)
+    Tensor skip_stats;             // CompileOptions::skip_non_finite's i64[2] {skipped, last skipped}
   };
 
   explicit Step(Parts p);
@@ -75,6 +77,14 @@ class Step {
 
   // The outputs of an inference step (or extra outputs), after run().
   const Tensor& output(std::size_t i = 0) const { return outputs_.at(i); }
+
+  // The total gradient norm of the last run, before clipping (compiled with
+  // CompileOptions::clip_grad_norm); inf or NaN if a gradient was.
+  double grad_norm() const;
+  // Steps whose update CompileOptions::skip_non_finite skipped, and whether
+  // the last one was.
+  std::int64_t skipped_steps() const;
+  bool last_step_skipped() const;
 
   // The gradient of the loss for `param` from the last run; the step must
   // have been compiled to keep it (compile_gradients, or keep_grads).

@@ -13,6 +13,7 @@
 #include "../../plan/verify.hpp"
 #include "../calibrate.hpp"
 #include "../compile.hpp"
+#include "../non_finite_guard.hpp"
 
 namespace frugal::detail {
 
@@ -77,8 +78,31 @@ static Var single_loss(const Captured& c) {
   return c.results[0];
 }
 
+// A training step's loss is its function's first result; the rest are
+// extra outputs, kept to the end of the step.
+static Var training_loss(const Captured& c) {
+  if (c.results.empty()) fail("compile: the step function must return the loss (then any extra outputs)");
+  const Graph& g = *c.graph;
+  for (std::size_t i = 1; i < c.results.size(); ++i) {
+    const Value& v = g.value(c.results[i].id);
+    if (v.kind == ValueKind::parameter || v.kind == ValueKind::state || v.kind == ValueKind::buffer)
+      fail("compile: extra output ", i - 1, " is the ", value_kind_name(v.kind), " '", v.name,
+           "', which the step updates in place; read that tensor after run instead");
+  }
+  return c.results[0];
+}
+
+// Multiplies each gradient by the clip coefficient of their global norm
+// (ops/grad_clipping.hpp); returns the norm.
+static Var clip_gradients(std::vector<std::optional<Var>>& grads, const std::vector<Var>& present, double max_norm) {
+  auto outs = frugal::apply(std::make_shared<ops::ClipGradNormCoef>(max_norm), present);
+  for (auto& gr : grads)
+    if (gr) *gr = *gr * (gr->dtype() == DType::f32 ? outs[1] : cast(outs[1], gr->dtype()));
+  return outs[0];
+}
+
 Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o) {
-  Var loss = single_loss(c);
+  Var loss = training_loss(c);
   Graph& g = *c.graph;
   CaptureScope scope(g);
   // Parameters the optimizer owns and the loss reads; the rest stay frozen.
@@ -95,13 +119,26 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   // Under loss scaling, gradients are taken of loss * scale and every
   // update is guarded by one overflow check over all of them.
   SkippableOptimizer* skippable = nullptr;
-  if (o.loss_scaler) {
+  // skip_non_finite is a loss scaler whose scale stays 1 (runtime/non_finite_guard.hpp).
+  std::shared_ptr<NonFiniteGuard> non_finite;
+  if (o.skip_non_finite) {
+    if (o.loss_scaler)
+      fail("compile: CompileOptions::skip_non_finite with a loss_scaler: the loss scaler already skips "
+           "steps whose gradients are not finite; use one of them");
+    non_finite = std::make_shared<NonFiniteGuard>();
+  }
+  LossScalerBase* const scaler = non_finite ? non_finite.get() : o.loss_scaler;
+  if (o.clip_grad_norm != 0 && o.loss_scaler)
+    fail("compile: CompileOptions::clip_grad_norm with a loss_scaler is not supported: the gradients are "
+         "scaled, and clipping must see them unscaled");
+  if (scaler) {
     skippable = dynamic_cast<SkippableOptimizer*>(&opt);
     if (!skippable)
-      fail("compile: CompileOptions::loss_scaler needs an optimizer whose updates can be skipped "
+      fail("compile: CompileOptions::", non_finite ? "skip_non_finite" : "loss_scaler",
+           " needs an optimizer whose updates can be skipped "
            "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
   }
-  auto grads = grad(o.loss_scaler ? o.loss_scaler->scale_loss(loss) : loss, wrt);
+  auto grads = grad(scaler ? scaler->scale_loss(loss) : loss, wrt);
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
   for (std::size_t k = 0; k < wrt.size(); ++k) {
@@ -114,7 +151,12 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   }
   Phase previous = g.set_phase(Phase::optimizer);
   std::optional<ops::UpdateGuard> guard;
-  if (o.loss_scaler && !present.empty()) guard = o.loss_scaler->check_gradients(present);
+  if (scaler && !present.empty()) guard = scaler->check_gradients(present);
+  if (o.clip_grad_norm != 0 && !present.empty()) {
+    Var norm = clip_gradients(grads, present, o.clip_grad_norm);
+    p.grad_norm = norm.id;
+    p.roots.push_back(norm.id);
+  }
   for (std::size_t k = 0; k < wrt.size(); ++k) {
     if (!grads[k]) continue;
     if (guard) skippable->append_guarded_update(wrt[k], *grads[k], index[k], *guard);
@@ -122,7 +164,12 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   }
   if (guard) {
     skippable->append_guarded_step_end(*guard);
-    o.loss_scaler->append_scale_update(*guard);  // last: after every reader of the scale
+    scaler->append_scale_update(*guard);  // last: after every reader of the scale
+  }
+  if (non_finite) p.skip_stats = non_finite->skip_stats();
+  for (std::size_t i = 1; i < p.c.results.size(); ++i) {  // extra outputs
+    p.outputs.push_back(p.c.results[i].id);
+    p.roots.push_back(p.c.results[i].id);
   }
   g.set_phase(previous);
   return p;
@@ -205,6 +252,8 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
   Step::Parts parts{std::move(p.c.graph), std::move(plan), p.backend, p.opt, std::move(p.c.inputs),
                     p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
                     budget.nvme_dir};
+  parts.grad_norm = p.grad_norm;
+  parts.skip_stats = p.skip_stats;
   if (o.replan && !parts.plan.decisions.empty()) {
     // What re-planning needs: the graph before the rewrite, the budget, and
     // a cost model that measured op times can refine.

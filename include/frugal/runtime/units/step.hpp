@@ -96,6 +96,23 @@ double Step::last_loss_f64() const {
   return f;
 }
 
+double Step::grad_norm() const {
+  if (p_.grad_norm == kNoValue) fail("step.grad_norm: the step was not compiled with CompileOptions::clip_grad_norm");
+  float f = 0;
+  p_.backend->copy_to_host(&f, executor_->address(p_.grad_norm), sizeof f);
+  return f;
+}
+std::int64_t Step::skipped_steps() const {
+  if (!p_.skip_stats.defined())
+    fail("step.skipped_steps: the step was not compiled with CompileOptions::skip_non_finite");
+  return p_.skip_stats.data<std::int64_t>()[0];
+}
+bool Step::last_step_skipped() const {
+  if (!p_.skip_stats.defined())
+    fail("step.last_step_skipped: the step was not compiled with CompileOptions::skip_non_finite");
+  return p_.skip_stats.data<std::int64_t>()[1] != 0;
+}
+
 Tensor Step::grad(const Tensor& param) const {
   auto it = p_.grad_of.find(param.raw());
   if (it == p_.grad_of.end())

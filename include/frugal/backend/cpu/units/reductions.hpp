@@ -1,6 +1,7 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): sums and
 // broadcasts, softmax, cross-entropy and the loss-scaling checks.
+#include "../grad_clipping.hpp"
 #include "../loss.hpp"
 #include "../loss_scaling.hpp"
 #include "../max_min.hpp"
@@ -28,6 +29,8 @@ void add_reduction_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::ArgMaxMin>(argmax_min_kernel);
   t.add<ops::NllLoss>(nll_loss_kernel);
   t.add<ops::NllLossGrad>(nll_loss_grad_kernel);
+  t.add<ops::ClipGradNormCoef>(clip_grad_norm_coef_kernel);
+  t.add<ops::CountSkippedStep>(count_skipped_step_kernel);
 }
 
 }  // namespace frugal::cpu
