@@ -64,11 +64,8 @@ struct Autoencoder : nn::Module {
   }
 };
 
-// Mean squared error over every pixel. TODO(mse_loss): mse_loss(y, x) once it lands.
-Var reconstruction_loss(Var y, Var x) {
-  Var d = y - x;
-  return mean(d * d);
-}
+// Mean squared error over every pixel.
+Var reconstruction_loss(Var y, Var x) { return mse_loss(y, x); }
 
 // With no dataset: ten random blurry prototype images, each sample a noisy
 // copy of one of them.
