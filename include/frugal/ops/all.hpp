@@ -23,6 +23,7 @@
 #include "conv.hpp"
 #include "batch_norm.hpp"
 #include "pool.hpp"
+#include "sdpa.hpp"
 
 namespace frugal {
 

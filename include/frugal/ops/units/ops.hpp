@@ -92,4 +92,6 @@ template class Binary<math::Sub>;
 template class Binary<math::Mul>;
 template class Binary<math::Div>;
 
+ScaledDotProductAttentionGrad::~ScaledDotProductAttentionGrad() = default;
+ScaledDotProductAttention::~ScaledDotProductAttention() = default;
 }  // namespace frugal::ops
