@@ -217,3 +217,93 @@ TEST_CASE("sdpa bad input is a ShapeError at capture naming what was wrong", "[a
   });
   CHECK_THAT(m, Contains("at most 2 masks"));
 }
+
+// ---- matmul with torch.matmul's broadcasting ----------------------------------
+
+namespace {
+
+// torch.matmul, naive: 1-D operands promoted and the added axis removed,
+// batch axes broadcast; ta / tb transpose the last two axes first.
+ref::Array matmul_ref(ref::Array a, ref::Array b, bool ta = false, bool tb = false) {
+  const bool a1 = a.shape.size() == 1, b1 = b.shape.size() == 1;
+  if (a1) a.shape = {1, a.shape[0]};
+  if (b1) b.shape = {b.shape[0], 1};
+  auto at = [](const ref::Array& x, bool t, ref::Dims idx, std::int64_t r, std::int64_t c) {
+    if (t) std::swap(r, c);
+    idx.push_back(r);
+    idx.push_back(c);
+    return broadcast_at(x, idx);
+  };
+  const std::size_t ra = a.shape.size(), rb = b.shape.size();
+  const std::int64_t m = ta ? a.shape[ra - 1] : a.shape[ra - 2], k = ta ? a.shape[ra - 2] : a.shape[ra - 1];
+  const std::int64_t n = tb ? b.shape[rb - 2] : b.shape[rb - 1];
+  const std::size_t L = std::max(ra, rb) - 2, la = ra - 2, lb = rb - 2;
+  ref::Dims lead(L, 1);
+  for (std::size_t d = 0; d < L; ++d) {
+    const std::int64_t da = d >= L - la ? a.shape[d - (L - la)] : 1, db = d >= L - lb ? b.shape[d - (L - lb)] : 1;
+    lead[d] = std::max(da, db);
+  }
+  ref::Dims os = lead;
+  os.push_back(m);
+  os.push_back(n);
+  ref::Array o = ref::zeros(os);
+  for (std::int64_t f = 0; f < ref::numel(lead); ++f) {
+    const ref::Dims idx = ref::unravel(f, lead);
+    // The operands' own leading index: the last (rank - 2) axes of idx.
+    ref::Dims ia(idx.end() - std::ptrdiff_t(ra - 2), idx.end()), ib(idx.end() - std::ptrdiff_t(rb - 2), idx.end());
+    for (std::size_t d = 0; d < ia.size(); ++d) ia[d] = a.shape[d] == 1 ? 0 : ia[d];
+    for (std::size_t d = 0; d < ib.size(); ++d) ib[d] = b.shape[d] == 1 ? 0 : ib[d];
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::int64_t c = 0; c < k; ++c) s += at(a, ta, ia, i, c) * at(b, tb, ib, c, j);
+        o.v[std::size_t((f * m + i) * n + j)] = s;
+      }
+  }
+  ref::Dims final_shape = lead;
+  if (!a1) final_shape.push_back(m);
+  if (!b1) final_shape.push_back(n);
+  o.shape = final_shape;
+  return o;
+}
+
+Case mm(std::string name, ref::Dims a, ref::Dims b, bool ta = false, bool tb = false) {
+  return {std::move(name),
+          {x(std::move(a)), x(std::move(b))},
+          [ta, tb](const V& t) { return frugal::matmul(t[0], t[1], ta, tb); },
+          [ta, tb](const A& v) { return matmul_ref(v[0], v[1], ta, tb); }};
+}
+
+}  // namespace
+
+TEST_CASE("matmul broadcasts batch axes as torch.matmul, forward and backward (summed over broadcast axes)",
+          "[attn14][matmul]") {
+  check_op(mm("mm [2,3,4,5]@[5,2]", {2, 3, 4, 5}, {5, 2}));
+  check_op(mm("mm [3,4]@[2,2,4,3]", {3, 4}, {2, 2, 4, 3}));
+  check_op(mm("mm [2,1,3,4]@[1,3,4,2]", {2, 1, 3, 4}, {1, 3, 4, 2}));
+  check_op(mm("mm [2,1,3,4]@[3,4,2] rank differs", {2, 1, 3, 4}, {3, 4, 2}));
+  check_op(mm("mm [1,3,4]@[2,4,2]", {1, 3, 4}, {2, 4, 2}));
+  check_op(mm("mm [2,1,4,3]^T@[1,3,2,4]^T", {2, 1, 4, 3}, {1, 3, 2, 4}, true, true));
+  check_op(mm("mm [2,3,1,4,3]^T@[3,3,2] 5-D", {2, 3, 1, 4, 3}, {3, 4, 2}, true, false));
+}
+
+TEST_CASE("matmul with 1-D operands follows torch.matmul", "[attn14][matmul]") {
+  check_op(mm("mm [4]@[4] dot", {4}, {4}));
+  check_op(mm("mm [4]@[4,3]", {4}, {4, 3}));
+  check_op(mm("mm [3,4]@[4]", {3, 4}, {4}));
+  check_op(mm("mm [4]@[2,4,3]", {4}, {2, 4, 3}));
+  check_op(mm("mm [2,2,3,4]@[4]", {2, 2, 3, 4}, {4}));
+}
+
+TEST_CASE("matmul shape errors name the shapes and what is wrong", "[attn14][matmul]") {
+  const DType f = DType::f32;
+  auto mmv = [](const V& v) { return frugal::matmul(v[0], v[1]); };
+  auto m = capture_error({{2, 3, 4}, {3, 4, 5}}, {f, f}, mmv);
+  CHECK_THAT(m, Contains("matmul") && Contains("[2, 3, 4]") && Contains("[3, 4, 5]") && Contains("broadcast"));
+  m = capture_error({{3, 4}, {5, 2}}, {f, f}, mmv);
+  CHECK_THAT(m, Contains("inner dimensions 4 and 5"));
+  m = capture_error({{4}, {4, 3}}, {f, f}, [](const V& v) { return frugal::matmul(v[0], v[1], true, false); });
+  CHECK_THAT(m, Contains("1-D operand cannot be transposed"));
+  m = capture_error({{4}, {5}}, {f, f}, mmv);
+  CHECK_THAT(m, Contains("inner dimensions 4 and 5"));
+}
