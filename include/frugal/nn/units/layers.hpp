@@ -18,6 +18,7 @@
 #include "../resnet.hpp"
 #include "../sequential.hpp"
 #include "../transformer.hpp"
+#include "../transformer_encoder.hpp"
 
 namespace frugal::nn {
 
@@ -44,5 +45,6 @@ Bottleneck::~Bottleneck() = default;
 Sequential::~Sequential() = default;
 Mlp::~Mlp() = default;
 TransformerBlock::~TransformerBlock() = default;
+TransformerEncoderLayer::~TransformerEncoderLayer() = default;
 
 }  // namespace frugal::nn
