@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "../ops/binary.hpp"
+#include "../ops/indexing.hpp"
 #include "../ops/spmm.hpp"
 #include "../ops/unary.hpp"
 #include "linear.hpp"
@@ -83,6 +84,14 @@ class GCNConv : public Module {
 // out = lin_l(mean_{j ∈ N(i)} x_j) + lin_r(x_i), where the mean is the
 // row-normalised adjacency (data::row_normalize) applied to x. "lin_l" has a
 // bias, "lin_r" none; both start as PyTorch's Linear does.
+//
+// Bipartite graphs (a sampled minibatch's block, as PyG's NeighborLoader and
+// DGL's samplers make): the aggregation matrix is [n_dst, n_src], the
+// neighbour features x_src [n_src, in] and the root features x_dst
+// [n_dst, in] (PyG's forward((x_src, x_dst), edge_index)):
+// out [n_dst, out] = lin_l(A x_src) + lin_r(x_dst). forward(x, adj) with a
+// non-square adj takes x_dst = the first n_dst rows of x, the convention of
+// those samplers (the destination nodes lead the source nodes).
 class SAGEConv : public Module {
  public:
   ~SAGEConv() override;
@@ -93,21 +102,36 @@ class SAGEConv : public Module {
     register_module("lin_r", lin_r);
   }
   Var forward(Var x, const SparseVar& mean_adj) {
-    if (x.rank() != 2 || x.dim(1) != lin_l.in_features() || mean_adj.cols != x.dim(0) ||
-        mean_adj.rows != mean_adj.cols)
-      fail<ShapeError>("SAGEConv(", lin_l.in_features(), ", ", lin_l.out_features(), "): node features ",
-                       x.meta().str(), " must be [nodes, ", lin_l.in_features(),
-                       "] with a square aggregation matrix over the nodes, got [", mean_adj.rows, ", ",
-                       mean_adj.cols, "]");
-    Var neigh = gnn_detail::propagate_linear(mean_adj, x, gnn_detail::parameter(lin_l, lin_l.weight, "weight"));
+    check("node features", x, mean_adj.cols, "the aggregation matrix's columns", mean_adj);
+    if (mean_adj.rows > mean_adj.cols)
+      fail<ShapeError>("SAGEConv(", lin_l.in_features(), ", ", lin_l.out_features(), "): the aggregation matrix [",
+                       mean_adj.rows, ", ", mean_adj.cols,
+                       "] has more destination rows than source nodes; pass x_dst explicitly");
+    return forward(x, mean_adj.rows == mean_adj.cols ? x : slice(x, 0, 0, mean_adj.rows), mean_adj);
+  }
+  Var forward(Var x_src, Var x_dst, const SparseVar& mean_adj) {
+    check("source features x_src", x_src, mean_adj.cols, "the aggregation matrix's columns", mean_adj);
+    check("destination features x_dst", x_dst, mean_adj.rows, "the aggregation matrix's rows", mean_adj);
+    Var neigh = gnn_detail::propagate_linear(mean_adj, x_src, gnn_detail::parameter(lin_l, lin_l.weight, "weight"));
     if (lin_l.bias.defined()) neigh = neigh + gnn_detail::parameter(lin_l, lin_l.bias, "bias");
-    return neigh + lin_r(x);
+    return neigh + lin_r(x_dst);
   }
   Var forward(Var x, const SparseMatrix& mean_adj) { return forward(x, mean_adj.var()); }
+  Var forward(Var x_src, Var x_dst, const SparseMatrix& mean_adj) { return forward(x_src, x_dst, mean_adj.var()); }
   Var operator()(Var x, const SparseVar& adj) { return forward(x, adj); }
   Var operator()(Var x, const SparseMatrix& adj) { return forward(x, adj.var()); }
+  Var operator()(Var x_src, Var x_dst, const SparseVar& adj) { return forward(x_src, x_dst, adj); }
+  Var operator()(Var x_src, Var x_dst, const SparseMatrix& adj) { return forward(x_src, x_dst, adj.var()); }
 
   Linear lin_l, lin_r;
+
+ private:
+  void check(const char* what, Var x, std::int64_t nodes, const char* whose, const SparseVar& adj) const {
+    if (x.rank() != 2 || x.dim(1) != lin_l.in_features() || x.dim(0) != nodes)
+      fail<ShapeError>("SAGEConv(", lin_l.in_features(), ", ", lin_l.out_features(), "): ", what, " ",
+                       x.meta().str(), " must be [", nodes, ", ", lin_l.in_features(), "] (", nodes, " = ", whose,
+                       ", of the [", adj.rows, ", ", adj.cols, "] aggregation matrix)");
+  }
 };
 
 // The two-layer GCN of the PyTorch peer (torch_bench.py):

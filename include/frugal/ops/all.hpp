@@ -35,6 +35,7 @@
 #include "batch_norm1d.hpp"
 #include "grad_clipping.hpp"
 #include "skip_count.hpp"
+#include "sdpa.hpp"
 
 namespace frugal {
 

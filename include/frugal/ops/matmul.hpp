@@ -10,8 +10,12 @@
 
 namespace frugal::ops {
 
-// C = op(A) · op(B), op(X) = X or Xᵀ over the last two axes. Leading (batch)
-// axes must be equal, or one side must be a plain matrix shared by all.
+// C = op(A) · op(B), op(X) = X or Xᵀ over the last two axes. The leading
+// (batch) axes broadcast as torch.matmul's do (numpy rules, aligned to the
+// right): [B, H, M, K] · [K, N], [B, 1, M, K] · [1, H, K, N] -> [B, H, M, N].
+// Neither operand is copied to the broadcast shape: the kernel reads each
+// batch item of an operand where it lies (broadcast_item), and the backward
+// sums the gradients over the broadcast axes (sum_to).
 class MatMul final : public Op {
  public:
   ~MatMul() override;
@@ -20,9 +24,14 @@ class MatMul final : public Op {
   bool trans_b() const { return tb_; }
   std::string name() const override { return "matmul"; }
 
+  // batch: the output's batch items. An operand is "batched" when it has
+  // more than one matrix; "broadcast" when it has more than one but fewer
+  // than the output (its items repeat along some axis): then the kernel
+  // looks its item up with broadcast_item.
   struct Dims {
     std::int64_t batch, m, k, n;
     bool a_batched, b_batched;
+    bool a_broadcast = false, b_broadcast = false;
   };
   Dims dims(const Shape& a, const Shape& b) const {
     auto bad = [&](const std::string& why) {
@@ -33,10 +42,26 @@ class MatMul final : public Op {
     std::int64_t m = ta_ ? a.dim(-1) : a.dim(-2), ka = ta_ ? a.dim(-2) : a.dim(-1);
     std::int64_t kb = tb_ ? b.dim(-1) : b.dim(-2), n = tb_ ? b.dim(-2) : b.dim(-1);
     if (ka != kb) bad(cat("inner dimensions ", ka, " and ", kb, " differ"));
-    std::vector<std::int64_t> ba(a.dims().begin(), a.dims().end() - 2), bb(b.dims().begin(), b.dims().end() - 2);
-    if (!ba.empty() && !bb.empty() && ba != bb) bad("batch dimensions differ");
-    std::int64_t batch = Shape(ba.empty() ? bb : ba).numel();
-    return {batch, m, ka, n, !ba.empty(), !bb.empty()};
+    const Shape ba(std::vector<std::int64_t>(a.dims().begin(), a.dims().end() - 2)),
+        bb(std::vector<std::int64_t>(b.dims().begin(), b.dims().end() - 2));
+    auto out = broadcast_shapes(ba, bb);
+    if (!out) bad(cat("batch dimensions ", ba.str(), " and ", bb.str(), " do not broadcast"));
+    const std::int64_t batch = out->numel(), ia = ba.numel(), ib = bb.numel();
+    return {batch, m, ka, n, ia > 1, ib > 1, ia > 1 && ia != batch, ib > 1 && ib != batch};
+  }
+  // Output batch item i of `out` [..., M, N] reads batch item
+  // broadcast_item(x, out, i) of operand x [..., R, C] (its matrices counted
+  // row-major over its own leading axes). Allocates nothing (for kernels).
+  static std::int64_t broadcast_item(const Shape& x, const Shape& out, std::int64_t i) {
+    const int xl = x.rank() - 2, ol = out.rank() - 2;
+    std::int64_t item = 0, stride = 1, rest = i;
+    for (int d = ol - 1; d >= 0 && d - (ol - xl) >= 0; --d) {
+      const std::int64_t od = out[d], idx = rest % od, xd = x[d - (ol - xl)];
+      rest /= od;
+      if (xd != 1) item += idx * stride;
+      stride *= xd;
+    }
+    return item;
   }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
@@ -44,8 +69,10 @@ class MatMul final : public Op {
     expect_same_dtype(name(), in[0], in[1]);
     const Shape &a = in[0].shape, &b = in[1].shape;
     Dims d = dims(a, b);
-    const Shape& lead = d.a_batched ? a : b;
-    std::vector<std::int64_t> out(lead.dims().begin(), lead.dims().end() - 2);
+    std::vector<std::int64_t> out =
+        broadcast_shapes(Shape(std::vector<std::int64_t>(a.dims().begin(), a.dims().end() - 2)),
+                         Shape(std::vector<std::int64_t>(b.dims().begin(), b.dims().end() - 2)))
+            ->dims();
     out.push_back(d.m);
     out.push_back(d.n);
     return {{in[0].dtype, Shape(out)}};
@@ -99,8 +126,26 @@ class Linear final : public Op {
 
 namespace frugal {
 
+// torch.matmul(a, b), with optional transposes of the last two axes. A 1-D
+// operand follows torch.matmul: a [K] is read as [1, K] and b [K] as [K, 1],
+// and that dimension is removed from the result (1-D · 1-D is the dot
+// product, a scalar). The transpose flags need operands of rank >= 2.
 inline Var matmul(Var a, Var b, bool trans_a = false, bool trans_b = false) {
-  return apply1<ops::MatMul>({a, b}, trans_a, trans_b);
+  if (a.rank() == 0 || b.rank() == 0)
+    fail<ShapeError>("matmul: both operands need at least 1 dimension, got ", a.meta().str(), " and ",
+                     b.meta().str());
+  if (a.rank() >= 2 && b.rank() >= 2) return apply1<ops::MatMul>({a, b}, trans_a, trans_b);
+  if ((a.rank() == 1 && trans_a) || (b.rank() == 1 && trans_b))
+    fail<ShapeError>("matmul: a 1-D operand cannot be transposed (", a.meta().str(), ", ", b.meta().str(), ")");
+  const bool a1 = a.rank() == 1, b1 = b.rank() == 1;
+  Var a2 = a1 ? ops::reshape(a, {1, a.dim(0)}) : a;
+  Var b2 = b1 ? ops::reshape(b, {b.dim(0), 1}) : b;
+  Var y = apply1<ops::MatMul>({a2, b2}, trans_a, trans_b);
+  const Shape ys = y.shape();
+  std::vector<std::int64_t> out(ys.dims().begin(), ys.dims().end() - 2);
+  if (!a1) out.push_back(y.dim(-2));
+  if (!b1) out.push_back(y.dim(-1));
+  return ops::reshape(y, out);
 }
 
 // y = x · wᵀ + b. Mixed precision: when x is bf16/f16 and w (and b) f32 --

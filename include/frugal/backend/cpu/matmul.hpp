@@ -60,8 +60,11 @@ inline bool split_batch(std::int64_t batch, std::int64_t m, std::int64_t n, std:
 // C = op(A)·op(B) for every batch item, all row-major in T. Which thread runs
 // an item depends only on the sizes and the thread count, and each output
 // element comes from exactly one GEMM call, so results are reproducible.
+// With broadcast batch axes (d.a_broadcast / d.b_broadcast) each item finds
+// its operands' matrices through MatMul::broadcast_item over the shapes.
 template <class T>
-void matmul_typed(const ops::MatMul::Dims& d, bool ta, bool tb, const T* A, const T* B, T* C) {
+void matmul_typed(const ops::MatMul::Dims& d, bool ta, bool tb, const T* A, const T* B, T* C,
+                  const Shape* as = nullptr, const Shape* bs = nullptr, const Shape* cs = nullptr) {
   if (d.batch == 0 || d.m == 0 || d.n == 0) return;
   if (d.k == 0) {
     std::fill(C, C + d.batch * d.m * d.n, T(0));
@@ -69,14 +72,15 @@ void matmul_typed(const ops::MatMul::Dims& d, bool ta, bool tb, const T* A, cons
   }
   std::int64_t lda = ta ? d.m : d.k, ldb = tb ? d.k : d.n;
   // A batched A against one shared B is a single tall GEMM.
-  if (d.a_batched && !d.b_batched && !ta) {
+  if (d.a_batched && !d.a_broadcast && !d.b_batched && !ta) {
     gemm(false, tb, d.batch * d.m, d.n, d.k, T(1), A, lda, B, ldb, T(0), C, d.n);
     return;
   }
   std::int64_t sa = d.a_batched ? d.m * d.k : 0, sb = d.b_batched ? d.k * d.n : 0;
   auto items = [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i)
-      gemm(ta, tb, d.m, d.n, d.k, T(1), A + i * sa, lda, B + i * sb, ldb, T(0), C + i * d.m * d.n, d.n);
+      gemm(ta, tb, d.m, d.n, d.k, T(1), A + (d.a_broadcast ? ops::MatMul::broadcast_item(*as, *cs, i) : i) * sa, lda,
+           B + (d.b_broadcast ? ops::MatMul::broadcast_item(*bs, *cs, i) : i) * sb, ldb, T(0), C + i * d.m * d.n, d.n);
   };
   if (split_batch(d.batch, d.m, d.n, d.k, omp_get_max_threads()))
     parallel_for(d.batch, d.m * d.n * d.k, items);
@@ -117,13 +121,14 @@ inline void matmul_kernel(const ops::MatMul& op, const KernelArgs& a) {
     const S *A = a.in[0].as<S>(), *B = a.in[1].as<S>();
     S* C = a.out[0].as<S>();
     if constexpr (std::is_same_v<S, typename decltype(p)::Compute>) {
-      matmul_typed(d, op.trans_a(), op.trans_b(), A, B, C);
+      matmul_typed(d, op.trans_a(), op.trans_b(), A, B, C, a.in[0].shape, a.in[1].shape, a.out[0].shape);
     } else {
       if (a.out[0].numel() == 0) return;
       F32Views v = f32_views(a, "matmul");
       convert_into(A, v.a, a.in[0].numel());
       convert_into(B, v.b, a.in[1].numel());
-      matmul_typed<float>(d, op.trans_a(), op.trans_b(), v.a, v.b, v.c);
+      matmul_typed<float>(d, op.trans_a(), op.trans_b(), v.a, v.b, v.c, a.in[0].shape, a.in[1].shape,
+                          a.out[0].shape);
       convert_into(v.c, C, a.out[0].numel());
     }
   });

@@ -22,6 +22,7 @@
 #include "../group_norm.hpp"
 #include "../upsample.hpp"
 #include "../batch_norm1d.hpp"
+#include "../transformer_encoder.hpp"
 
 namespace frugal::nn {
 
@@ -52,5 +53,6 @@ ConvTranspose2d::~ConvTranspose2d() = default;
 GroupNorm::~GroupNorm() = default;
 Upsample::~Upsample() = default;
 BatchNorm1d::~BatchNorm1d() = default;
+TransformerEncoderLayer::~TransformerEncoderLayer() = default;
 
 }  // namespace frugal::nn

@@ -134,4 +134,6 @@ template class Binary<math::Maximum>;
 template class Binary<math::Minimum>;
 template class Binary<math::MaxShare>;
 
+ScaledDotProductAttentionGrad::~ScaledDotProductAttentionGrad() = default;
+ScaledDotProductAttention::~ScaledDotProductAttention() = default;
 }  // namespace frugal::ops

@@ -3,6 +3,7 @@
 // attention and its backward.
 #include "../attention.hpp"
 #include "../register.hpp"
+#include "../sdpa.hpp"
 
 namespace frugal::cpu {
 
@@ -11,6 +12,8 @@ void add_attention_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::CausalAttentionGrad>(attention_grad_kernel);
   t.add<ops::CausalAttentionQkv>(attention_qkv_kernel);
   t.add<ops::CausalAttentionQkvGrad>(attention_qkv_grad_kernel);
+  t.add<ops::ScaledDotProductAttention>(sdpa_kernel);
+  t.add<ops::ScaledDotProductAttentionGrad>(sdpa_grad_kernel);
 }
 
 }  // namespace frugal::cpu
