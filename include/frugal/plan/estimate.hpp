@@ -32,7 +32,7 @@ inline double largest_gemm_edge(const Graph& g, const Plan& p) {
     double mnk = 0;
     if (auto* mm = dynamic_cast<const ops::MatMul*>(node.op.get())) {
       auto d = mm->dims(g.value(node.inputs[0]).meta.shape, g.value(node.inputs[1]).meta.shape);
-      bool folded = d.a_batched && !d.b_batched && !mm->trans_a();  // one tall GEMM over the batch
+      bool folded = d.a_batched && !d.a_broadcast && !d.b_batched && !mm->trans_a();  // one tall GEMM, as the kernel runs it
       mnk = double(folded ? d.batch * d.m : d.m) * double(d.n) * double(d.k);
     } else if (dynamic_cast<const ops::Linear*>(node.op.get())) {
       const Shape& x = g.value(node.inputs[0]).meta.shape;
