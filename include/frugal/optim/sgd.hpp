@@ -6,6 +6,7 @@
 #include "../ops/optimizer_updates.hpp"
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
+#include "hyperparameters.hpp"
 
 namespace frugal::optim {
 
@@ -21,7 +22,10 @@ class SGD final : public Optimizer, public SkippableOptimizer {
  public:
   ~SGD() override;
   SGD(std::vector<Tensor> params, SGDOptions o) : params_(std::move(params)), h_(std::make_shared<ops::SgdHyper>()) {
-    if (o.lr < 0) fail("optim::SGD: learning rate ", o.lr, " is negative");
+    hyper::require_at_least("optim::SGD", "lr", o.lr, 0);
+    hyper::require_at_least("optim::SGD", "momentum", o.momentum, 0);
+    hyper::require_finite("optim::SGD", "dampening", o.dampening);
+    hyper::require_at_least("optim::SGD", "weight_decay", o.weight_decay, 0);
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
       fail("optim::SGD: Nesterov momentum needs momentum > 0 and dampening = 0");
     *h_ = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, 0};
@@ -44,7 +48,10 @@ class SGD final : public Optimizer, public SkippableOptimizer {
   }
   void begin_step() override { ++h_->step; }
 
-  void set_lr(double lr) { h_->lr = lr; }
+  void set_lr(double lr) {
+    hyper::require_at_least("optim::SGD::set_lr", "lr", lr, 0);
+    h_->lr = lr;
+  }
   double lr() const { return h_->lr; }
   // Steps run (the host's count, advanced before each step).
   std::int64_t steps() const override { return h_->step; }
