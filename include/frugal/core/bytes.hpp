@@ -24,12 +24,16 @@ inline constexpr std::size_t kAlignment = 256;
 constexpr std::size_t align_up(std::size_t n, std::size_t a = kAlignment) { return (n + a - 1) / a * a; }
 
 namespace detail {
+// 128 bits hold every product below exactly. __extension__: a GCC/Clang
+// type, which -Wpedantic would otherwise flag in every file including this.
+__extension__ typedef unsigned __int128 u128;
+
 inline constexpr const char* kByteUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
 
 // A decimal number as written: digits, optionally '.' and more digits. Only
 // that: no sign, exponent, hex, "inf" or "nan", which std::stod would take.
 struct Decimal {
-  unsigned __int128 whole = 0;     // the integer part
+  u128 whole = 0;     // the integer part
   std::uint64_t fraction = 0;      // the digits after the point, as an integer
   std::uint64_t fraction_scale = 1;  // 10^(number of those digits)
 };
@@ -55,11 +59,11 @@ inline bool read_decimal(const std::string& s, std::size_t& pos, Decimal& d) {
 
 // d * numerator / denominator, rounded to the nearest integer, in 128 bits
 // (every operand fits: whole < 10^20, numerator <= 2^60 * 100).
-inline unsigned __int128 scaled(const Decimal& d, unsigned __int128 numerator, unsigned __int128 denominator) {
-  const unsigned __int128 scale = d.fraction_scale;
+inline u128 scaled(const Decimal& d, u128 numerator, u128 denominator) {
+  const u128 scale = d.fraction_scale;
   // (whole + fraction / scale) * numerator / denominator
-  const unsigned __int128 num = (d.whole * scale + d.fraction) * numerator;
-  const unsigned __int128 den = scale * denominator;
+  const u128 num = (d.whole * scale + d.fraction) * numerator;
+  const u128 den = scale * denominator;
   return (num + den / 2) / den;
 }
 
@@ -125,7 +129,7 @@ inline std::size_t parse_bytes(const std::string& s) {
   if (power < 0)
     fail("cannot read '", s, "' as a byte size: unknown unit '", s.substr(pos),
          "'; use B, KiB, MiB, GiB, TiB, PiB or EiB, e.g. 64MiB or 1.5 GiB");
-  const unsigned __int128 bytes = detail::scaled(d, (unsigned __int128)1 << (10 * power), 1);
+  const detail::u128 bytes = detail::scaled(d, detail::u128(1) << (10 * power), 1);
   if (bytes > std::numeric_limits<std::size_t>::max())
     detail::bad_bytes(s, "it is more than 2^64 - 1 bytes", forms);
   if (bytes == 0) detail::bad_bytes(s, "it rounds to 0 bytes", "at least 1 byte (leave the option out for no limit)");
@@ -143,7 +147,7 @@ inline std::size_t parse_bytes(const std::string& s, std::size_t reference) {
   if (!detail::read_decimal(s, pos, d)) detail::bad_bytes(s, "it does not start with a plain decimal number", forms);
   if (pos < s.size() && s[pos] == ' ') ++pos;
   if (pos != s.size() - 1) detail::bad_bytes(s, "there is more than a number before the '%'", forms);
-  const unsigned __int128 bytes = detail::scaled(d, reference, 100);
+  const detail::u128 bytes = detail::scaled(d, reference, 100);
   if (bytes > std::numeric_limits<std::size_t>::max())
     detail::bad_bytes(s, "it is more than 2^64 - 1 bytes", forms);
   if (bytes == 0)
