@@ -295,7 +295,7 @@ void real_rows(double time_limit_s, bool exact_all) {
     }
     std::size_t placed = 0;
     try {
-      placed = zoo::plan(w, {}, Budget{.device = ps.plan.total_bytes() - 1, .host = rs.host}).plan.min_feasible_bytes;
+      placed = zoo::plan(w, Budget{.device = ps.plan.total_bytes() - 1, .host = rs.host}).plan.min_feasible_bytes;
     } catch (const BudgetError& e) {
       placed = e.smallest_feasible_bytes;
     }

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     zoo::Config c{.family = "gpt", .batch = 2, .layers = L, .width = 64, .seq = 32, .heads = 4, .vocab = 64};
     auto w = zoo::make(c);
     auto t0 = clk::now();
-    PlannedStep ps = zoo::plan(w, {.verify = false});
+    PlannedStep ps = zoo::plan(w, {}, {.verify = false});
     double capture_and_plan = ms_since(t0);
     std::vector<double> plan_ms;
     Plan p;

@@ -89,14 +89,9 @@ int main(int argc, char** argv) {
     std::size_t min_feasible = 0;
     if (budget_arg == "min") {
       budget.device = min_feasible = least_feasible();
-    } else if (!budget_arg.empty() && budget_arg.back() == '%') {
-      double pct = std::stod(budget_arg.substr(0, budget_arg.size() - 1));
-      if (!(pct > 0)) fail("train_bench: --budget N% takes a positive percentage, not '", budget_arg, "'");
-      budget.device = std::size_t(double(unconstrained) * pct / 100.0);
     } else if (!budget_arg.empty()) {
-      budget.device = parse_bytes(budget_arg);
+      budget.device = parse_bytes(budget_arg, unconstrained);  // a percentage is of the unconstrained step
     }
-    if (!budget_arg.empty() && budget.device == 0) fail("train_bench: --budget must be more than 0 bytes");
 
     auto c0 = std::chrono::steady_clock::now();
     w->compile(budget);

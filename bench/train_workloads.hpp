@@ -52,7 +52,7 @@ struct Workload {
     plan_options_.threads = threads;
     // The options are read when the step is planned, so a caller may change
     // them (plan_options()) after the workload is made.
-    plan_ = [this, fn, specs, &opt](const Budget& b) { return frugal::plan_training(fn, specs, opt, plan_options_, b); };
+    plan_ = [this, fn, specs, &opt](const Budget& b) { return frugal::plan_training(fn, specs, opt, b, plan_options_); };
     compile_ = [this, fn, specs, &opt](const Budget& b) { return frugal::compile(fn, specs, opt, b, plan_options_); };
   }
   std::unique_ptr<Step> s;

@@ -307,7 +307,7 @@ TEST_CASE("a full disk for the NVMe tier fails at compile, naming the directory,
   std::vector<std::vector<char>> before;
   for (auto& [n, t] : w.model->named_parameters()) before.push_back(bytes_of(t));
   Budget b{.device = zoo::plan(w).plan.total_bytes() - 1, .host = 1, .nvme_dir = dir.string()};
-  b.device = zoo::plan(w, {}, b).plan.min_feasible_bytes;
+  b.device = zoo::plan(w, b).plan.min_feasible_bytes;
   // A file size limit makes the tier's reservation fail as a full disk would.
   std::signal(SIGXFSZ, SIG_IGN);
   rlimit old{};
@@ -338,7 +338,7 @@ TEST_CASE("a step whose NVMe read fails after some updates ran is undone: six go
   {
     zoo::Workload w = zoo::make(c);
     b = Budget{.device = zoo::plan(w).plan.total_bytes() - 1, .host = 1, .nvme_dir = dir.string()};
-    b.device = zoo::plan(w, {}, b).plan.min_feasible_bytes;
+    b.device = zoo::plan(w, b).plan.min_feasible_bytes;
   }
   auto& fault = testing::nvme_read_fault_in();
   // How many NVMe reads one step makes (the plan is the same every time).
@@ -388,7 +388,7 @@ TEST_CASE("plans record each decision with its reason", "[budget]") {
   zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
   zoo::Workload w = zoo::make(c);
   const std::size_t full = zoo::plan(w).plan.total_bytes();
-  PlannedStep ps = zoo::plan(w, {}, Budget{.device = full / 2});
+  PlannedStep ps = zoo::plan(w, Budget{.device = full / 2});
   REQUIRE_FALSE(ps.plan.decisions.empty());
   for (auto& d : ps.plan.decisions) {
     CHECK(d.choice != plan::Choice::keep);
@@ -472,7 +472,7 @@ TEST_CASE("the end of a step fetches what the next step reads first, and a chang
     Budget b;
     if (tight) {
       b.device = zoo::plan(w).plan.total_bytes() - 1;
-      b.device = zoo::plan(w, {}, b).plan.min_feasible_bytes;
+      b.device = zoo::plan(w, b).plan.min_feasible_bytes;
     }
     Step step = zoo::compile(w, b);
     early = step.plan().early_fetches.size();
@@ -513,18 +513,18 @@ struct SharedWeights {
   std::vector<Tensor> batch = w.batch(1);
 
   Step tight_training() {
-    Budget b{.device = zoo::plan(w, o).plan.total_bytes() - 1};
-    b.device = zoo::plan(w, o, b).plan.min_feasible_bytes;
+    Budget b{.device = zoo::plan(w, {}, o).plan.total_bytes() - 1};
+    b.device = zoo::plan(w, b, o).plan.min_feasible_bytes;
     return zoo::compile(w, b, o);
   }
   // The first budget from the smallest feasible up whose plan fetches early.
   Step tight_eval() {
-    const std::size_t full = plan_inference(eval_fn, w.inputs, o).plan.total_bytes();
-    const std::size_t least = plan_inference(eval_fn, w.inputs, o, Budget{.device = full - 1}).plan.min_feasible_bytes;
+    const std::size_t full = plan_inference(eval_fn, w.inputs, {}, o).plan.total_bytes();
+    const std::size_t least = plan_inference(eval_fn, w.inputs, Budget{.device = full - 1}, o).plan.min_feasible_bytes;
     Budget b;
     for (int k = 0; k < 16; ++k) {
       b.device = least + (full - least) * std::size_t(k) / 16;
-      if (!plan_inference(eval_fn, w.inputs, o, b).plan.early_fetches.empty()) break;
+      if (!plan_inference(eval_fn, w.inputs, b, o).plan.early_fetches.empty()) break;
     }
     return compile_inference(eval_fn, w.inputs, b, o);
   }
@@ -668,7 +668,7 @@ TEST_CASE("compile under a binding budget measures nothing, writes no file and m
   int backends = 0;
   CompileOptions o;
   o.backend_options.extra_kernels = {[&](KernelTable&) { ++backends; }};
-  const std::size_t full = plan_training(fn, in, opt, o).plan.total_bytes();
+  const std::size_t full = plan_training(fn, in, opt, {}, o).plan.total_bytes();
   backends = 0;
   std::size_t least = 0;
   try {

@@ -77,11 +77,11 @@ void check_same_everywhere(const std::string& what, const PlanUnder& plan_under,
 // The training and evaluation steps of one model, as the samples plan them.
 void check_model(const zoo::Config& c, const Budget& b) {
   zoo::Workload w = zoo::make(c);
-  check_same_everywhere(c.name() + " training", [&](const Budget& bb, const CompileOptions& o) { return zoo::plan(w, o, bb); },
+  check_same_everywhere(c.name() + " training", [&](const Budget& bb, const CompileOptions& o) { return zoo::plan(w, bb, o); },
                         b);
   w.model->eval();
   check_same_everywhere(c.name() + " evaluation", [&](const Budget& bb, const CompileOptions& o) {
-    return zoo::with_step_fn(w, [&](auto fn) { return plan_inference(fn, w.inputs, o, bb); });
+    return zoo::with_step_fn(w, [&](auto fn) { return plan_inference(fn, w.inputs, bb, o); });
   }, b);
   w.model->train();
 }

@@ -222,8 +222,8 @@ TEST_CASE("the fused MLP's plans pass the verifier and keep what the backward re
   optim::AdamW opt(net.parameters(), {.lr = 1e-2});
   auto fn = [&](Var x, Var y) { return cross_entropy(net.forward(x), y); };
   std::vector<InputSpec> specs{input<float>({16, 12}), input<std::int32_t>({16})};
-  PlannedStep plain = plan_training(fn, specs, opt, fusing(false));
-  PlannedStep fused = plan_training(fn, specs, opt, fusing(true));
+  PlannedStep plain = plan_training(fn, specs, opt, {}, fusing(false));
+  PlannedStep fused = plan_training(fn, specs, opt, {}, fusing(true));
   CHECK(plan::verify(*fused.graph, fused.plan, fused.roots).ok());
   REQUIRE(fused_nodes_in(*fused.graph, fused.plan) == fused.plan.fused_chains);
   CHECK(fused.plan.schedule.size() < plain.plan.schedule.size());
@@ -254,8 +254,8 @@ TEST_CASE("fusing a branching chain removes its intermediates from the plan's pe
   auto fn = [](Var x) { return relu(x) * sigmoid(x) + x; };
   const std::vector<InputSpec> specs{input<float>({64, 256})};
   const std::size_t x_bytes = 64 * 256 * sizeof(float);
-  PlannedStep plain = plan_inference(fn, specs, fusing(false));
-  PlannedStep fused = plan_inference(fn, specs, fusing(true));
+  PlannedStep plain = plan_inference(fn, specs, {}, fusing(false));
+  PlannedStep fused = plan_inference(fn, specs, {}, fusing(true));
   CHECK(fused.plan.fused_chains == 1);
   CHECK(fused.plan.fused_away_bytes == 2 * x_bytes);  // relu(x) and sigmoid(x); the product went in place
   CHECK(fused.plan.peak_bytes + x_bytes <= plain.plan.peak_bytes);

@@ -521,9 +521,9 @@ TEST_CASE("the planner's transfers, and only they, are seen as transfers", "[pla
   zoo::Workload w = zoo::make(c);
   const DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
   const CompileOptions o{.profile = &profile};
-  Budget b{.device = zoo::plan(w, o).plan.total_bytes() - 1};
-  b.device = zoo::plan(w, o, b).plan.min_feasible_bytes;
-  PlannedStep ps = zoo::plan(w, o, b);
+  Budget b{.device = zoo::plan(w, {}, o).plan.total_bytes() - 1};
+  b.device = zoo::plan(w, b, o).plan.min_feasible_bytes;
+  PlannedStep ps = zoo::plan(w, b, o);
   std::size_t transfers = 0, others = 0;
   for (NodeId n = 0; n < NodeId(ps.graph->num_nodes()); ++n) {
     const Op& op = *ps.graph->node(n).op;
@@ -542,10 +542,10 @@ TEST_CASE("a re-plan runs in its predecessor's memory only if it fits, and a ref
   zoo::Workload w = zoo::make(c);
   const DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
   const CompileOptions o{.profile = &profile};
-  PlannedStep a = zoo::plan(w, o);
+  PlannedStep a = zoo::plan(w, {}, o);
   Budget b{.device = a.plan.total_bytes() - 1};
-  b.device = zoo::plan(w, o, b).plan.min_feasible_bytes;
-  PlannedStep z = zoo::plan(w, o, b);
+  b.device = zoo::plan(w, b, o).plan.min_feasible_bytes;
+  PlannedStep z = zoo::plan(w, b, o);
   if (a.plan.arena_bytes > z.plan.arena_bytes) std::swap(a, z);
   const PlannedStep &small = a, &large = z;
   REQUIRE(small.plan.arena_bytes < large.plan.arena_bytes);

@@ -180,8 +180,9 @@ auto with_step_fn(Workload& w, Then&& then) {
   fail("workload with ", w.inputs.size(), " inputs");
 }
 
-inline PlannedStep plan(Workload& w, CompileOptions o = {}, Budget b = {}) {
-  return with_step_fn(w, [&](auto fn) { return plan_training(fn, w.inputs, *w.opt, o, b); });
+// In compile()'s order: budget, then options.
+inline PlannedStep plan(Workload& w, Budget b = {}, CompileOptions o = {}) {
+  return with_step_fn(w, [&](auto fn) { return plan_training(fn, w.inputs, *w.opt, b, o); });
 }
 
 inline Step compile(Workload& w, Budget b = {}, CompileOptions o = {}) {

@@ -58,18 +58,8 @@ class Session {
     s.train.host = s.eval.host = a_.host.empty() ? 0 : frugal::parse_bytes(a_.host);
     s.train.nvme_dir = a_.nvme_dir;
     if (a_.budget.empty()) return s;
-    if (a_.budget.back() == '%') {
-      double pct = 0;
-      try {
-        pct = std::stod(a_.budget.substr(0, a_.budget.size() - 1));
-      } catch (...) {
-      }
-      if (!(pct > 0)) frugal::fail("--budget ", a_.budget, ": a percentage must be positive, e.g. 40%");
-      s.total = std::size_t(double(train_total + eval_total) * pct / 100.0);
-    } else {
-      s.total = frugal::parse_bytes(a_.budget);
-    }
-    if (s.total == 0) frugal::fail("--budget must be more than 0 bytes");
+    // A percentage is of both unconstrained steps together.
+    s.total = frugal::parse_bytes(a_.budget, train_total + eval_total);
     const std::size_t eval_share = std::min(eval_total, std::max(eval_min, s.total / 4));
     if (eval_share >= s.total)
       frugal::fail<frugal::BudgetError>("--budget ", frugal::format_bytes(s.total), " (", s.total,

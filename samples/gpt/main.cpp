@@ -113,11 +113,11 @@ int main(int argc, char** argv) try {
   std::vector<InputSpec> eval_in{input<std::int32_t>({EB, T}, "tokens")};
 
   // The unconstrained plans, for --budget N% and the comparison in the plot.
-  PlannedStep free_train = plan_training(train_fn, train_in, opt, copts);
+  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
   model.eval();
-  PlannedStep free_eval = plan_inference(eval_fn, eval_in, copts);
+  PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, copts, b);
+    return plan_inference(eval_fn, eval_in, b, copts);
   });
   samples::BudgetSplit budget =
       session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);

@@ -90,16 +90,11 @@ int main(int argc, char** argv) try {
 
   auto w = zoo::make(c);
   if (!budget_arg.empty()) {
-    if (budget_arg.back() == '%') {
-      double pct = std::stod(budget_arg.substr(0, budget_arg.size() - 1));
-      if (!(pct > 0)) usage("--budget N% takes a positive percentage");
-      budget.device = std::size_t(double(zoo::plan(w, o).plan.total_bytes()) * pct / 100.0);
-    } else {
-      budget.device = parse_bytes(budget_arg);
-    }
-    if (budget.device == 0) usage("--budget must be more than 0 bytes");
+    // A percentage is of the unconstrained plan, planned only when asked for.
+    budget.device = budget_arg.back() == '%' ? parse_bytes(budget_arg, zoo::plan(w, {}, o).plan.total_bytes())
+                                             : parse_bytes(budget_arg);
   }
-  PlannedStep ps = zoo::plan(w, o, budget);
+  PlannedStep ps = zoo::plan(w, budget, o);
   if (!svg_path.empty()) {
     std::ofstream f(svg_path);
     f << plan::svg(*ps.graph, ps.plan, "frugal-plan: " + c.name());

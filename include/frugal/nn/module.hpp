@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../graph/capture.hpp"
+#include "../graph/modes.hpp"
 
 namespace frugal::nn {
 
@@ -90,11 +91,17 @@ class Module {
   }
 
   void train(bool on = true) {
-    training_ = on;
+    *training_ = on;
     for (auto& [_, c] : children_) c->train(on);
   }
   void eval() { train(false); }
-  bool is_training() const { return training_; }
+  // The mode this module runs in. Inside a capture it is the capture's
+  // (graph/modes.hpp): the flag, recorded so the step can report a later
+  // change, or the mode the capture forces (eval for compile_inference).
+  bool is_training() const {
+    if (CaptureModes* m = current_capture_modes()) return m->read(training_, qualified_name());
+    return *training_;
+  }
 
   std::string qualified_name() const {
     if (!parent_) return "";
@@ -141,7 +148,8 @@ class Module {
   std::vector<std::shared_ptr<Module>> owned_;
   Module* parent_ = nullptr;
   std::string name_in_parent_;
-  bool training_ = true;
+  // Shared with the steps captured from this module, which check it.
+  std::shared_ptr<bool> training_ = std::make_shared<bool>(true);
 };
 
 // A module with one input and one output: what Sequential chains.

@@ -12,6 +12,7 @@
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
 #include "param_groups.hpp"
+#include "hyperparameters.hpp"
 
 namespace frugal::optim {
 
@@ -34,9 +35,11 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   ~AdamW() override;
   AdamW(std::vector<Tensor> params, AdamWOptions o)
       : params_(std::move(params)), h_(std::make_shared<ops::AdamWHyper>()) {
-    if (o.lr < 0) fail("optim::AdamW: learning rate ", o.lr, " is negative");
-    if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
-      fail("optim::AdamW: betas must lie in [0, 1), got ", o.beta1, " and ", o.beta2);
+    hyper::require_at_least("optim::AdamW", "lr", o.lr, 0);
+    hyper::require_beta("optim::AdamW", "beta1", o.beta1);
+    hyper::require_beta("optim::AdamW", "beta2", o.beta2);
+    hyper::require_at_least("optim::AdamW", "eps", o.eps, 0);
+    hyper::require_at_least("optim::AdamW", "weight_decay", o.weight_decay, 0);
     *h_ = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, 0};
     m_.resize(params_.size());
     v_.resize(params_.size());
@@ -75,6 +78,7 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   }
 
   void set_lr(double lr) {
+    hyper::require_at_least("optim::AdamW::set_lr", "lr", lr, 0);
     h_->lr = lr;
     for (auto& h : groups_) h->lr = lr;  // every group, as PyTorch's schedulers set each
   }

@@ -11,6 +11,7 @@
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
 #include "param_groups.hpp"
+#include "hyperparameters.hpp"
 
 namespace frugal::optim {
 
@@ -33,7 +34,10 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
  public:
   ~SGD() override;
   SGD(std::vector<Tensor> params, SGDOptions o) : params_(std::move(params)), h_(std::make_shared<ops::SgdHyper>()) {
-    if (o.lr < 0) fail("optim::SGD: learning rate ", o.lr, " is negative");
+    hyper::require_at_least("optim::SGD", "lr", o.lr, 0);
+    hyper::require_at_least("optim::SGD", "momentum", o.momentum, 0);
+    hyper::require_finite("optim::SGD", "dampening", o.dampening);
+    hyper::require_at_least("optim::SGD", "weight_decay", o.weight_decay, 0);
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
       fail("optim::SGD: Nesterov momentum needs momentum > 0 and dampening = 0");
     *h_ = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, 0};
@@ -76,6 +80,7 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   }
 
   void set_lr(double lr) {
+    hyper::require_at_least("optim::SGD::set_lr", "lr", lr, 0);
     h_->lr = lr;
     for (auto& h : groups_) h->lr = lr;  // every group, as PyTorch's schedulers set each
   }

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <optional>
 
 #include "../graph/capture.hpp"
+#include "../graph/modes.hpp"
 #include "../plan/budget.hpp"
 #include "../plan/cost_model.hpp"
 #include "../plan/device_profile.hpp"
@@ -66,6 +68,14 @@ struct CompileOptions {
   // (runtime/non_finite_guard.hpp). Needs a SkippableOptimizer (AdamW,
   // SGD); a loss_scaler already skips on overflow. Training steps only.
   bool skip_non_finite = false;
+  // The mode modules run in inside this step (dropout on or off, batch norm
+  // on batch or running statistics). Unset: a training step (compile,
+  // compile_gradients) runs each module as its train()/eval() flag says when
+  // the step is compiled, and run() fails if a flag was changed since; an
+  // inference step (compile_inference) runs every module in eval mode, as
+  // under PyTorch's model.eval(), and leaves the flags alone. true/false:
+  // every module runs in train/eval mode in this step, whatever its flag.
+  std::optional<bool> training;
 };
 
 namespace detail {
@@ -75,31 +85,70 @@ auto call_with(Fn& fn, const std::vector<Var>& v, std::index_sequence<I...>) {
   return fn(v[I]...);
 }
 
-// Calls fn with as many Vars as it takes (0 to 6).
+// How many Vars a step function takes, read from its signature without
+// calling it: std::is_invocable instantiates a generic lambda's body (a hard
+// error, not a substitution failure, when the body does not compile for the
+// Vars tried), and fell through to a "must take 0 to 6 Vars" that hid the
+// real mistake. A generic lambda has no one signature, so it is refused with
+// one static_assert.
+template <class Sig>
+struct StepSignature {
+  static constexpr bool known = false;
+};
+template <class R, class... A>
+struct StepSignature<R(A...)> {
+  static constexpr bool known = true;
+  static constexpr std::size_t arity = sizeof...(A);
+  static constexpr bool all_vars = (std::is_same_v<std::remove_cvref_t<A>, Var> && ...);
+  static constexpr bool takes_tensor = (std::is_same_v<std::remove_cvref_t<A>, Tensor> || ...);
+};
+template <class R, class... A> struct StepSignature<R (*)(A...)> : StepSignature<R(A...)> {};
+template <class R, class C, class... A> struct StepSignature<R (C::*)(A...)> : StepSignature<R(A...)> {};
+template <class R, class C, class... A> struct StepSignature<R (C::*)(A...) const> : StepSignature<R(A...)> {};
+template <class R, class C, class... A> struct StepSignature<R (C::*)(A...) noexcept> : StepSignature<R(A...)> {};
+template <class R, class C, class... A> struct StepSignature<R (C::*)(A...) const noexcept> : StepSignature<R(A...)> {};
+
+template <class Fn, class = void>
+struct StepFunction : StepSignature<void> {};  // no single operator(): a generic lambda, or not callable
+template <class Fn>
+struct StepFunction<Fn, std::void_t<decltype(&Fn::operator())>> : StepSignature<decltype(&Fn::operator())> {};
+template <class Fn>
+  requires std::is_function_v<std::remove_pointer_t<Fn>>
+struct StepFunction<Fn, void> : StepSignature<std::remove_pointer_t<Fn>> {};
+
+// Calls fn with the declared inputs' Vars.
 template <class Fn>
 auto call_with_vars(Fn& fn, const std::vector<Var>& v) {
-  auto try_n = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
-    if (v.size() != N) fail("compile: the step function takes ", N, " inputs but ", v.size(), " were declared");
-    return call_with(fn, v, std::make_index_sequence<N>{});
-  };
-  if constexpr (std::is_invocable_v<Fn&>) return try_n(std::integral_constant<std::size_t, 0>{});
-  else if constexpr (std::is_invocable_v<Fn&, Var>) return try_n(std::integral_constant<std::size_t, 1>{});
-  else if constexpr (std::is_invocable_v<Fn&, Var, Var>) return try_n(std::integral_constant<std::size_t, 2>{});
-  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var>) return try_n(std::integral_constant<std::size_t, 3>{});
-  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var, Var>)
-    return try_n(std::integral_constant<std::size_t, 4>{});
-  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var, Var, Var>)
-    return try_n(std::integral_constant<std::size_t, 5>{});
-  else if constexpr (std::is_invocable_v<Fn&, Var, Var, Var, Var, Var, Var>)
-    return try_n(std::integral_constant<std::size_t, 6>{});
-  else
-    static_assert(sizeof(Fn) == 0, "the step function must take 0 to 6 Vars");
+  using S = StepFunction<std::remove_cvref_t<Fn>>;
+  if constexpr (!S::known) {
+    // Also reached when the function's body did not compile (its type then
+    // has no usable operator()), so the message points at that error too.
+    static_assert(S::known,
+                  "frugal: compile cannot read the step function's parameters: write them as named Vars, e.g. "
+                  "[&](Var x, Var y) { ... }; generic lambdas (auto parameters) are not supported, because "
+                  "compile must know how many inputs the function takes. If an error above is inside the "
+                  "step function's body, fix that one first");
+    return Var{};
+  } else if constexpr (S::takes_tensor) {
+    static_assert(!S::takes_tensor,
+                  "frugal: a step function parameter is a Tensor; the step function takes Vars (symbolic "
+                  "tensors, one per declared input), and the data goes to step.run(tensors...)");
+    return Var{};
+  } else if constexpr (!S::all_vars) {
+    static_assert(S::all_vars, "frugal: every parameter of the step function must be a Var");
+    return Var{};
+  } else {
+    if (v.size() != S::arity)
+      fail("compile: the step function takes ", S::arity, " inputs but ", v.size(), " were declared");
+    return call_with(fn, v, std::make_index_sequence<S::arity>{});
+  }
 }
 
 struct Captured {
   std::shared_ptr<Graph> graph;
   std::vector<ValueId> inputs;
   std::vector<Var> results;
+  std::vector<ModeRead> modes;  // the modules' flags the capture read (none when it forced a mode)
 };
 
 // Everything compile() decides before memory exists: the captured graph,
@@ -132,22 +181,33 @@ Captured start_capture(const std::vector<InputSpec>& specs, const std::shared_pt
 // Checks what the step function returned.
 void end_capture(Captured& c);
 
+// `training`: the mode every module runs in (CompileOptions::training, or
+// eval for inference), or unset to follow and record the modules' flags.
 template <class Fn>
-Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend) {
+Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend,
+                 std::optional<bool> training) {
   std::vector<Var> vars;
   Captured c = start_capture(specs, backend, vars);
   CaptureScope scope(*c.graph);
+  CaptureModes modes{training, {}};
+  ModeScope mode_scope(modes);
   auto r = call_with_vars(fn, vars);
-  if constexpr (std::is_same_v<decltype(r), Var>) c.results = {r};
-  else if constexpr (requires { std::tuple_size<decltype(r)>::value; })  // {loss, extras...}
+  c.modes = std::move(modes.reads);
+  using R = decltype(r);
+  if constexpr (std::is_same_v<R, Var>) c.results = {r};
+  else if constexpr (std::is_same_v<R, std::vector<Var>>) c.results = std::move(r);
+  else if constexpr (requires { std::tuple_size<R>::value; })  // {loss, extras...}
     std::apply(
         [&](const auto&... v) {
           static_assert((std::is_same_v<std::decay_t<decltype(v)>, Var> && ...),
-                        "a step function returning a tuple must return only Vars");
+                        "frugal: a step function returning a tuple must return only Vars (the loss, then extra outputs)");
           (c.results.push_back(v), ...);
         },
         r);
-  else c.results = std::vector<Var>(r.begin(), r.end());
+  else
+    static_assert(std::is_same_v<R, Var>,
+                  "frugal: the step function must return a Var (the loss, or the output), a std::vector<Var> "
+                  "or a std::tuple of Vars (the loss, then extra outputs); a Tensor is data, not a value of the captured graph");
   end_capture(c);
   return c;
 }
@@ -171,7 +231,7 @@ PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budge
 template <class Fn>
 Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer& opt, const CompileOptions& o) {
   auto backend = backend_for(o);
-  auto c = capture(fn, specs, backend);
+  auto c = capture(fn, specs, backend, o.training);
   return prepare_training(std::move(backend), std::move(c), opt, o);
 }
 
@@ -196,9 +256,10 @@ struct PlannedStep {
   std::size_t input_bytes = 0;  // the step's inputs, which the caller also holds on the host
 };
 
+// Arguments in compile()'s order: function, inputs, [optimizer,] budget, options.
 template <class Fn>
-PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, CompileOptions o = {},
-                          Budget budget = {}) {
+PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {},
+                          CompileOptions o = {}) {
   return detail::planned(detail::prepare_training(fn, specs, opt, o), specs, budget, o);
 }
 
@@ -211,27 +272,28 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
   if (o.clip_grad_norm != 0 || o.skip_non_finite)
     fail("compile_gradients: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
   auto backend = detail::backend_for(o);
-  auto c = detail::capture(fn, specs, backend);
+  auto c = detail::capture(fn, specs, backend, o.training);
   return detail::finish(detail::prepare_gradients(std::move(backend), std::move(c), wrt, o), budget, o);
 }
 
 // What compile_inference() would plan, without allocating anything.
 template <class Fn>
-PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, CompileOptions o = {}, Budget budget = {}) {
+PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
   auto backend = detail::backend_for(o);
-  auto c = detail::capture(fn, specs, backend);
+  auto c = detail::capture(fn, specs, backend, o.training.value_or(false));
   return detail::planned(detail::prepare_inference(std::move(backend), std::move(c), o), specs, budget, o);
 }
 
 // Forward only: fn returns one Var or a std::vector<Var>; after run() they
-// are in step.output(i).
+// are in step.output(i). Modules run in eval mode (CompileOptions::training
+// says otherwise); their train()/eval() flags are not changed.
 template <class Fn>
 Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
   if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
   if (o.clip_grad_norm != 0 || o.skip_non_finite)
     fail("compile_inference: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
   auto backend = detail::backend_for(o);
-  auto c = detail::capture(fn, specs, backend);
+  auto c = detail::capture(fn, specs, backend, o.training.value_or(false));
   return detail::finish(detail::prepare_inference(std::move(backend), std::move(c), o), budget, o);
 }
 

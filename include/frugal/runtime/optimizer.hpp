@@ -2,6 +2,7 @@
 // What compile() needs from an optimizer: the parameters it trains, a way to
 // append each parameter's update to the captured graph, and a tick per step.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,19 @@ namespace frugal {
 
 class Optimizer {
  public:
+  Optimizer() = default;
+  // A copy is another optimizer, with a life of its own: it gets its own
+  // token, and assigning keeps the target's (steps compiled with either
+  // still point at the object they were compiled with).
+  Optimizer(const Optimizer&) : alive_(std::make_shared<char>()) {}
+  Optimizer& operator=(const Optimizer&) { return *this; }
   virtual ~Optimizer() = default;
+
+  // Expires when this optimizer is destroyed. A Step does not own its
+  // optimizer (it calls begin_step() on it every run), so it holds this and
+  // fails with an error naming the optimizer instead of calling into freed
+  // memory when the optimizer went out of scope first.
+  std::weak_ptr<const void> liveness() const { return alive_; }
   virtual const std::vector<Tensor>& params() const = 0;
   // Appends the update of params()[index] given its gradient.
   virtual void append_update(Var param, Var grad, std::size_t index) = 0;
@@ -36,6 +49,9 @@ class Optimizer {
   // resumed run does.
   virtual std::int64_t steps() const = 0;
   virtual void set_steps(std::int64_t n) = 0;
+
+ private:
+  std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 
 }  // namespace frugal

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 
+#include "../graph/modes.hpp"
 #include "../plan/plan.hpp"
 #include "backend.hpp"
 #include "optimizer.hpp"
@@ -40,6 +41,7 @@ class Step {
     std::function<std::pair<std::shared_ptr<Graph>, Plan>(const plan::OpTimeRecorder&)> replanner;
     ValueId grad_norm = kNoValue;  // CompileOptions::clip_grad_norm's total norm (a root)
     Tensor skip_stats;             // CompileOptions::skip_non_finite's i64[2] {skipped, last skipped}
+    std::vector<ModeRead> modes;  // train/eval flags the step was captured under, checked before each run
   };
 
   explicit Step(Parts p);
@@ -132,6 +134,7 @@ class Step {
   std::size_t undo_journal_bytes() const;
 
  private:
+  void check_alive_and_modes() const;
   void stage(std::span<const Tensor* const> inputs);
   float execute();
   void maybe_replan();
@@ -143,6 +146,10 @@ class Step {
   static constexpr int kTimedSteps = 3;
 
   Parts p_;
+  // The optimizer's liveness() and kind(), taken when the step is made:
+  // checked before each run, named when it expired.
+  std::weak_ptr<const void> optimizer_alive_;
+  std::string optimizer_kind_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<plan::OpTimeRecorder> recorder_;
   std::array<double, kTimedSteps> step_ms_{};

@@ -249,9 +249,19 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
   std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
   note_fusion(plan, fused);
-  Step::Parts parts{std::move(p.c.graph), std::move(plan), p.backend, p.opt, std::move(p.c.inputs),
-                    p.loss, std::move(p.outputs), std::move(p.grad_of), o.threads, std::move(p.roots),
-                    budget.nvme_dir};
+  Step::Parts parts;
+  parts.graph = std::move(p.c.graph);
+  parts.plan = std::move(plan);
+  parts.backend = p.backend;
+  parts.optimizer = p.opt;
+  parts.modes = std::move(p.c.modes);
+  parts.inputs = std::move(p.c.inputs);
+  parts.loss = p.loss;
+  parts.outputs = std::move(p.outputs);
+  parts.grad_of = std::move(p.grad_of);
+  parts.threads = o.threads;
+  parts.roots = std::move(p.roots);
+  parts.nvme_dir = budget.nvme_dir;
   parts.grad_norm = p.grad_norm;
   parts.skip_stats = p.skip_stats;
   if (o.replan && !parts.plan.decisions.empty()) {

@@ -15,6 +15,10 @@
 namespace frugal {
 
 Step::Step(Parts p) : p_(std::move(p)) {
+  if (p_.optimizer) {
+    optimizer_alive_ = p_.optimizer->liveness();
+    optimizer_kind_ = p_.optimizer->kind();
+  }
   executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
   for (ValueId o : p_.outputs) outputs_.emplace_back(p_.graph->value(o).meta.shape, p_.graph->value(o).meta.dtype);
 }
@@ -22,7 +26,20 @@ Step::Step(Step&&) noexcept = default;
 Step& Step::operator=(Step&&) noexcept = default;
 Step::~Step() = default;
 
+// Before anything of a run happens: the optimizer the step calls into must
+// still exist, and the modules' train/eval flags must be the ones captured.
+void Step::check_alive_and_modes() const {
+  if (p_.optimizer && optimizer_alive_.expired())
+    fail("step.run: the optimizer this training step was compiled with (", optimizer_kind_,
+         ") has been destroyed; a Step does not own its optimizer, which keeps the step count and "
+         "hyperparameters the update reads. Keep the optimizer alive as long as the step (for example as "
+         "members of one struct, declared before the Step), or compile the step again with a live one");
+  for (const ModeRead& r : p_.modes)
+    if (*r.flag != r.training) fail("step.run: ", mode_change_message(r));
+}
+
 float Step::run_inputs(std::span<const Tensor* const> inputs) {
+  check_alive_and_modes();
   replan_if_due();
   stage(inputs);
   return execute();
@@ -30,6 +47,7 @@ float Step::run_inputs(std::span<const Tensor* const> inputs) {
 
 Step::Audit Step::audit_inputs(std::span<const Tensor* const> list) {
   Audit a{0, p_.plan.peak_bytes, true};
+  check_alive_and_modes();
   replan_if_due();
   a.predicted = p_.plan.peak_bytes;
   for (unsigned char pattern : {0xA5, 0x5A}) {
