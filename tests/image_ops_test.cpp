@@ -295,7 +295,9 @@ TEST_CASE("nn::BatchNorm1d updates its running statistics once per step over N *
   nn::BatchNorm1d bn(2);
   std::vector<float> xv{0.5f, -1.f, 2.f, 0.25f, 1.5f, -0.75f, 3.f, 0.f, -2.f, 1.f, 0.5f, 0.125f};  // [2, 2, 3]
   Tensor x = Tensor::from(xv, Shape{2, 2, 3});
-  Step s = compile_inference([&] { return bn(persistent_var(x, ValueKind::parameter, "x")); }, {});
+  // An inference step runs modules in eval mode unless told to train, as here.
+  Step s = compile_inference([&] { return bn(persistent_var(x, ValueKind::parameter, "x")); }, {}, {},
+                             {.training = true});
   int writers = 0;
   for (NodeId n : s.plan().schedule)
     if (!s.graph().node(n).op->mutated_inputs().empty()) ++writers;

@@ -137,16 +137,14 @@ int main(int argc, char** argv) try {
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images")};
   std::vector<InputSpec> eval_in{input<float>({EB, 1, 28, 28}, "images")};
 
-  PlannedStep free_train = plan_training(train_fn, train_in, opt, copts);
-  model.eval();
-  PlannedStep free_eval = plan_inference(eval_fn, eval_in, copts);
+  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
+  PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, copts, b);
+    return plan_inference(eval_fn, eval_in, b, copts);
   });
   samples::BudgetSplit budget =
       session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
-  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
-  model.train();
+  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);  // runs the modules in eval mode
   Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
 
   data::EpochSampler sampler(d.train.size(), B, std::uint64_t(a.seed));
