@@ -245,11 +245,23 @@ inline Solution transfer_start(const BudgetProblem& p) {
 // local searches, from the greedy's answer and from transfer_start; the
 // lowest of all three where the exact solver runs. Reads no price.
 // The local searches alone (what runs on steps over kExactPositions ops).
+// A third start: the least the search reaches with no transfer at all
+// (host pool and NVMe closed), which is feasible under any limit; moving
+// from there spends a small host pool where it helps most, where the greedy
+// can spend it early on values that recomputation would have freed anyway.
 inline Solution least_memory_heuristic(const BudgetProblem& view) {
-  Solution greedy = improve_least_memory(view, solve_min_memory(view));
-  Solution swapped = improve_least_memory(view, transfer_start(view));
-  if (swapped.feasible && (!greedy.feasible || swapped.eval.device_peak < greedy.eval.device_peak)) greedy = std::move(swapped);
-  return greedy;
+  Solution best = improve_least_memory(view, solve_min_memory(view));
+  auto take = [&](Solution s) {
+    if (s.feasible && (!best.feasible || s.eval.device_peak < best.eval.device_peak)) best = std::move(s);
+  };
+  take(improve_least_memory(view, transfer_start(view)));
+  if (view.host_budget > 0 || view.nvme_budget > 0) {  // with no limit, transfer_start is already each position's least
+    BudgetProblem closed = view;
+    closed.host_budget = closed.nvme_budget = 1;
+    Solution on_device = improve_least_memory(closed, solve_min_memory(closed));
+    if (on_device.feasible) take(improve_least_memory(view, std::move(on_device)));
+  }
+  return best;
 }
 
 inline Solution least_memory(const BudgetProblem& view) {
