@@ -432,8 +432,11 @@ namespace {
 
 // Where PyTorch puts a NaN for one NaN input element: at that element
 // (elementwise), in that element's row along the last axis (row ops and
-// reductions over it), or everywhere (full reductions and scalar losses).
-enum class NanAt { element, row, all };
+// reductions over it), in its column (reductions over the batch, as batch
+// norm's statistics), everywhere (full reductions and scalar losses), or
+// nowhere (where PyTorch does not propagate it: pow(NaN, 0) is 1, a where()
+// that does not select it).
+enum class NanAt { element, row, column, all, none };
 
 struct NanCase {
   std::string name;
@@ -502,6 +505,74 @@ TEST_CASE("every elementwise op, reduction and loss propagates NaN as PyTorch do
        [](Var x, Var y, Var) { return binary_cross_entropy_with_logits(y, x, std::nullopt, "none"); }},
       {"nll_loss none at the target", NanAt::row,
        [](Var x, Var, Var l) { return reshape(nll_loss(x, l, "none"), {R, 1}); }},
+      // The rest of the elementwise ops and reductions, so that the list
+      // above is all of them (issue 14).
+      {"sub", NanAt::element, [](Var x, Var y, Var) { return x - y; }},
+      {"sub (y - x)", NanAt::element, [](Var x, Var y, Var) { return y - x; }},
+      {"div", NanAt::element, [](Var x, Var y, Var) { return x / y; }},
+      {"div (y / x)", NanAt::element, [](Var x, Var y, Var) { return y / x; }},
+      {"clamp_max", NanAt::element, [](Var x, Var, Var) { return clamp_max(x, 0.6); }},
+      {"pow 3", NanAt::element, [](Var x, Var, Var) { return pow(x, 3.0); }},
+      {"pow 0 (torch: 1)", NanAt::none, [](Var x, Var, Var) { return pow(x, 0.0); }},
+      {"where taking x as other", NanAt::element,
+       [](Var x, Var y, Var) { return where(fill_like(y, 0.0), y, x); }},
+      {"where not taking x", NanAt::none, [](Var x, Var y, Var) { return where(fill_like(y, 0.0), x, y); }},
+      // A dropped NaN is NaN * 0 = NaN: the NaN row, broadcast over 37
+      // elements, has some of them dropped whatever the mask.
+      {"dropout (a dropped NaN is NaN * 0)", NanAt::row,
+       [](Var x, Var, Var) { return dropout_with_key(broadcast_to(sum(x, {1}, true), {R, C}), 0.5, 14); }},
+      {"dropout p = 1", NanAt::element, [](Var x, Var, Var) { return dropout_with_key(x, 1.0, 14); }},
+      {"cast through f32/f64", NanAt::element,
+       [](Var x, Var, Var) { return cast(cast(x, x.dtype() == DType::f32 ? DType::f64 : DType::f32), x.dtype()); }},
+      {"cast through bf16", NanAt::element, [](Var x, Var, Var) { return cast(cast(x, DType::bf16), x.dtype()); }},
+      {"cast through f16", NanAt::element, [](Var x, Var, Var) { return cast(cast(x, DType::f16), x.dtype()); }},
+      {"sum dim 0", NanAt::column, [](Var x, Var, Var) { return sum(x, {0}, true); }},
+      {"mean dim 0", NanAt::column, [](Var x, Var, Var) { return mean(x, {0}, true); }},
+      {"max dim 0", NanAt::column, [](Var x, Var, Var) { return max(x, 0, true); }},
+      {"min dim 0", NanAt::column, [](Var x, Var, Var) { return min(x, 0, true); }},
+      {"softmax dim 0", NanAt::column, [](Var x, Var, Var) { return softmax(x, 0); }},
+      {"avg_pool2d 1x1", NanAt::element, [](Var x, Var, Var) {
+         return reshape(avg_pool2d(reshape(x, {1, 1, R, C}), {1, 1}), {R, C});
+       }},
+      {"avg_pool2d 1x37 window", NanAt::row, [](Var x, Var, Var) {
+         return reshape(avg_pool2d(reshape(x, {1, 1, R, C}), {1, C}), {R, 1});
+       }},
+      {"global_avg_pool2d", NanAt::row,
+       [](Var x, Var, Var) { return reshape(global_avg_pool2d(reshape(x, {R, 1, 1, C})), {R, 1}); }},
+      {"group_norm 1 group", NanAt::row,
+       [](Var x, Var, Var) { return reshape(group_norm(reshape(x, {R, C, 1}), 1), {R, C}); }},
+      {"batch_norm1d train", NanAt::column, [](Var x, Var y, Var) {
+         Var ones = reshape(fill_like(slice(y, 0, 0, 1), 1.0), {C}), zeros = reshape(fill_like(slice(y, 0, 0, 1), 0.0), {C});
+         return batch_norm1d(x, std::nullopt, std::nullopt, ones, zeros, true);
+       }},
+      {"batch_norm1d eval", NanAt::element, [](Var x, Var y, Var) {
+         Var ones = reshape(fill_like(slice(y, 0, 0, 1), 1.0), {C}), zeros = reshape(fill_like(slice(y, 0, 0, 1), 0.0), {C});
+         return batch_norm1d(x, zeros, ones, ones, zeros, false);
+       }},
+      {"l1_loss mean", NanAt::all, [](Var x, Var y, Var) { return l1_loss(x, y); }},
+      {"smooth_l1_loss mean", NanAt::all, [](Var x, Var y, Var) { return smooth_l1_loss(x, y); }},
+      {"huber_loss none", NanAt::element, [](Var x, Var y, Var) { return huber_loss(x, y, "none"); }},
+      {"bce_with_logits mean", NanAt::all,
+       [](Var x, Var y, Var) { return binary_cross_entropy_with_logits(x, sigmoid(y)); }},
+      {"nll_loss mean", NanAt::all, [](Var x, Var, Var l) { return nll_loss(x, l); }},
+      // Attention: a NaN in a query gives its output row NaN (not a row of
+      // zeros, as a fully masked row gets); a NaN in a key reaches every query.
+      {"sdpa, NaN in q", NanAt::row, [](Var x, Var y, Var) {
+         Var q = reshape(x, {1, R, C}), kv = reshape(y, {1, R, C});
+         return reshape(scaled_dot_product_attention(q, kv, kv), {R, C});
+       }},
+      {"sdpa causal, NaN in q", NanAt::row, [](Var x, Var y, Var) {
+         Var q = reshape(x, {1, R, C}), kv = reshape(y, {1, R, C});
+         return reshape(scaled_dot_product_attention(q, kv, kv, std::nullopt, true), {R, C});
+       }},
+      {"sdpa, NaN in k", NanAt::all, [](Var x, Var y, Var) {
+         Var q = reshape(y, {1, R, C}), k = reshape(x, {1, R, C});
+         return reshape(scaled_dot_product_attention(q, k, q), {R, C});
+       }},
+      {"causal_attention, NaN in q", NanAt::row, [](Var x, Var y, Var) {
+         Var q = reshape(x, {1, R, C}), kv = reshape(y, {1, R, C});
+         return reshape(causal_attention(q, kv, kv), {R, C});
+       }},
   };
   for (DType dt : {DType::f32, DType::f64}) {
     ref::Array xa = ref::zeros({R, C}), ya = ref::zeros({R, C});
@@ -523,9 +594,24 @@ TEST_CASE("every elementwise op, reduction and loss propagates NaN as PyTorch do
         bool want_nan = c.at == NanAt::all;
         if (c.at == NanAt::element) want_nan = i == std::size_t(nan_row * C + nan_col);
         if (c.at == NanAt::row) want_nan = i / (o.size() / std::size_t(R)) == std::size_t(nan_row);
+        if (c.at == NanAt::column) want_nan = i % std::size_t(C) == std::size_t(nan_col);
         wrong += std::isnan(o[i]) != want_nan;
       }
       CHECK(wrong == 0);
+    }
+    // Indices: torch.argmax/argmin and max/min(dim) take a NaN as the
+    // extreme, so its row answers the NaN's index whichever way it looks.
+    for (bool is_max : {true, false}) {
+      INFO((is_max ? "argmax" : "argmin") << " in " << dtype_name(dt));
+      const Tensor am = eval({xt}, [&](const V& v) { return is_max ? argmax(v[0], 1) : argmin(v[0], 1); });
+      const Tensor wi = eval({xt}, [&](const V& v) {
+        return is_max ? max_with_indices(v[0], 1).second : min_with_indices(v[0], 1).second;
+      });
+      CHECK(am.to_vector<std::int64_t>()[std::size_t(nan_row)] == nan_col);
+      CHECK(wi.to_vector<std::int64_t>()[std::size_t(nan_row)] == nan_col);
+      // The other rows: the extreme of finite values (row r's values are
+      // 0.5 + 0.01 * ((r * 37 + c) % 29)).
+      CHECK(am.to_vector<std::int64_t>()[0] == (is_max ? 28 : 0));
     }
   }
 }

@@ -16,8 +16,12 @@ inline void dropout_kernel(const ops::DropoutOp& op, const KernelArgs& a) {
     const T* x = a.in[0].as<T>();
     T* y = a.out[0].as<T>();
     const std::int64_t n = a.in[0].numel();
+    // A dropped element is x * 0, not 0, as PyTorch's input * mask * scale:
+    // a NaN stays NaN (and -x gives -0), so dropout never hides a NaN.
     if (op.p() >= 1) {  // everything dropped; 1 / (1 - p) would be infinite
-      parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, T(0)); });
+      parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) y[i] = x[i] * T(0);
+      });
       return;
     }
     const ops::DropoutMask mask(op.key(), op.p());
@@ -27,7 +31,7 @@ inline void dropout_kernel(const ops::DropoutOp& op, const KernelArgs& a) {
       for (std::int64_t g = g0; g < g1; ++g) {
         const Philox::Block bits = mask.bits(step, std::uint64_t(g));
         const std::int64_t i0 = 4 * g, w = std::min<std::int64_t>(4, n - i0);
-        for (std::int64_t l = 0; l < w; ++l) y[i0 + l] = mask.keep(bits.v[l]) ? x[i0 + l] * scale : T(0);
+        for (std::int64_t l = 0; l < w; ++l) y[i0 + l] = x[i0 + l] * (mask.keep(bits.v[l]) ? scale : T(0));
       }
     });
   });

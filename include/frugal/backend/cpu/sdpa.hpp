@@ -116,9 +116,14 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, const AttnSh
           T* __restrict row = s + r * kAttnBk;
           const std::uint8_t* __restrict okr = ok + r * kAttnBk;
           T tmax = kNegInf;
+          bool any = false;
           for (std::int64_t j = 0; j < nk; ++j)
-            if (okr[j]) tmax = std::max(tmax, row[j]);
-          if (tmax == kNegInf) {  // nothing allowed in this tile: it adds nothing to the row
+            if (okr[j]) tmax = std::max(tmax, row[j]), any = true;
+          // Nothing allowed in this tile: it adds nothing to the row. (Not
+          // tmax == -inf: std::max skips NaN scores, so a query holding a NaN
+          // would look fully masked and give 0; PyTorch gives NaN, and so do
+          // the exps below.)
+          if (!any) {
             std::fill(row, row + nk, T(0));
             continue;
           }
