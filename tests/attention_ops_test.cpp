@@ -5,6 +5,7 @@
 // reference written here with naive loops, backward against central finite
 // differences (op_harness.hpp), bad input at capture, and budgeted training
 // bit for bit equal to the unconstrained step.
+#include <algorithm>
 #include <cstring>
 
 #include <frugal/data/graph.hpp>
@@ -199,6 +200,58 @@ TEST_CASE("sdpa: a fully masked row gives 0 and passes no gradient, as PyTorch's
           CHECK(std::isfinite(y[std::size_t(((b * 2 + h) * 4 + 0) * 3 + c2)]));
         }
   }
+}
+
+TEST_CASE("sdpa stores nothing T x T: a training step's whole arena is below one head's score matrix",
+          "[attn14][sdpa]") {
+  // Issue 14: flash-style like causal_attention. With T = 1024 and head
+  // dim 8, one head's Tq x Tk scores would be 4 MiB in f32; q, k, v, their
+  // gradients, the output and the logsumexp are 32 KiB each or less. So a
+  // step that materialised the scores (as a value, or as kernel scratch the
+  // planner places) could not fit in 1 MiB. Masked (key padding) and
+  // causal, forward and backward.
+  const std::int64_t B = 1, H = 2, T = 1024, hd = 8;
+  frugal::Rng rng(1024);
+  auto filled = [&](frugal::Shape s) {
+    Tensor t(std::move(s));
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(rng.uniform()) - 0.5f;
+    return t;
+  };
+  Tensor q = filled({B, H, T, hd}), k = filled({B, H, T, hd}), v = filled({B, H, T, hd});
+  Tensor pad{frugal::Shape{B, 1, 1, T}, DType::u8};
+  for (std::int64_t j = 0; j < T; ++j) pad.data<std::uint8_t>()[j] = j >= T - 100;  // the last 100 keys are padding
+  for (bool causal : {false, true}) {
+    INFO((causal ? "causal" : "non-causal"));
+    frugal::Step step = frugal::compile_gradients(
+        [&] {
+          Var qv = frugal::persistent_var(q, frugal::ValueKind::parameter, "q");
+          Var kv = frugal::persistent_var(k, frugal::ValueKind::parameter, "k");
+          Var vv = frugal::persistent_var(v, frugal::ValueKind::parameter, "v");
+          Var o = frugal::masked_attention(qv, kv, vv, {{frugal::constant(pad, "pad"), true}}, causal);
+          return frugal::sum(o * o);
+        },
+        {}, {q, k, v});
+    const std::size_t scores = std::size_t(T * T) * sizeof(float);
+    CHECK(step.plan().peak_bytes < scores / 4);
+    const auto audit = step.audit();
+    CHECK(audit.high_water == audit.predicted);
+    CHECK(audit.canary_intact);
+    CHECK(std::isfinite(step.run()));
+    const std::vector<float> g = step.grad(q).to_vector<float>();
+    CHECK(std::all_of(g.begin(), g.end(), [](float e) { return std::isfinite(e); }));
+  }
+  // The bound tells the two apart: attention from matmul and softmax plans
+  // the scores, and needs more than one head's matrix.
+  frugal::Step naive = frugal::compile_gradients(
+      [&] {
+        Var qv = frugal::persistent_var(q, frugal::ValueKind::parameter, "q");
+        Var kv = frugal::persistent_var(k, frugal::ValueKind::parameter, "k");
+        Var vv = frugal::persistent_var(v, frugal::ValueKind::parameter, "v");
+        Var o = frugal::matmul(frugal::softmax(frugal::matmul(qv, kv, false, true) * (1 / std::sqrt(double(hd))), -1), vv);
+        return frugal::sum(o * o);
+      },
+      {}, {q, k, v});
+  CHECK(naive.plan().peak_bytes > std::size_t(T * T) * sizeof(float));
 }
 
 TEST_CASE("sdpa bad input is a ShapeError at capture naming what was wrong", "[attn14][sdpa]") {
