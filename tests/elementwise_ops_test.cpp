@@ -273,6 +273,38 @@ TEST_CASE("smooth_l1 and huber match PyTorch's numbers", "[ops14]") {
   CHECK(vals(g[1]) == std::vector<double>{0, -1, 1, 0});
 }
 
+TEST_CASE("the losses give PyTorch's numbers, reductions and gradients included", "[ops14]") {
+  // Printed by torch 1.13 in float64 (F.binary_cross_entropy_with_logits,
+  // F.nll_loss, F.mse_loss, ...), so these check the float64 references'
+  // reading of PyTorch's definitions as well as frugal.
+  auto close = [](const std::vector<double>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12).margin(1e-15));
+  };
+  // bce with logits, weight and pos_weight broadcast over rows, 'mean'.
+  Tensor x = f64({0.5, -1.5, 2.0, -0.25, 3.0, -2.0}, {2, 3}), y = f64({1, 0, 0.25, 0, 1, 0.75}, {2, 3});
+  Tensor w = f64({1, 2, 0.5}, {3}), pw = f64({3, 1, 0.5}, {3});
+  auto bce = [](const V& v) { return frugal::binary_cross_entropy_with_logits(v[0], v[1], v[2], "mean", v[3]); };
+  close(vals(eval({x, y, w, pw}, bce)), {0.6197279399690637});
+  close(vals(grads({x, y, w, pw}, {0}, bce)[0]), {-0.18877033439907268, 0.060808507935452116, 0.053808120269220584,
+                                                  0.07297058318570032, -0.015808624392522213, -0.025041514478014712});
+  // nll on [N=2, C=3, d=2] with one ignored position: 'mean' divides by 3.
+  Tensor lp = f64({-1, -2, -0.5, -3, -4, -0.25, -2, -1.5, -0.75, -1, -3.5, -2.5}, {2, 3, 2});
+  Tensor t = Tensor::from(std::vector<std::int64_t>{2, -100, 0, 1}, {2, 2});
+  close(vals(eval({lp, t}, [](const V& v) { return frugal::nll_loss(v[0], v[1]); })), {2.3333333333333335});
+  close(vals(eval({lp, t}, [](const V& v) { return frugal::nll_loss(v[0], v[1], "sum"); })), {7});
+  close(vals(eval({lp, t}, [](const V& v) { return frugal::nll_loss(v[0], v[1], "none"); })), {4, 0, 2, 1});
+  const double third = -0.3333333333333333;
+  close(vals(grads({lp, t}, {0}, [](const V& v) { return frugal::nll_loss(v[0], v[1]); })[0]),
+        {0, 0, 0, 0, third, 0, third, 0, 0, third, 0, 0});
+  // The regression losses.
+  Tensor a = f64({1, -2, 0.5, 3}, {4}), b = f64({0, -1, 2.5, 3}, {4});
+  close(vals(eval({a, b}, [](const V& v) { return frugal::mse_loss(v[0], v[1]); })), {1.5});
+  close(vals(eval({a, b}, [](const V& v) { return frugal::l1_loss(v[0], v[1]); })), {1.0});
+  close(vals(eval({a, b}, [](const V& v) { return frugal::smooth_l1_loss(v[0], v[1], "mean", 0.5); })), {0.8125});
+  close(vals(eval({a, b}, [](const V& v) { return frugal::huber_loss(v[0], v[1], "sum", 2.0); })), {3.0});
+}
+
 TEST_CASE("binary_cross_entropy_with_logits with weight and pos_weight forward and backward", "[ops14]") {
   for (std::string r : {"mean", "sum", "none"}) {
     check_op({"bce_with_logits " + r,
