@@ -37,6 +37,9 @@ inline constexpr int kLeastMemoryNodeLimit = 20000;
 // Seconds per exact least-memory search: a backstop only; the node limit is
 // what normally ends an unproved search, and only it is machine-independent.
 inline constexpr double kLeastMemoryBackstopSeconds = 120;
+// Kicks of the iterated local search (kick_least_memory): a count, not a
+// time, so the answer is the same on every machine.
+inline constexpr int kLeastMemoryKicks = 256;
 
 // A fixed preference among options that reads no rate: fewer bytes moved
 // off the device, then recomputation before a host round trip before an
@@ -76,7 +79,7 @@ inline MemoryView memory_view(const BudgetProblem& p) {
   }
   for (std::size_t i = 0; i < p.candidates.size(); ++i) {
     const Candidate& c = p.candidates[i];
-    Candidate d{c.value, c.bytes, c.before, c.after, c.wraps, {}};
+    Candidate d{c.value, c.bytes, c.before, c.after, c.wraps, {}, c.segment_boundary};
     for (int j : v.to_full[i]) {
       Option o = c.options[std::size_t(j)];
       o.cost_ms = j == 0 ? 0.0 : canonical_cost(c, o);
@@ -240,6 +243,82 @@ inline Solution transfer_start(const BudgetProblem& p) {
   return s;
 }
 
+// Checkpointing's plan (Chen et al.'s segments) as a start: segment
+// boundaries kept, every other activation recomputed as late as it can be
+// (its recomputation option at the latest position), what those need of
+// their inputs repaired into place, latest readers first. The peak-by-peak
+// greedy rarely gets there: keeping a boundary frees nothing at a peak by
+// itself, only the later recomputations it allows do.
+inline Solution checkpoint_start(const BudgetProblem& p) {
+  const std::size_t C = p.candidates.size();
+  const RequirementRepair repair(p);
+  auto area = [](const Option& o) {  // device bytes times positions: negative where it frees
+    std::int64_t a = 0;
+    for (auto& e : o.device)
+      if (!e.span.empty()) a += e.bytes * std::int64_t(e.span.last - e.span.first + 1);
+    return a;
+  };
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < C; ++i)
+    if (!p.candidates[i].wraps && !p.candidates[i].segment_boundary) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return p.candidates[a].after > p.candidates[b].after; });
+  std::vector<int> choice(C, 0);
+  std::vector<std::pair<std::size_t, int>> undo;
+  for (std::size_t i : order) {
+    const auto& opts = p.candidates[i].options;
+    int latest = -1;
+    for (int j = 1; j < int(opts.size()); ++j)
+      if (opts[std::size_t(j)].choice == Choice::recompute &&
+          (latest < 0 || opts[std::size_t(j)].in_start > opts[std::size_t(latest)].in_start))
+        latest = j;
+    if (latest < 0 || choice[i] == latest) continue;
+    std::vector<int> trial = choice;
+    trial[i] = latest;
+    undo.clear();
+    if (repair.repair(trial, i, area, undo) && requirements_met(p, trial)) choice = std::move(trial);
+  }
+  return make_solution(p, std::move(choice), std::numeric_limits<std::int64_t>::max());
+}
+
+// Kicks a local optimum off its plateau (iterated local search): each
+// evicted candidate in turn is kept instead, with what the requirements
+// then ask, which may raise the peak for a moment; the local search runs
+// again from there, and the first kick that ends lower is taken and the
+// kicking starts over. At most max_kicks kicks, in index order: the same
+// answer on every machine.
+inline Solution kick_least_memory(const BudgetProblem& p, Solution s, int max_kicks) {
+  const RequirementRepair repair(p);
+  std::vector<std::pair<std::size_t, int>> undo;
+  int kicks = 0;
+  for (bool better = true; better && kicks < max_kicks;) {
+    better = false;
+    const Profiles pr = profiles(p, s.choice);
+    std::vector<int> at_peak;
+    for (int t = 0; t < p.positions; ++t)
+      if (pr.device[std::size_t(t)] == s.eval.device_peak) at_peak.push_back(t);
+    auto at_peak_bytes = [&](const Option& o) {
+      std::int64_t b = 0;
+      for (int t : at_peak) b += bytes_at(o.device, t);
+      return b;
+    };
+    for (std::size_t i = 0; i < p.candidates.size() && kicks < max_kicks && !better; ++i) {
+      if (s.choice[i] == 0) continue;
+      std::vector<int> trial = s.choice;
+      trial[i] = 0;
+      undo.clear();
+      if (!repair.repair(trial, i, at_peak_bytes, undo) || !requirements_met(p, trial)) continue;
+      ++kicks;
+      Solution t = improve_least_memory(p, make_solution(p, std::move(trial), std::numeric_limits<std::int64_t>::max()));
+      if (t.feasible && t.eval.device_peak < s.eval.device_peak) {
+        s = std::move(t);
+        better = true;
+      }
+    }
+  }
+  return s;
+}
+
 // The least device peak the view reaches: exact (or, unproved, the best the
 // node limit allows) on small problems; on larger ones the lower of two
 // local searches, from the greedy's answer and from transfer_start; the
@@ -255,13 +334,14 @@ inline Solution least_memory_heuristic(const BudgetProblem& view) {
     if (s.feasible && (!best.feasible || s.eval.device_peak < best.eval.device_peak)) best = std::move(s);
   };
   take(improve_least_memory(view, transfer_start(view)));
+  take(improve_least_memory(view, checkpoint_start(view)));
   if (view.host_budget > 0 || view.nvme_budget > 0) {  // with no limit, transfer_start is already each position's least
     BudgetProblem closed = view;
     closed.host_budget = closed.nvme_budget = 1;
     Solution on_device = improve_least_memory(closed, solve_min_memory(closed));
     if (on_device.feasible) take(improve_least_memory(view, std::move(on_device)));
   }
-  return best;
+  return kick_least_memory(view, std::move(best), kLeastMemoryKicks);
 }
 
 inline Solution least_memory(const BudgetProblem& view) {
