@@ -8,6 +8,7 @@
 //   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
 //               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse]
+//               [--show-live]
 //
 // --budget runs the step within a device byte budget (bytes such as 48MiB,
 // a percentage of the unconstrained device bytes, or `min`: the smallest
@@ -18,6 +19,9 @@
 // with status 3 and a message naming the smallest feasible one.
 // --fuse / --no-fuse plan the step with or without merging elementwise
 // chains (PlanOptions::fuse, off by default), to measure what fusion saves.
+// --show-live prints to stderr the arena values live where the backward
+// starts and at the plan's peak, and every decision's reason: where the
+// memory goes, to compare with what the peer saves for its backward.
 // --audit runs two more steps with the arena pattern-filled afterwards and
 // reports the bytes the step really wrote (audit_*), so device bytes can
 // be checked against the budget.
@@ -43,7 +47,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   std::string budget_arg;
   Budget budget;
-  bool audit = false, fuse = CompileOptions{}.plan.fuse;
+  bool audit = false, show_live = false, fuse = CompileOptions{}.plan.fuse;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
     else if (a == "--host") budget.host = parse_bytes(next());
     else if (a == "--nvme-dir") budget.nvme_dir = next();
     else if (a == "--audit") audit = true;
+    else if (a == "--show-live") show_live = true;
     else if (a == "--no-fuse") fuse = false;
     else if (a == "--fuse") fuse = true;
     else {
@@ -159,6 +164,22 @@ int main(int argc, char** argv) {
       }
     }
     audit_json += cat(",\"saved_activation_bytes\":", saved_activation_bytes);
+    if (show_live) {
+      const Graph& g = w->compiled().graph();
+      int fb = -1;
+      for (int t = 0; t < int(p.schedule.size()) && fb < 0; ++t)
+        if (g.node(p.schedule[std::size_t(t)]).phase == Phase::backward) fb = t;
+      for (int at : {fb, p.peak_position}) {
+        if (at < 0) continue;
+        std::fprintf(stderr, "live at position %d (%s%s): bytes [first, last] value\n", at,
+                     g.node(p.schedule[std::size_t(at)]).op->name().c_str(), at == fb ? ", the backward's start" : ", the peak");
+        for (const auto& iv : p.intervals)
+          if (iv.first <= at && at <= iv.last)
+            std::fprintf(stderr, "  %9zu [%d,%d] %s\n", iv.bytes, iv.first, iv.last, plan::describe_value(g, iv.value).c_str());
+      }
+      for (auto& d : p.decisions) std::fprintf(stderr, "decision: %s\n", d.reason.c_str());
+    }
+
     std::printf(
         "RESULT {\"workload\":\"%s\",\"impl\":\"frugal\",\"threads\":%d,\"warmup\":%d,\"steps\":%d,\"batch\":%lld,"
         "\"unit\":\"%s\",\"params\":%lld,\"ms_step_median\":%.4f,\"ms_step_min\":%.4f,\"ms_step_mean\":%.4f,"

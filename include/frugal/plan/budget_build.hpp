@@ -198,6 +198,35 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     }
   }
 
+  // Segment boundaries: forward activations that alone cross the position
+  // where they are made (every other forward value made before it has been
+  // read for the last time by the forward there).
+  std::vector<char> boundary(g.num_values(), 0);
+  {
+    std::vector<int> last_forward(g.num_values(), -1);
+    for (int t = 0; t < T; ++t) {
+      const Node& n = g.node(schedule[std::size_t(t)]);
+      if (n.phase != Phase::forward) continue;
+      for (ValueId in : n.inputs) last_forward[std::size_t(view_root(g, in))] = t;
+    }
+    std::vector<int> crossing(std::size_t(T) + 1, 0);
+    auto crosses = [&](ValueId v) {
+      const Value& val = g.value(v);
+      return val.kind == ValueKind::activation && !val.is_workspace && val.producer >= 0 &&
+             pos_of[std::size_t(val.producer)] >= 0 && last_forward[std::size_t(v)] > pos_of[std::size_t(val.producer)];
+    };
+    for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
+      if (crosses(v)) {
+        ++crossing[std::size_t(pos_of[std::size_t(g.value(v).producer)])];
+        --crossing[std::size_t(last_forward[std::size_t(v)])];
+      }
+    for (int t = 1; t <= T; ++t) crossing[std::size_t(t)] += crossing[std::size_t(t) - 1];
+    for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
+      if (crosses(v) && g.node(g.value(v).producer).phase == Phase::forward &&
+          crossing[std::size_t(pos_of[std::size_t(g.value(v).producer)])] == 1)
+        boundary[std::size_t(v)] = 1;
+  }
+
   // Activations: every window of two or more positions between uses.
   struct Pending {
     ValueId v;
@@ -214,7 +243,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     for (std::size_t k = 0; k + 1 < at.size(); ++k) {
       int a = at[k], b = at[k + 1];
       if (b - a < 2) continue;
-      Candidate c{v, std::size_t(bytes), a, b, false, {Option{}}};
+      Candidate c{v, std::size_t(bytes), a, b, false, {Option{}}, boundary[std::size_t(v)] != 0};
       // Overlapped (the copies hide behind compute), or just in time (the
       // copies wait, and the window off the device is as long as it gets).
       auto swap = [&](Choice choice, double out_ms, double in_ms, bool just_in_time) {

@@ -79,6 +79,12 @@ struct Candidate {
   int after = 0;   // the use after it (for a wrap-around, the first use of the next step)
   bool wraps = false;  // a persistent value between the end of one step and its first use in the next
   std::vector<Option> options;  // options[0] is keep: no effect, no cost (and price_free)
+  // An activation at which the forward's dataflow narrows to this one value
+  // (the residual stream between blocks, a link of a chain): keeping only
+  // such values and recomputing the rest is checkpointing's plan, one of
+  // the least-memory search's starts (budget_least.hpp). From the graph's
+  // structure alone, never from a price.
+  bool segment_boundary = false;
 };
 
 struct BudgetProblem {

@@ -12,12 +12,14 @@
 // 3. Solve for the budget with the prices (exactly on small steps, greedily
 //    otherwise), rewrite, plan, and check the real arena (offsets leave gaps
 //    the abstract problem does not see); tighten the target by the overshoot
-//    and retry a few times. Else take the least-memory plan with every
-//    eviction the budget does not need undone, dearest first; else the
-//    least-memory plan itself. Prices choose among plans that fit; they
+//    and retry a few times (a greedy answer made cheaper by cheapen). Else
+//    take the least-memory plan with every eviction the budget does not
+//    need undone, dearest first, and the rest at their cheapest options
+//    that fit (budget_cheapen.hpp); else the least-memory plan itself. Prices choose among plans that fit; they
 //    never decide whether one exists.
 #include <numeric>
 
+#include "budget_cheapen.hpp"
 #include "budget_exact.hpp"
 #include "budget_greedy.hpp"
 #include "budget_least.hpp"
@@ -118,7 +120,8 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
       ExactResult r = solve_exact(problem, target, 10);
       if (r.solution.feasible || r.proved_infeasible) return r.solution;
     }
-    return solve_greedy(problem, target);
+    Solution s = solve_greedy(problem, target);
+    return s.feasible ? cheapen(problem, std::move(s.choice), target) : s;
   };
   // The least memory, from the price-free view of the problem; its choices
   // mapped back to the priced options they are (same placement, real costs).
@@ -150,18 +153,24 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     }
     target -= std::int64_t(bp.plan.total_bytes() - budget.device) + std::int64_t(kAlignment);
   }
-  // The priced solves found nothing that fits: the least-memory plan, with
-  // the evictions this budget does not need undone (dearest first), if that
-  // still fits once placed; else the least-memory plan as it is.
-  if (budget.device > min_feasible) {
-    const std::int64_t room = std::int64_t(budget.device) - std::int64_t(min_feasible);
-    Solution relaxed = undo_unneeded(problem, least_choice, evaluate(problem, least_choice).device_peak + room);
-    if (relaxed.choice != least_choice) {
-      BudgetedPlan bp = realize(relaxed);
-      if (bp.plan.total_bytes() <= budget.device) {
-        bp.plan.min_feasible_bytes = min_feasible;
-        return bp;
-      }
+  // The priced solves found nothing that fits: the least-memory plan with
+  // what this budget does not need undone (dearest first) and each
+  // remaining eviction at its cheapest option that still fits, first with
+  // the budget's room above the least, then at the least itself (the
+  // price-free search may keep recomputations its final peak no longer
+  // needs); else the least-memory plan as it is.
+  const std::int64_t least_peak = evaluate(problem, least_choice).device_peak;
+  const std::int64_t room = std::int64_t(budget.device) - std::int64_t(min_feasible);
+  std::vector<std::int64_t> rooms{room};
+  if (room > 0) rooms.push_back(0);
+  for (std::int64_t r : rooms) {
+    const std::int64_t bound = least_peak + r;
+    Solution relaxed = cheapen(problem, undo_unneeded(problem, least_choice, bound).choice, bound);
+    if (!relaxed.feasible || relaxed.choice == least_choice) continue;
+    BudgetedPlan bp = realize(relaxed);
+    if (bp.plan.total_bytes() <= budget.device) {
+      bp.plan.min_feasible_bytes = min_feasible;
+      return bp;
     }
   }
   return least;

@@ -1,0 +1,76 @@
+#pragma once
+// Lowers the step time of a choice that fits, without raising its device
+// peak above a bound or leaving the host and NVMe limits: each eviction,
+// dearest first, is tried at every cheaper option of its own (keep, a
+// recomputation that re-creates fewer inputs, a transfer that hides behind
+// compute), together with what the requirements then ask of others
+// (RequirementRepair), and the first trial that lowers the summed cost
+// while still fitting is taken.
+//
+// Why: the least-memory search reads no price (budget_least.hpp), so its
+// answer may keep recomputations that the final peak no longer needs, or
+// pick the dearer of two that free the same bytes there. At the smallest
+// feasible budget that answer is the plan, and its time is the user's step
+// time. This pass only chooses among plans that fit; it never decides
+// whether one exists, so feasibility stays price-free (DESIGN.md, inv. 4).
+#include <algorithm>
+#include <numeric>
+
+#include "budget_exhaustive.hpp"
+#include "budget_greedy.hpp"
+
+namespace frugal::plan {
+
+inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound, int max_rounds = 64) {
+  const std::size_t C = p.candidates.size();
+  const RequirementRepair repair(p);
+  auto fits = [&](const Evaluation& e) { return fits_target(p, e, bound); };
+  Evaluation now = evaluate(p, choice);
+  if (!fits(now)) return make_solution(p, std::move(choice), bound);
+  std::vector<std::pair<std::size_t, int>> undo;
+  for (int round = 0; round < max_rounds; ++round) {
+    const Profiles pr = profiles(p, choice);
+    // Repairs move a candidate to its option holding the fewest bytes where
+    // the profile is highest, so they spend memory where there is room.
+    std::vector<int> high;
+    for (int t = 0; t < p.positions; ++t)
+      if (pr.device[std::size_t(t)] == now.device_peak) high.push_back(t);
+    auto at_high = [&](const Option& o) {
+      std::int64_t b = 0;
+      for (int t : high) b += bytes_at(o.device, t);
+      return b;
+    };
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < C; ++i)
+      if (p.candidates[i].options[std::size_t(choice[i])].cost_ms > 0) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return p.candidates[a].options[std::size_t(choice[a])].cost_ms > p.candidates[b].options[std::size_t(choice[b])].cost_ms;
+    });
+    bool moved = false;
+    for (std::size_t i : order) {
+      const auto& opts = p.candidates[i].options;
+      const double was_cost = opts[std::size_t(choice[i])].cost_ms;
+      std::vector<int> cheaper;
+      for (int j = 0; j < int(opts.size()); ++j)
+        if (j != choice[i] && opts[std::size_t(j)].cost_ms < was_cost) cheaper.push_back(j);
+      std::stable_sort(cheaper.begin(), cheaper.end(),
+                       [&](int a, int b) { return opts[std::size_t(a)].cost_ms < opts[std::size_t(b)].cost_ms; });
+      for (int j : cheaper) {
+        std::vector<int> trial = choice;
+        trial[i] = j;
+        undo.clear();
+        if (!repair.repair(trial, i, at_high, undo)) continue;
+        const Evaluation e = evaluate(p, trial);
+        if (!fits(e) || e.cost_ms >= now.cost_ms - 1e-9) continue;
+        choice = std::move(trial);
+        now = e;
+        moved = true;
+        break;
+      }
+    }
+    if (!moved) break;
+  }
+  return make_solution(p, std::move(choice), bound);
+}
+
+}  // namespace frugal::plan
