@@ -89,6 +89,47 @@ TEST_CASE("a fused chain computes the unfused bits in f32, f64, bf16 and f16", "
   }
 }
 
+TEST_CASE("the fused kernel equals the unfused kernels on every layout, in place or not", "[fusion]") {
+  // x + b, relu, * x, - b, tanh; outputs relu's and tanh's. Layouts: a
+  // long broadcast row (blocks cut at row ends, the row read in place),
+  // short rows (many per block, gathered), a column (stride 0 along the
+  // last axis), a rank-3 middle axis, and no broadcast at all; each stored
+  // beside the inputs, then over x (in place: stores wait for the block's
+  // last step).
+  ops::FusedProgram p;
+  p.inputs = 2;
+  p.steps = {{math::Add{}, {0, 1}}, {math::Relu{}, {2}}, {math::Mul{}, {3, 0}}, {math::Sub{}, {4, 1}}, {math::Tanh{}, {5}}};
+  p.outputs = {3, 6};
+  const ops::FusedElementwise fused(p);
+  auto backend = make_backend("cpu");
+  const std::vector<std::pair<Shape, Shape>> layouts{
+      {{5, 1300}, {1300}}, {{37, 20}, {20}}, {{6, 2100}, {6, 1}}, {{3, 5, 70}, {5, 1}}, {{3000}, {3000}}};
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    for (const auto& [xs, bs] : layouts)
+      for (bool in_place : {false, true}) {
+        INFO(dtype_name(dt) << " x " << xs.str() << " b " << bs.str() << (in_place ? " in place" : ""));
+        Tensor x = normal(xs, dt, 21), b = normal(bs, dt, 22);
+        // Unfused: each step's own kernel into its own tensor.
+        std::vector<Tensor> slot{x, b};
+        std::vector<Shape> shapes{xs, bs};
+        for (std::size_t s = 0; s < p.steps.size(); ++s) slot.emplace_back(xs, dt), shapes.push_back(xs);
+        auto ref = [&](std::size_t k) { return TensorRef{slot[k].raw(), dt, &shapes[k]}; };
+        for (std::size_t s = 0; s < p.steps.size(); ++s) {
+          auto op = ops::unfused_op(p.steps[s].fn);
+          std::vector<TensorRef> in, out{ref(std::size_t(p.inputs) + s)};
+          for (int k = 0; k < ops::arity_of(p.steps[s].fn); ++k) in.push_back(ref(std::size_t(p.steps[s].args[std::size_t(k)])));
+          backend->kernel_for(*op)(*op, KernelArgs{in, out});
+        }
+        Tensor xc(xs, dt), o0(xs, dt), o1(xs, dt);
+        std::memcpy(xc.raw(), x.raw(), x.nbytes());
+        std::vector<TensorRef> in{{xc.raw(), dt, &shapes[0]}, {b.raw(), dt, &shapes[1]}};
+        std::vector<TensorRef> out{{o0.raw(), dt, &shapes[0]}, {in_place ? xc.raw() : o1.raw(), dt, &shapes[0]}};
+        backend->kernel_for(fused)(fused, KernelArgs{in, out});
+        CHECK(bytes_of(o0) == bytes_of(slot[3]));
+        CHECK(bytes_of(in_place ? xc : o1) == bytes_of(slot[6]));
+      }
+}
+
 TEST_CASE("the fused op's gradients match float64 finite differences", "[fusion][ops]") {
   using namespace optest;
   // x + b, gelu, * r, tanh, + x: a bias, an activation, a gate and a residual.
