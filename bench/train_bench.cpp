@@ -17,7 +17,8 @@
 // bench/budget-curve sweeps budgets with it. An infeasible budget exits
 // with status 3 and a message naming the smallest feasible one.
 // --fuse / --no-fuse plan the step with or without merging elementwise
-// chains (PlanOptions::fuse, off by default), to measure what fusion saves.
+// chains and BatchNorm + ReLU (PlanOptions::fuse, on by default), to
+// measure what fusion saves.
 // --ab compiles the step twice, fused and unfused, and runs them step by
 // step alternately in one process (so machine noise hits both alike),
 // printing `AB {json}` with both medians and whether every loss was
