@@ -7,7 +7,7 @@
 //
 //   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
-//               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse]
+//               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse] [--ab]
 //               [--show-live]
 //
 // --budget runs the step within a device byte budget (bytes such as 48MiB,
@@ -18,7 +18,12 @@
 // bench/budget-curve sweeps budgets with it. An infeasible budget exits
 // with status 3 and a message naming the smallest feasible one.
 // --fuse / --no-fuse plan the step with or without merging elementwise
-// chains (PlanOptions::fuse, off by default), to measure what fusion saves.
+// chains and BatchNorm + ReLU (PlanOptions::fuse, on by default), to
+// measure what fusion saves.
+// --ab compiles the step twice, fused and unfused, and runs them step by
+// step alternately in one process (so machine noise hits both alike),
+// printing `AB {json}` with both medians and whether every loss was
+// bitwise the same.
 // --show-live prints to stderr the arena values live where the backward
 // starts and at the plan's peak, and every decision's reason: where the
 // memory goes, to compare with what the peer saves for its backward.
@@ -41,13 +46,54 @@
 
 using namespace frugal;
 
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
+// Fused and unfused steps of one workload, alternately in one process.
+int run_ab(const std::string& workload, int threads, int steps, int warmup, std::uint64_t seed) {
+  std::unique_ptr<bench::Workload> w[2];
+  for (int f = 0; f < 2; ++f) {
+    nn::manual_seed(seed);
+    w[f] = bench::make_workload(workload, threads);
+    w[f]->plan_options().plan.fuse = f == 0;
+    w[f]->compile(Budget{});
+  }
+  if (warmup < 0) warmup = w[0]->default_warmup;
+  if (steps < 0) steps = w[0]->default_steps;
+  std::vector<double> ms[2];
+  bool same = true;
+  for (int s = 0; s < warmup + steps; ++s) {
+    float loss[2];
+    for (int k = 0; k < 2; ++k) {
+      const int f = (s + k) % 2;  // which goes first alternates too
+      auto t0 = std::chrono::steady_clock::now();
+      loss[f] = w[f]->step();
+      if (s >= warmup) ms[f].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    same = same && std::memcmp(&loss[0], &loss[1], sizeof(float)) == 0;
+  }
+  const Plan &pf = w[0]->compiled().plan(), &pu = w[1]->compiled().plan();
+  std::printf("AB {\"workload\":\"%s\",\"threads\":%d,\"steps\":%d,\"ms_fused_median\":%.3f,\"ms_unfused_median\":%.3f,"
+              "\"fused_over_unfused\":%.3f,\"losses_bitwise_equal\":%s,\"fused_chains\":%d,\"fused_away_bytes\":%zu,"
+              "\"peak_fused\":%zu,\"peak_unfused\":%zu}\n",
+              workload.c_str(), threads, steps, median_of(ms[0]), median_of(ms[1]), median_of(ms[0]) / median_of(ms[1]),
+              same ? "true" : "false", pf.fused_chains, pf.fused_away_bytes, pf.peak_bytes, pu.peak_bytes);
+  return same ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string workload = "mlp";
   int threads = 2, steps = -1, warmup = -1;
   std::uint64_t seed = 0;
   std::string budget_arg;
   Budget budget;
-  bool audit = false, show_live = false, fuse = CompileOptions{}.plan.fuse;
+  bool audit = false, show_live = false, fuse = CompileOptions{}.plan.fuse, ab = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -66,12 +112,14 @@ int main(int argc, char** argv) {
     else if (a == "--show-live") show_live = true;
     else if (a == "--no-fuse") fuse = false;
     else if (a == "--fuse") fuse = true;
+    else if (a == "--ab") ab = true;
     else {
       std::fprintf(stderr, "train_bench: unknown argument '%s'\n", a.c_str());
       return 2;
     }
   }
   try {
+    if (ab) return run_ab(workload, threads, steps, warmup, seed);
     const double rss_start = double(peak_rss_bytes()) / (1 << 20);
     nn::manual_seed(seed);
     std::unique_ptr<bench::Workload> w = bench::make_workload(workload, threads);

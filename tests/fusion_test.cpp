@@ -13,6 +13,7 @@
 #include "../tools/model_zoo.hpp"
 #include "op_harness.hpp"
 #include "random_net.hpp"
+#include "reference_conv.hpp"
 
 using namespace frugal;
 
@@ -87,6 +88,47 @@ TEST_CASE("a fused chain computes the unfused bits in f32, f64, bf16 and f16", "
     CHECK(w0 == w1);
     CHECK(z0 == z1);
   }
+}
+
+TEST_CASE("the fused kernel equals the unfused kernels on every layout, in place or not", "[fusion]") {
+  // x + b, relu, * x, - b, tanh; outputs relu's and tanh's. Layouts: a
+  // long broadcast row (blocks cut at row ends, the row read in place),
+  // short rows (many per block, gathered), a column (stride 0 along the
+  // last axis), a rank-3 middle axis, and no broadcast at all; each stored
+  // beside the inputs, then over x (in place: stores wait for the block's
+  // last step).
+  ops::FusedProgram p;
+  p.inputs = 2;
+  p.steps = {{math::Add{}, {0, 1}}, {math::Relu{}, {2}}, {math::Mul{}, {3, 0}}, {math::Sub{}, {4, 1}}, {math::Tanh{}, {5}}};
+  p.outputs = {3, 6};
+  const ops::FusedElementwise fused(p);
+  auto backend = make_backend("cpu");
+  const std::vector<std::pair<Shape, Shape>> layouts{
+      {{5, 1300}, {1300}}, {{37, 20}, {20}}, {{6, 2100}, {6, 1}}, {{3, 5, 70}, {5, 1}}, {{3000}, {3000}}};
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    for (const auto& [xs, bs] : layouts)
+      for (bool in_place : {false, true}) {
+        INFO(dtype_name(dt) << " x " << xs.str() << " b " << bs.str() << (in_place ? " in place" : ""));
+        Tensor x = normal(xs, dt, 21), b = normal(bs, dt, 22);
+        // Unfused: each step's own kernel into its own tensor.
+        std::vector<Tensor> slot{x, b};
+        std::vector<Shape> shapes{xs, bs};
+        for (std::size_t s = 0; s < p.steps.size(); ++s) slot.emplace_back(xs, dt), shapes.push_back(xs);
+        auto ref = [&](std::size_t k) { return TensorRef{slot[k].raw(), dt, &shapes[k]}; };
+        for (std::size_t s = 0; s < p.steps.size(); ++s) {
+          auto op = ops::unfused_op(p.steps[s].fn);
+          std::vector<TensorRef> in, out{ref(std::size_t(p.inputs) + s)};
+          for (int k = 0; k < ops::arity_of(p.steps[s].fn); ++k) in.push_back(ref(std::size_t(p.steps[s].args[std::size_t(k)])));
+          backend->kernel_for(*op)(*op, KernelArgs{in, out});
+        }
+        Tensor xc(xs, dt), o0(xs, dt), o1(xs, dt);
+        std::memcpy(xc.raw(), x.raw(), x.nbytes());
+        std::vector<TensorRef> in{{xc.raw(), dt, &shapes[0]}, {b.raw(), dt, &shapes[1]}};
+        std::vector<TensorRef> out{{o0.raw(), dt, &shapes[0]}, {in_place ? xc.raw() : o1.raw(), dt, &shapes[0]}};
+        backend->kernel_for(fused)(fused, KernelArgs{in, out});
+        CHECK(bytes_of(o0) == bytes_of(slot[3]));
+        CHECK(bytes_of(in_place ? xc : o1) == bytes_of(slot[6]));
+      }
 }
 
 TEST_CASE("the fused op's gradients match float64 finite differences", "[fusion][ops]") {
@@ -301,4 +343,131 @@ TEST_CASE("the budget test's random graphs train bit for bit fused and unfused",
     }
   }
   CHECK(chains > 20);  // the property was exercised
+}
+
+// ---- BatchNorm + ReLU -------------------------------------------------------
+
+namespace {
+
+int bn_relu_nodes_in(const Graph& g, const Plan& p) {
+  int n = 0;
+  for (NodeId id : p.schedule) {
+    const std::string name = g.node(id).op->name();
+    n += name == "batch_norm2d_relu" || name == "batch_norm2d_eval_relu";
+  }
+  return n;
+}
+
+zoo::Config small_resnet(DType dt) {
+  zoo::Config c;
+  c.family = "resnet";
+  c.layers = 1;
+  c.width = 4;
+  c.image = 8;
+  c.batch = 3;
+  c.classes = 5;
+  c.dtype = dt;
+  c.optimizer = "sgd";
+  return c;
+}
+
+struct TrainedResnet {
+  std::vector<float> losses;
+  std::vector<std::vector<char>> state;  // parameters, then running statistics
+  Plan plan;
+  int bn_relu = 0;
+};
+
+TrainedResnet train_resnet(DType dt, bool fuse, Budget budget = {}) {
+  nn::manual_seed(9);
+  zoo::Workload w = zoo::make(small_resnet(dt));
+  Step step = zoo::compile(w, budget, fusing(fuse));
+  TrainedResnet t;
+  t.plan = step.plan();
+  t.bn_relu = bn_relu_nodes_in(step.graph(), step.plan());
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    auto batch = w.batch(100 + s);
+    t.losses.push_back(step.run(batch[0], batch[1]));
+  }
+  for (auto& p : w.model->parameters()) t.state.push_back(bytes_of(p));
+  for (auto& b : w.model->buffers()) t.state.push_back(bytes_of(b));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("BatchNorm with a ReLU epilogue: forward and gradients against float64", "[fusion][bn]") {
+  using namespace optest;
+  // The op itself (what fuse_batch_norm_relu makes), in training and eval
+  // mode, against the reference normalisation followed by relu.
+  check_op(Case{"batch_norm2d_relu [2,3,4,4]",
+                {x({2, 3, 4, 4}), x({3}), x({3})},
+                [](const Vars& v) {
+                  return frugal::apply(std::make_shared<ops::BatchNorm2dTrain>(1e-5, true), {v[0], v[1], v[2]}).at(0);
+                },
+                [](const Arrays& a) { return ref::relu(ref::batch_norm_train(a[0], a[1], a[2])); }, 4});
+  Tensor rm = Tensor::from(std::vector<double>{0.25, -0.5, 0.125}, Shape{3});
+  Tensor rv = Tensor::from(std::vector<double>{0.5, 1.5, 2.0}, Shape{3});
+  Tensor rm32 = Tensor::from(std::vector<float>{0.25f, -0.5f, 0.125f}, Shape{3});
+  Tensor rv32 = Tensor::from(std::vector<float>{0.5f, 1.5f, 2.0f}, Shape{3});
+  ref::Array rma{{3}, {0.25, -0.5, 0.125}}, rva{{3}, {0.5, 1.5, 2.0}};
+  check_op(Case{"batch_norm2d_eval_relu [2,3,3,4]",
+                {x({2, 3, 3, 4}), x({3}), x({3})},
+                [&](const Vars& v) {
+                  bool f64 = v[0].dtype() == DType::f64;
+                  Var m = persistent_var(f64 ? rm : rm32, ValueKind::state, "running_mean");
+                  Var s = persistent_var(f64 ? rv : rv32, ValueKind::state, "running_var");
+                  return frugal::apply(std::make_shared<ops::BatchNorm2dEval>(1e-5, true), {v[0], v[1], v[2], m, s}).at(0);
+                },
+                [&](const Arrays& a) { return ref::relu(ref::batch_norm_eval(a[0], a[1], a[2], rma, rva)); }});
+}
+
+// f32 only: the zoo's ResNet makes f32 parameters (the op test above covers f64).
+TEST_CASE("a ResNet trains bit for bit with BatchNorm + ReLU merged and residual chains fused", "[fusion][bn]") {
+  for (DType dt : {DType::f32}) {
+    INFO("dtype " << dtype_name(dt));
+    TrainedResnet plain = train_resnet(dt, false), fused = train_resnet(dt, true);
+    CHECK(plain.bn_relu == 0);
+    // Every BasicBlock's bn1 + relu (and the stem's) merged; its residual
+    // add + relu fused as a chain.
+    CHECK(fused.bn_relu >= 4);
+    CHECK(fused.plan.fused_chains > fused.bn_relu);
+    CHECK(fused.losses == plain.losses);
+    CHECK(fused.state == plain.state);  // parameters and running statistics
+    TrainedResnet tight = train_resnet(dt, true, Budget{.device = fused.plan.total_bytes() * 7 / 10});
+    CHECK(tight.plan.total_bytes() <= fused.plan.total_bytes() * 7 / 10);
+    CHECK(tight.losses == plain.losses);
+    CHECK(tight.state == plain.state);
+  }
+}
+
+TEST_CASE("a ResNet in eval mode infers bit for bit with BatchNorm + ReLU merged", "[fusion][bn]") {
+  for (DType dt : {DType::f32}) {
+    INFO("dtype " << dtype_name(dt));
+    auto infer = [&](bool fuse) {
+      nn::manual_seed(9);
+      zoo::Workload w = zoo::make(small_resnet(dt));
+      w.model->eval();
+      auto* net = dynamic_cast<nn::ResNet<nn::BasicBlock>*>(w.model.get());
+      REQUIRE(net);
+      // Running statistics away from 0 and 1, so eval differs from a fresh net.
+      Rng r(4);
+      for (auto& b : w.model->buffers())
+        if (b.dtype() == dt && b.numel() > 1)
+          for (std::int64_t i = 0; i < b.numel(); ++i) {
+            double v = 0.5 + r.uniform();
+            if (dt == DType::f64) b.data<double>()[i] = v;
+            else b.data<float>()[i] = float(v);
+          }
+      auto batch = w.batch(7);
+      Step s = compile_inference([&](Var x) { return net->forward(x); }, {w.inputs[0]}, {}, fusing(fuse));
+      s.run(batch[0]);
+      return std::pair{bytes_of(s.output(0)), bn_relu_nodes_in(s.graph(), s.plan())};
+    };
+    auto [plain, n0] = infer(false);
+    auto [fused, n1] = infer(true);
+    CHECK(n0 == 0);
+    CHECK(n1 >= 4);
+    CHECK(plain == fused);
+  }
 }

@@ -5,7 +5,7 @@
 //   frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N]
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
-//               [--no-inplace] [--fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
+//               [--no-inplace] [--no-fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
 //               [--profile FILE] [--svg FILE] [--json]
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
@@ -27,7 +27,7 @@ using namespace frugal;
   std::cerr << "frugal-plan: " << why
             << "\nusage: frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
-               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--fuse]\n"
+               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
                "                   [--svg FILE] [--json]\n";
   std::exit(2);
@@ -74,7 +74,8 @@ int main(int argc, char** argv) try {
       else usage("--dtype takes f32 or f64");
     } else if (k == "--no-reorder") o.plan.reorder = false;
     else if (k == "--no-inplace") o.plan.inplace = false;
-    else if (k == "--fuse") o.plan.fuse = true;  // merge elementwise chains (PlanOptions::fuse)
+    else if (k == "--fuse") o.plan.fuse = true;  // merge elementwise chains (PlanOptions::fuse, the default)
+    else if (k == "--no-fuse") o.plan.fuse = false;
     else if (k == "--budget") budget_arg = val();
     else if (k == "--host") budget.host = parse_bytes(val());
     else if (k == "--nvme-dir") budget.nvme_dir = val();

@@ -10,6 +10,7 @@
 // recomputing the forward never updates the statistics twice.
 // Eval mode normalises with the running statistics: a pure op.
 #include "checks.hpp"
+#include "unary.hpp"
 
 namespace frugal::ops {
 
@@ -57,14 +58,23 @@ class BatchNorm2dBackward final : public Op {
   bool training_;
 };
 
+// The gradient through a ReLU epilogue, y = relu(v): relu_grad reads only
+// y, so dv = relu_grad(y, dy) needs no v.
+inline Var relu_epilogue_grad(Var y, Var dy) { return apply1<UnaryGrad<math::Relu>>({dy, y, dy}); }
+
 // Inputs (x, gamma, beta) -> (y, mean, var), per channel, biased variance:
 // y = (x - mean) / sqrt(var + eps) * gamma + beta.
+// With `relu`, y = relu(that): the fusion pass (ops/fusion.hpp) merges a
+// ReLU that alone reads the normalised values, so they are never stored
+// (the same bits: the kernel applies math::Relu to what it would have
+// stored).
 class BatchNorm2dTrain final : public Op {
  public:
   ~BatchNorm2dTrain() override;
-  explicit BatchNorm2dTrain(double eps) : eps_(eps) {}
+  explicit BatchNorm2dTrain(double eps, bool relu = false) : eps_(eps), relu_(relu) {}
   double eps() const { return eps_; }
-  std::string name() const override { return "batch_norm2d"; }
+  bool relu() const { return relu_; }
+  std::string name() const override { return relu_ ? "batch_norm2d_relu" : "batch_norm2d"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 3);
     static constexpr const char* names[] = {"weight", "bias"};
@@ -78,8 +88,9 @@ class BatchNorm2dTrain final : public Op {
       fail("batch_norm2d: the batch mean and variance it outputs are statistics, not differentiable outputs; "
            "the loss must not depend on them");
     if (!a.grad_outputs[0]) return {std::nullopt, std::nullopt, std::nullopt};
+    Var dy = relu_ ? relu_epilogue_grad(a.outputs[0], *a.grad_outputs[0]) : *a.grad_outputs[0];
     auto g = frugal::apply(std::make_shared<BatchNorm2dBackward>(eps_, true),
-                           {a.inputs[0], *a.grad_outputs[0], a.inputs[1], a.outputs[1], a.outputs[2]});
+                           {a.inputs[0], dy, a.inputs[1], a.outputs[1], a.outputs[2]});
     return {g[0], g[1], g[2]};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
@@ -88,16 +99,19 @@ class BatchNorm2dTrain final : public Op {
 
  private:
   double eps_;
+  bool relu_;
 };
 
 // Inputs (x, gamma, beta, running_mean, running_var) -> y, normalised with
-// the running statistics.
+// the running statistics (a per-channel affine map). With `relu`, y is
+// relu(that), as in BatchNorm2dTrain.
 class BatchNorm2dEval final : public Op {
  public:
   ~BatchNorm2dEval() override;
-  explicit BatchNorm2dEval(double eps) : eps_(eps) {}
+  explicit BatchNorm2dEval(double eps, bool relu = false) : eps_(eps), relu_(relu) {}
   double eps() const { return eps_; }
-  std::string name() const override { return "batch_norm2d_eval"; }
+  bool relu() const { return relu_; }
+  std::string name() const override { return relu_ ? "batch_norm2d_eval_relu" : "batch_norm2d_eval"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 5);
     static constexpr const char* names[] = {"weight", "bias", "running_mean", "running_var"};
@@ -106,8 +120,9 @@ class BatchNorm2dEval final : public Op {
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     if (!a.grad_outputs[0]) return {std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+    Var dy = relu_ ? relu_epilogue_grad(a.outputs[0], *a.grad_outputs[0]) : *a.grad_outputs[0];
     auto g = frugal::apply(std::make_shared<BatchNorm2dBackward>(eps_, false),
-                           {a.inputs[0], *a.grad_outputs[0], a.inputs[1], a.inputs[3], a.inputs[4]});
+                           {a.inputs[0], dy, a.inputs[1], a.inputs[3], a.inputs[4]});
     // The running statistics are buffers, not trained: no gradient.
     return {g[0], g[1], g[2], std::nullopt, std::nullopt};
   }
@@ -117,6 +132,7 @@ class BatchNorm2dEval final : public Op {
 
  private:
   double eps_;
+  bool relu_;
 };
 
 // Inputs (running_mean, running_var, batch_mean, batch_var[, num_batches_tracked]);

@@ -19,6 +19,7 @@
 //   rounds its output, so the fused step computes the unfused bits.
 #include <algorithm>
 
+#include "batch_norm.hpp"
 #include "fused_elementwise.hpp"
 
 namespace frugal::ops {
@@ -67,6 +68,65 @@ std::optional<FusedFn> match_any(const Op& op, std::index_sequence<I...>) {
 // of the elementwise ops a program can express.
 inline std::optional<FusedFn> fusible_fn(const Op& op) {
   return detail_fusion::match_any(op, std::make_index_sequence<std::variant_size_v<FusedFn>>{});
+}
+
+// BatchNorm + ReLU as one node: a BatchNorm2d (training or eval) whose
+// normalised output only a ReLU reads becomes the same op with a ReLU
+// epilogue (BatchNorm2dTrain/Eval's `relu`), so the normalised values are
+// never stored and the activation takes one pass over memory instead of
+// two. The backward is untouched: relu_grad reads the ReLU's output, which
+// the merged node now makes, and the batch norm backward never read the
+// normalised values. The merged node takes the batch norm's place (the
+// running-statistics update, captured between the two, reads its batch
+// statistics); the ReLU node is left dead, reading the merged output and
+// producing the old normalised value, so every value keeps one producer.
+inline void fuse_batch_norm_relu(Graph& g, std::span<const ValueId> roots, FusionReport& report) {
+  const NodeId N = NodeId(g.num_nodes());
+  const std::vector<bool> live = g.live_nodes(roots);
+  std::vector<int> readers(g.num_values(), 0);
+  for (NodeId n = 0; n < N; ++n)
+    if (live[std::size_t(n)])
+      for (ValueId v : g.node(n).inputs) ++readers[std::size_t(v)];
+  for (ValueId r : roots) ++readers[std::size_t(r)];
+  std::vector<NodeId> merged_into(static_cast<std::size_t>(N), -1);
+  for (NodeId r = 0; r < N; ++r) {
+    if (!live[std::size_t(r)]) continue;
+    const Node& relu = g.node(r);
+    if (!dynamic_cast<const Unary<math::Relu>*>(relu.op.get()) || relu.inputs.size() != 1 || !relu.after.empty())
+      continue;
+    const ValueId v = relu.inputs[0];
+    const NodeId b = g.value(v).producer;
+    if (b < 0 || !live[std::size_t(b)] || readers[std::size_t(v)] != 1) continue;
+    const Node& bn = g.node(b);
+    if (bn.phase != relu.phase || bn.has_workspace || bn.outputs.empty() || bn.outputs[0] != v) continue;
+    std::shared_ptr<const Op> op;
+    if (auto* t = dynamic_cast<const BatchNorm2dTrain*>(bn.op.get()); t && !t->relu())
+      op = std::make_shared<BatchNorm2dTrain>(t->eps(), true);
+    else if (auto* e = dynamic_cast<const BatchNorm2dEval*>(bn.op.get()); e && !e->relu())
+      op = std::make_shared<BatchNorm2dEval>(e->eps(), true);
+    if (!op) continue;
+    const ValueId y = relu.outputs[0];
+    std::vector<ValueId> outs = bn.outputs;
+    outs[0] = y;
+    std::vector<ValueId> ins = bn.inputs;
+    std::vector<NodeId> after = bn.after;
+    std::shared_ptr<const Op> relu_op = relu.op;
+    g.replace_node(b, op, std::move(ins), std::move(outs), std::move(after));
+    g.replace_node(r, relu_op, {y}, {v}, {});
+    merged_into[std::size_t(r)] = b;
+    ++report.chains;
+    report.nodes_fused += 2;
+    ++report.values_removed;
+    report.bytes_removed += g.value(v).meta.nbytes();
+  }
+  // Ordering edges to a merged ReLU now point at the node that does its work.
+  for (NodeId n = 0; n < N; ++n) {
+    std::vector<NodeId> after = g.node(n).after;
+    bool changed = false;
+    for (NodeId& a : after)
+      if (a >= 0 && a < N && merged_into[std::size_t(a)] >= 0) a = merged_into[std::size_t(a)], changed = true;
+    if (changed) g.set_after(n, std::move(after));
+  }
 }
 
 inline FusionReport fuse_elementwise(Graph& g, std::span<const ValueId> roots) {

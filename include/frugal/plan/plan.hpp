@@ -16,13 +16,13 @@ namespace frugal {
 struct PlanOptions {
   bool reorder = true;  // run optimizer updates as soon as their gradient is complete
   bool inplace = true;  // let elementwise outputs take over inputs that die
-  // Merge chains of elementwise ops into one node before planning
-  // (ops/fusion.hpp): their intermediate values never exist. The fused
-  // step computes the unfused bits (tests/fusion_test.cpp). Off by default
-  // for now: on the four bench workloads it lowers no plan's peak, and the
-  // CPU's fused kernel is still slower than the unfused ones it replaces
-  // (bench/RESULTS.md, "Operator fusion").
-  bool fuse = false;
+  // Merge chains of elementwise ops, and BatchNorm + ReLU, into one node
+  // before planning (ops/fusion.hpp): their intermediate values never
+  // exist. The fused step computes the unfused bits (tests/fusion_test.cpp),
+  // and the CPU's fused kernel is faster than the unfused kernels it
+  // replaces (bench/RESULTS.md, "Operator fusion"), so it is on by default;
+  // false plans the graph as captured.
+  bool fuse = true;
 };
 
 struct Plan {
@@ -69,8 +69,9 @@ struct Plan {
   };
   std::vector<Decision> decisions;
   std::size_t budget_bytes = 0;        // the device budget it was solved for (0: none)
-  // Elementwise chains fused before planning (PlanOptions::fuse): fused
-  // nodes, and the bytes of the intermediate values that no longer exist.
+  // Fusion before planning (PlanOptions::fuse): fused nodes made (chains,
+  // and BatchNorm + ReLU merges), and the bytes of the intermediate values
+  // that no longer exist.
   int fused_chains = 0;
   std::size_t fused_away_bytes = 0;
   std::size_t min_feasible_bytes = 0;  // the least device budget this planner meets for the step; 0: not searched (the budget does not bind)

@@ -81,6 +81,19 @@ inline T inv_std(T var, double eps) {
   return T(1.0 / std::sqrt(double(var) + eps));
 }
 
+// y[q] = (x[q] - mean) * scale + shift over one row, then math::Relu with
+// a fused ReLU epilogue: the bits the unfused relu kernel makes of what
+// the normalisation would have stored.
+template <class T>
+inline void normalise_row(const T* __restrict x, T* __restrict y, std::int64_t n, T mean, T scale, T shift, bool relu) {
+  if (relu) {
+    const math::Relu f;
+    for (std::int64_t q = 0; q < n; ++q) y[q] = f((x[q] - mean) * scale + shift);
+  } else {
+    for (std::int64_t q = 0; q < n; ++q) y[q] = (x[q] - mean) * scale + shift;
+  }
+}
+
 }  // namespace bn_detail
 
 inline void batch_norm2d_train_kernel(const ops::BatchNorm2dTrain& op, const KernelArgs& a) {
@@ -100,11 +113,8 @@ inline void batch_norm2d_train_kernel(const ops::BatchNorm2dTrain& op, const Ker
         for (std::int64_t i = 0; i < d.n; ++i) ss += row_sq_dev(x + (i * d.c + c) * d.hw, d.hw, mean);
         const T var = T(ss * inv_count);
         const T scale = inv_std(var, eps) * gamma[c], shift = beta[c];
-        for (std::int64_t i = 0; i < d.n; ++i) {
-          const T* __restrict xr = x + (i * d.c + c) * d.hw;
-          T* __restrict yr = y + (i * d.c + c) * d.hw;
-          for (std::int64_t q = 0; q < d.hw; ++q) yr[q] = (xr[q] - mean) * scale + shift;
-        }
+        for (std::int64_t i = 0; i < d.n; ++i)
+          normalise_row(x + (i * d.c + c) * d.hw, y + (i * d.c + c) * d.hw, d.hw, mean, scale, shift, op.relu());
         mean_out[c] = mean;
         var_out[c] = var;
       }
@@ -124,9 +134,7 @@ inline void batch_norm2d_eval_kernel(const ops::BatchNorm2dEval& op, const Kerne
       for (std::int64_t row = b; row < e; ++row) {
         const std::int64_t c = row % d.c;
         const T mean = rm[c], scale = inv_std(rv[c], op.eps()) * gamma[c], shift = beta[c];
-        const T* __restrict xr = x + row * d.hw;
-        T* __restrict yr = y + row * d.hw;
-        for (std::int64_t q = 0; q < d.hw; ++q) yr[q] = (xr[q] - mean) * scale + shift;
+        normalise_row(x + row * d.hw, y + row * d.hw, d.hw, mean, scale, shift, op.relu());
       }
     });
   });

@@ -207,11 +207,19 @@ Prepared prepare_inference(std::shared_ptr<Backend> backend, Captured c, const C
   return {std::move(backend), std::move(c), outs, nullptr, kNoValue, outs, {}, {}};
 }
 
-// Fuses the prepared graph's elementwise chains (PlanOptions::fuse) before
-// anything plans it, so re-plans start from the fused graph too.
+// Fuses the prepared graph (PlanOptions::fuse) before anything plans it,
+// so re-plans start from the fused graph too: BatchNorm + ReLU first (a
+// ReLU it takes cannot also start a chain), then elementwise chains.
 static ops::FusionReport fuse_prepared(Prepared& p, const CompileOptions& o) {
   if (!o.plan.fuse) return {};
-  return ops::fuse_elementwise(*p.c.graph, p.roots);
+  ops::FusionReport bn;
+  ops::fuse_batch_norm_relu(*p.c.graph, p.roots, bn);
+  ops::FusionReport r = ops::fuse_elementwise(*p.c.graph, p.roots);
+  r.chains += bn.chains;
+  r.nodes_fused += bn.nodes_fused;
+  r.values_removed += bn.values_removed;
+  r.bytes_removed += bn.bytes_removed;
+  return r;
 }
 static void note_fusion(Plan& plan, const ops::FusionReport& r) {
   plan.fused_chains = r.chains;
