@@ -4,6 +4,12 @@
 // (plan/budget_greedy.hpp) and exactly by GLPK (plan/budget_exact.hpp).
 //
 //   budget_gap [--positions 10,20,30,40] [--seeds N] [--levels N] [--time-limit S] [--stray-bytes N]
+//   budget_gap --real [--exact-all] [--time-limit S] [--bound-nodes N] [--bound-rounds N] [--only NAME]
+//
+// --real runs compile's least-memory search on real captured steps against
+// the row-generation lower bound (plan::least_memory_row_bound; --bound-nodes
+// and --bound-rounds set its GLPK effort, 2000 nodes and 12 rounds by
+// default), --only on the steps whose name contains NAME.
 //
 // --stray-bytes adds up to N odd bytes to every activation, so that no row's
 // bytes share a large common step (which makes GLPK's work harder).
@@ -257,7 +263,12 @@ struct RealStep {
   std::size_t host = 0;
 };
 
-void real_rows(double time_limit_s, bool exact_all) {
+struct BoundEffort {
+  int nodes = 2000, rounds = 12;
+  std::string only;  // run the real steps whose name contains this
+};
+
+void real_rows(double time_limit_s, bool exact_all, const BoundEffort& effort) {
   std::vector<RealStep> steps{
       {"mlp 2x32 (a 36-op step)", {.family = "mlp", .batch = 16, .layers = 1, .width = 32, .features = 16}},
       {"mlp 2x256", {.family = "mlp", .batch = 64, .layers = 2, .width = 256, .features = 128}},
@@ -275,6 +286,7 @@ void real_rows(double time_limit_s, bool exact_all) {
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<double> ratios;
   for (const RealStep& rs : steps) {
+    if (!effort.only.empty() && rs.name.find(effort.only) == std::string::npos) continue;
     zoo::Workload w = zoo::make(rs.cfg);
     PlannedStep ps = zoo::plan(w);
     auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 2));
@@ -291,7 +303,7 @@ void real_rows(double time_limit_s, bool exact_all) {
     // row-generation bound (integer, some positions' rows at a time).
     const auto b0 = std::chrono::steady_clock::now();
     bool row_exact = false;
-    const std::int64_t bound = plan::least_memory_row_bound(view.problem, 2000, 12, &row_exact);
+    const std::int64_t bound = plan::least_memory_row_bound(view.problem, effort.nodes, effort.rounds, &row_exact);
     const double bound_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
     std::string exact = row_exact ? cat(bound, " (rows)") : "-";
     if (!row_exact && (exact_all || built.problem.positions <= plan::kExactPositions)) {
@@ -329,6 +341,7 @@ int main(int argc, char** argv) {
   int seeds = 2, levels = 6, stray_bytes = 0;
   double time_limit_s = 20;
   bool real = false, exact_all = false;
+  BoundEffort effort;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--real" || a == "--exact-all") {
@@ -345,8 +358,11 @@ int main(int argc, char** argv) {
     else if (a == "--levels") levels = std::stoi(argv[i + 1]);
     else if (a == "--time-limit") time_limit_s = std::stod(argv[i + 1]);
     else if (a == "--stray-bytes") stray_bytes = std::stoi(argv[i + 1]);
+    else if (a == "--bound-nodes") effort.nodes = std::stoi(argv[i + 1]);
+    else if (a == "--bound-rounds") effort.rounds = std::stoi(argv[i + 1]);
+    else if (a == "--only") effort.only = argv[i + 1];
     else {
-      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real [--exact-all] [--time-limit S], or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
+      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real [--exact-all] [--time-limit S] [--bound-nodes N] [--bound-rounds N] [--only NAME], or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
                    a.c_str());
       return 2;
     }
@@ -354,7 +370,7 @@ int main(int argc, char** argv) {
   if (!plan::kExactSolverHasGlpk)
     std::fprintf(stderr, "budget_gap: built without GLPK; the exact answers come from exhaustive search (install libglpk-dev)\n");
   if (real) {
-    real_rows(time_limit_s, exact_all);
+    real_rows(time_limit_s, exact_all, effort);
     return 0;
   }
   Summary sum;
