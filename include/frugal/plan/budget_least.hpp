@@ -502,7 +502,7 @@ inline std::int64_t least_memory_row_bound(const BudgetProblem& p, int node_limi
     }
     if (!has) break;
     const Evaluation e = evaluate(p, choice);
-    if (proved && e.requirements_met && e.device_peak <= bound) {  // fits every row: the exact least
+    if (proved && fits_target(p, e, e.device_peak) && e.device_peak <= bound) {  // fits every row, in exact bytes: the exact least
       if (exact) *exact = true;
       return std::max(bound, e.device_peak);
     }
