@@ -15,8 +15,9 @@
 //    and retry a few times (a greedy answer made cheaper by cheapen). Else
 //    take the least-memory plan with every eviction the budget does not
 //    need undone, dearest first, and the rest at their cheapest options
-//    that fit (budget_cheapen.hpp); else the least-memory plan itself. Prices choose among plans that fit; they
-//    never decide whether one exists.
+//    that fit (budget_cheapen.hpp); else the least-memory plan itself.
+//    Prices choose among plans that fit; they never decide whether one
+//    exists.
 #include <numeric>
 
 #include "budget_cheapen.hpp"
