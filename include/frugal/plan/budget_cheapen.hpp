@@ -29,17 +29,10 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
   if (!fits(now)) return make_solution(p, std::move(choice), bound);
   std::vector<std::pair<std::size_t, int>> undo;
   for (int round = 0; round < max_rounds; ++round) {
-    const Profiles pr = profiles(p, choice);
     // Repairs move a candidate to its option holding the fewest bytes where
     // the profile is highest, so they spend memory where there is room.
-    std::vector<int> high;
-    for (int t = 0; t < p.positions; ++t)
-      if (pr.device[std::size_t(t)] == now.device_peak) high.push_back(t);
-    auto at_high = [&](const Option& o) {
-      std::int64_t b = 0;
-      for (int t : high) b += bytes_at(o.device, t);
-      return b;
-    };
+    const PeakPositions peaks(profiles(p, choice).device, now.device_peak);
+    auto at_high = [&](const Option& o) { return peaks.bytes(o); };
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < C; ++i)
       if (p.candidates[i].options[std::size_t(choice[i])].cost_ms > 0) order.push_back(i);

@@ -38,6 +38,31 @@ inline std::int64_t bytes_at(const std::vector<MemEffect>& effects, int t) {
   return b;
 }
 
+// The positions where a device profile reaches `peak`, and what an option
+// holds there in all: the local searches move candidates by the bytes they
+// free at the peak, and repair requirements with the options that hold the
+// fewest bytes there.
+struct PeakPositions {
+  std::vector<int> at;
+  PeakPositions(const std::vector<std::int64_t>& device, std::int64_t peak) {
+    for (std::size_t t = 0; t < device.size(); ++t)
+      if (device[t] == peak) at.push_back(int(t));
+  }
+  std::int64_t bytes(const Option& o) const {
+    std::int64_t b = 0;
+    for (int t : at) b += bytes_at(o.device, t);
+    return b;
+  }
+};
+
+// Device bytes times positions an option adds (negative where it frees).
+inline std::int64_t device_area(const Option& o) {
+  std::int64_t a = 0;
+  for (auto& e : o.device)
+    if (!e.span.empty()) a += e.bytes * std::int64_t(e.span.last - e.span.first + 1);
+  return a;
+}
+
 // Whether adding `o` keeps a tier's profile within its limit (0: none).
 inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<MemEffect>& add, std::int64_t limit) {
   if (limit == 0 || add.empty()) return true;

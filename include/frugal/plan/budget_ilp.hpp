@@ -281,18 +281,34 @@ struct GlpkAnswer {
   int status = 0;  // glp_mip_status
   std::vector<int> choice;
   double objective = 0;  // ms, or bytes of peak in min-peak mode
+  // The least bound among the subproblems still open when the search last
+  // reported, in the objective's units (bytes in min-peak mode): a lower
+  // bound on the optimum when a limit stopped the search unproved.
+  double open_bound = 0;
+  bool open_bound_seen = false;
   bool has_solution() const {
     return ret == 0 || ret == GLP_ETMLIM || ret == GLP_ESTOP ? status == GLP_OPT || status == GLP_FEAS : false;
   }
   bool proved_infeasible() const { return ret == GLP_ENOPFS || (ret == 0 && status == GLP_NOFEAS); }
 };
 
-// Stops branch and cut once it has made `*limit` nodes: a bound on work
-// that, unlike a time limit, ends at the same node on every machine.
-inline void stop_after_nodes(glp_tree* tree, void* limit) {
+// Stops branch and cut once it has made `node_limit` nodes (when
+// positive): a bound on work that, unlike a time limit, ends at the same
+// node on every machine. Records the least open bound as it goes.
+struct SearchWatch {
+  int node_limit = 0;
+  double open_bound = 0;
+  bool seen = false;
+};
+inline void watch_search(glp_tree* tree, void* info) {
+  auto* w = static_cast<SearchWatch*>(info);
+  if (const int best = glp_ios_best_node(tree)) {
+    w->open_bound = glp_ios_node_bound(tree, best);
+    w->seen = true;
+  }
   int active = 0, current = 0, total = 0;
   glp_ios_tree_size(tree, &active, &current, &total);
-  if (total > *static_cast<const int*>(limit)) glp_ios_terminate(tree);
+  if (w->node_limit > 0 && total > w->node_limit) glp_ios_terminate(tree);
 }
 
 // The model as a GLPK problem (binary columns; the caller deletes it).
@@ -362,13 +378,14 @@ inline GlpkAnswer run_glpk(const BudgetProblem& p, const IlpModel& m, double sec
   parm.presolve = GLP_ON;
   parm.msg_lev = GLP_MSG_OFF;
   parm.tm_lim = int(std::clamp(seconds * 1000.0, 1.0, 2.0e9));
-  if (node_limit > 0) {
-    parm.cb_func = stop_after_nodes;
-    parm.cb_info = &node_limit;
-  }
+  SearchWatch watch{node_limit};
+  parm.cb_func = watch_search;
+  parm.cb_info = &watch;
   GlpkAnswer a;
   a.ret = glp_intopt(lp, &parm);
   a.status = glp_mip_status(lp);
+  a.open_bound = watch.open_bound * (m.min_peak ? m.peak_unit : 1.0);
+  a.open_bound_seen = watch.seen;
   if (a.has_solution()) {
     for (std::size_t i = 0; i < p.candidates.size(); ++i) {
       int best = 0;

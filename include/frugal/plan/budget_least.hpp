@@ -127,14 +127,9 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
     const Evaluation now = evaluate(p, s.choice);
     const Profiles pr = profiles(p, s.choice);
     const std::int64_t peak = now.device_peak;
-    std::vector<int> at_peak;
-    for (std::size_t t = 0; t < n; ++t)
-      if (pr.device[t] == peak) at_peak.push_back(int(t));
-    auto at_peak_bytes = [&](const Option& o) {
-      std::int64_t b = 0;
-      for (int t : at_peak) b += bytes_at(o.device, t);
-      return b;
-    };
+    const PeakPositions peaks(pr.device, peak);
+    const std::vector<int>& at_peak = peaks.at;
+    auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
     bool moved = false;
     for (std::size_t i = 0; i < C && !moved; ++i) {
       const int was = s.choice[i];
@@ -212,12 +207,7 @@ inline Solution transfer_start(const BudgetProblem& p) {
     return double(c.bytes) * double(c.wraps ? p.positions - (c.before - c.after) : c.after - c.before);
   };
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return weight(a) > weight(b); });
-  auto freed = [&](const Option& o) {
-    double f = 0;
-    for (auto& e : o.device)
-      if (!e.span.empty()) f -= double(e.bytes) * double(e.span.last - e.span.first + 1);
-    return f;
-  };
+  auto freed = [](const Option& o) { return -double(device_area(o)); };
   Solution s;
   s.choice.assign(C, 0);
   Profiles pr = profiles(p, s.choice);
@@ -254,12 +244,6 @@ inline Solution transfer_start(const BudgetProblem& p) {
 inline Solution checkpoint_start(const BudgetProblem& p) {
   const std::size_t C = p.candidates.size();
   const RequirementRepair repair(p);
-  auto area = [](const Option& o) {  // device bytes times positions: negative where it frees
-    std::int64_t a = 0;
-    for (auto& e : o.device)
-      if (!e.span.empty()) a += e.bytes * std::int64_t(e.span.last - e.span.first + 1);
-    return a;
-  };
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < C; ++i)
     if (!p.candidates[i].wraps && !p.candidates[i].segment_boundary) order.push_back(i);
@@ -278,7 +262,7 @@ inline Solution checkpoint_start(const BudgetProblem& p) {
     std::vector<int> trial = choice;
     trial[i] = latest;
     undo.clear();
-    if (repair.repair(trial, i, area, undo) && requirements_met(p, trial)) choice = std::move(trial);
+    if (repair.repair(trial, i, device_area, undo) && requirements_met(p, trial)) choice = std::move(trial);
   }
   return make_solution(p, std::move(choice), std::numeric_limits<std::int64_t>::max());
 }
@@ -295,15 +279,8 @@ inline Solution kick_least_memory(const BudgetProblem& p, Solution s, int max_ki
   int kicks = 0;
   for (bool better = true; better && kicks < max_kicks;) {
     better = false;
-    const Profiles pr = profiles(p, s.choice);
-    std::vector<int> at_peak;
-    for (int t = 0; t < p.positions; ++t)
-      if (pr.device[std::size_t(t)] == s.eval.device_peak) at_peak.push_back(t);
-    auto at_peak_bytes = [&](const Option& o) {
-      std::int64_t b = 0;
-      for (int t : at_peak) b += bytes_at(o.device, t);
-      return b;
-    };
+    const PeakPositions peaks(profiles(p, s.choice).device, s.eval.device_peak);
+    auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
     for (std::size_t i = 0; i < p.candidates.size() && kicks < max_kicks && !better; ++i) {
       if (s.choice[i] == 0) continue;
       std::vector<int> trial = s.choice;
@@ -364,8 +341,9 @@ inline Solution least_memory(const BudgetProblem& view) {
 //   (budget_ilp.hpp), which keeps the limits and requirements but lets a
 //   candidate take fractions of options.
 // For checking the search (tests, bench/budget_gap); compile does not run it.
-inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
-  std::int64_t bound = 0;
+// At each position, its base bytes plus, for every candidate, the fewest
+// bytes any of its options holds there (each position as if it alone chose).
+inline std::vector<std::int64_t> least_bytes_by_position(const BudgetProblem& p) {
   const std::size_t n = std::size_t(std::max(p.positions, 0));
   std::vector<std::int64_t> least(p.base.begin(), p.base.end());
   for (const Candidate& c : p.candidates) {
@@ -376,7 +354,12 @@ inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
     }
     for (std::size_t t = 0; t < n; ++t) least[t] += fewest[t];
   }
-  for (std::int64_t b : least) bound = std::max(bound, b);
+  return least;
+}
+
+inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
+  std::int64_t bound = 0;
+  for (std::int64_t b : least_bytes_by_position(p)) bound = std::max(bound, b);
 #ifdef FRUGAL_HAVE_GLPK
   if (!p.candidates.empty()) {
     detail::IlpModel m = detail::build_ilp(p, 0, true);
@@ -388,31 +371,6 @@ inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
 #endif
   return bound;
 }
-
-#ifdef FRUGAL_HAVE_GLPK
-namespace detail {
-
-// Stops branch and cut after `node_limit` nodes like stop_after_nodes, and
-// records the least bound among the subproblems still open: a lower bound
-// on the optimum whenever the search ends unproved.
-struct BoundWatch {
-  int node_limit = 0;
-  double open_bound = -std::numeric_limits<double>::infinity();
-  bool seen = false;
-};
-inline void watch_bound(glp_tree* tree, void* info) {
-  auto* w = static_cast<BoundWatch*>(info);
-  if (const int best = glp_ios_best_node(tree)) {
-    w->open_bound = glp_ios_node_bound(tree, best);
-    w->seen = true;
-  }
-  int active = 0, current = 0, total = 0;
-  glp_ios_tree_size(tree, &active, &current, &total);
-  if (w->node_limit > 0 && total > w->node_limit) glp_ios_terminate(tree);
-}
-
-}  // namespace detail
-#endif
 
 // A tighter lower bound on the least device peak, by row generation: the
 // least-peak integer program with the device rows of only some positions is
@@ -450,63 +408,30 @@ inline std::int64_t least_memory_row_bound(const BudgetProblem& p, int node_limi
     }
     return added;
   };
-  {
-    const Profiles start = profiles(p, least_memory_heuristic(p).choice);
-    add_top(start.device, 4);
-    std::vector<std::int64_t> floor(std::size_t(p.positions), 0);  // base plus each candidate's fewest bytes
-    for (int t = 0; t < p.positions; ++t) floor[std::size_t(t)] = p.base[std::size_t(t)];
-    for (const Candidate& c : p.candidates)
-      for (int t = 0; t < p.positions; ++t) {
-        std::int64_t fewest = std::numeric_limits<std::int64_t>::max();
-        for (const Option& o : c.options) fewest = std::min(fewest, bytes_at(o.device, t));
-        floor[std::size_t(t)] += fewest;
-      }
-    add_top(floor, 4);
-  }
+  add_top(profiles(p, least_memory_heuristic(p).choice).device, 4);
+  add_top(least_bytes_by_position(p), 4);
   for (int round = 0; round < rounds; ++round) {
     detail::IlpModel m = full;
     m.rows.clear();
     for (std::size_t k : other_rows) m.rows.push_back(full.rows[k]);
     for (std::size_t k : device_rows)
       if (in[k]) m.rows.push_back(full.rows[k]);
-    glp_prob* lp = detail::glpk_problem(m);
-    glp_iocp parm;
-    glp_init_iocp(&parm);
-    parm.presolve = GLP_ON;
-    parm.msg_lev = GLP_MSG_OFF;
-    detail::BoundWatch watch{node_limit};
-    parm.cb_func = detail::watch_bound;
-    parm.cb_info = &watch;
-    const int ret = glp_intopt(lp, &parm);
-    const int status = glp_mip_status(lp);
-    const bool proved = ret == 0 && status == GLP_OPT;
-    const bool has = (ret == 0 || ret == GLP_ESTOP) && (status == GLP_OPT || status == GLP_FEAS);
-    double lb = proved ? glp_mip_obj_val(lp) : watch.seen ? watch.open_bound : -1;
-    if (!proved && has) lb = std::min(lb, glp_mip_obj_val(lp));
-    std::vector<int> choice;
-    if (has)
-      for (std::size_t i = 0; i < p.candidates.size(); ++i) {
-        int best = 0;
-        double best_x = -1;
-        for (std::size_t j = 0; j < p.candidates[i].options.size(); ++j) {
-          const double x = glp_mip_col_val(lp, m.first_col[i] + int(j));
-          if (x > best_x) best_x = x, best = int(j);
-        }
-        choice.push_back(best);
-      }
-    glp_delete_prob(lp);
-    if (lb > 0) {
-      // Rows are in units of m.peak_unit; GLPK's tolerance is a hair of that.
-      const double bytes = lb * m.peak_unit;
-      bound = std::max(bound, std::int64_t(std::ceil(bytes - 1e-6 * std::abs(bytes))));
-    }
+    // No time limit: the node limit ends a run, the same on every machine.
+    const detail::GlpkAnswer a = detail::run_glpk(p, m, 1e9, node_limit);
+    const bool proved = a.ret == 0 && a.status == GLP_OPT;
+    const bool has = a.has_solution();
+    // In bytes: a proved optimum, else the least bound still open (never
+    // above an answer found).
+    double lb = proved ? a.objective : a.open_bound_seen ? a.open_bound : -1;
+    if (!proved && has) lb = std::min(lb, a.objective);
+    if (lb > 0) bound = std::max(bound, std::int64_t(std::ceil(lb - 1e-6 * std::abs(lb))));  // GLPK's tolerance
     if (!has) break;
-    const Evaluation e = evaluate(p, choice);
+    const Evaluation e = evaluate(p, a.choice);
     if (proved && fits_target(p, e, e.device_peak) && e.device_peak <= bound) {  // fits every row, in exact bytes: the exact least
       if (exact) *exact = true;
       return std::max(bound, e.device_peak);
     }
-    if (add_top(profiles(p, choice).device, 4) == 0) break;
+    if (add_top(profiles(p, a.choice).device, 4) == 0) break;
   }
 #else
   (void)node_limit, (void)rounds;
