@@ -198,29 +198,24 @@ int main(int argc, char** argv) {
     // forward values still live where the backward starts. This is what
     // the peer's activation_mib counts (tensors autograd saves; with
     // torch.utils.checkpoint, the segment boundaries), so the two compare.
+    const Graph& g = w->compiled().graph();
+    int first_backward = -1;
+    for (int t = 0; t < int(p.schedule.size()) && first_backward < 0; ++t)
+      if (g.node(p.schedule[std::size_t(t)]).phase == Phase::backward) first_backward = t;
     std::size_t saved_activation_bytes = 0;
-    {
-      const Graph& g = w->compiled().graph();
-      int first_backward = -1;
-      for (int t = 0; t < int(p.schedule.size()) && first_backward < 0; ++t)
-        if (g.node(p.schedule[std::size_t(t)]).phase == Phase::backward) first_backward = t;
-      for (const auto& iv : p.intervals) {
-        const Value& v = g.value(iv.value);
-        if (first_backward < 0 || v.kind != ValueKind::activation || v.producer < 0) continue;
-        if (g.node(v.producer).phase == Phase::forward && iv.first < first_backward && first_backward <= iv.last)
-          saved_activation_bytes += iv.bytes;
-      }
+    for (const auto& iv : p.intervals) {
+      const Value& v = g.value(iv.value);
+      if (first_backward < 0 || v.kind != ValueKind::activation || v.producer < 0) continue;
+      if (g.node(v.producer).phase == Phase::forward && iv.first < first_backward && first_backward <= iv.last)
+        saved_activation_bytes += iv.bytes;
     }
     audit_json += cat(",\"saved_activation_bytes\":", saved_activation_bytes);
     if (show_live) {
-      const Graph& g = w->compiled().graph();
-      int fb = -1;
-      for (int t = 0; t < int(p.schedule.size()) && fb < 0; ++t)
-        if (g.node(p.schedule[std::size_t(t)]).phase == Phase::backward) fb = t;
-      for (int at : {fb, p.peak_position}) {
+      for (int at : {first_backward, p.peak_position}) {
         if (at < 0) continue;
         std::fprintf(stderr, "live at position %d (%s%s): bytes [first, last] value\n", at,
-                     g.node(p.schedule[std::size_t(at)]).op->name().c_str(), at == fb ? ", the backward's start" : ", the peak");
+                     g.node(p.schedule[std::size_t(at)]).op->name().c_str(),
+                     at == first_backward ? ", the backward's start" : ", the peak");
         for (const auto& iv : p.intervals)
           if (iv.first <= at && at <= iv.last)
             std::fprintf(stderr, "  %9zu [%d,%d] %s\n", iv.bytes, iv.first, iv.last, plan::describe_value(g, iv.value).c_str());
