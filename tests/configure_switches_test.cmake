@@ -13,27 +13,24 @@ function(run)
   endif()
   set(run_output "${out}${err}" PARENT_SCOPE)
 endfunction()
-function(cache_value build key var)
+# Fails unless the cache of `build` has `key` off (or unset), saying `why`.
+function(expect_off build key why)
   file(STRINGS ${build}/CMakeCache.txt line REGEX "^${key}:")
   string(REGEX REPLACE "^[^=]*=" "" value "${line}")
-  set(${var} "${value}" PARENT_SCOPE)
+  if(value)
+    message(FATAL_ERROR "${why}: ${key}=${value}")
+  endif()
 endfunction()
 
 # 1. BUILD_TESTING=OFF, nothing else said.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/no-testing -DBUILD_TESTING=OFF -DFRUGAL_BUILD_SAMPLES=OFF
     -DFRUGAL_BUILD_TOOLS=OFF -DFRUGAL_BUILD_BENCH=OFF)
-cache_value(${WORK_DIR}/no-testing FRUGAL_BUILD_TESTS tests)
-if(tests)
-  message(FATAL_ERROR "-DBUILD_TESTING=OFF left FRUGAL_BUILD_TESTS=${tests}")
-endif()
+expect_off(${WORK_DIR}/no-testing FRUGAL_BUILD_TESTS "-DBUILD_TESTING=OFF left the tests on")
 
 # 2. Every switch off: no CUDA, no nvcc looked for.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/all-off -DFRUGAL_BUILD_TESTS=OFF -DFRUGAL_BUILD_SAMPLES=OFF
     -DFRUGAL_BUILD_TOOLS=OFF -DFRUGAL_BUILD_BENCH=OFF)
-cache_value(${WORK_DIR}/all-off FRUGAL_WITH_CUDA cuda)
-if(cuda)
-  message(FATAL_ERROR "with every FRUGAL_BUILD_* switch off, FRUGAL_WITH_CUDA=${cuda}")
-endif()
+expect_off(${WORK_DIR}/all-off FRUGAL_WITH_CUDA "with every FRUGAL_BUILD_* switch off, CUDA is on")
 # check_language(CUDA) says "Looking for a CUDA compiler"; enable_language
 # leaves a CMakeCUDACompiler.cmake.
 file(GLOB_RECURSE cuda_files ${WORK_DIR}/all-off/CMakeFiles/*CUDA*)
