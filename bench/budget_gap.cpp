@@ -5,11 +5,18 @@
 //
 //   budget_gap [--positions 10,20,30,40] [--seeds N] [--levels N] [--time-limit S] [--stray-bytes N]
 //   budget_gap --real [--exact-all] [--time-limit S] [--bound-nodes N] [--bound-rounds N] [--only NAME]
+//                     [--write-mps DIR]
 //
 // --real runs compile's least-memory search on real captured steps against
 // the row-generation lower bound (plan::least_memory_row_bound; --bound-nodes
 // and --bound-rounds set its GLPK effort, 2000 nodes and 12 rounds by
-// default), --only on the steps whose name contains NAME.
+// default) and, where built with CBC, CBC's bound from the answer found
+// (plan::cbc_least_peak, 20,000 nodes; "(CBC)" where it proves the least to
+// its tolerance, a millionth);
+// "local search alone" is the search without CBC (what a build without CBC
+// gets). --only runs the steps whose name contains NAME; --write-mps writes
+// each step's least-peak integer program to DIR as free MPS for another
+// solver.
 //
 // --stray-bytes adds up to N odd bytes to every activation, so that no row's
 // bytes share a large common step (which makes GLPK's work harder).
@@ -17,6 +24,7 @@
 // Gaps are the greedy's extra cost over the exact answer's, as a share of
 // the exact answer's added cost and as a share of the whole predicted step.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -266,7 +274,29 @@ struct RealStep {
 struct BoundEffort {
   int nodes = 2000, rounds = 12;
   std::string only;  // run the real steps whose name contains this
+  std::string mps_dir;  // write each step's least-peak program here, for another solver
 };
+
+// The least-peak integer program (budget_ilp.hpp, every row) as a free-MPS
+// file, so another MIP solver can check the gap: `cbc FILE solve`. Its peak
+// column is in units of the model's peak_unit bytes, printed to stderr.
+void write_mps(const plan::BudgetProblem& p, const std::string& dir, const std::string& name) {
+#ifdef FRUGAL_HAVE_GLPK
+  plan::detail::IlpModel m = plan::detail::build_ilp(p, 0, true);
+  if (!m.infeasible.empty()) return;
+  std::string file = name;
+  for (char& c : file)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  file = dir + "/" + file + ".mps";
+  glp_prob* lp = plan::detail::glpk_problem(m);
+  if (glp_write_mps(lp, GLP_MPS_FILE, nullptr, file.c_str()) != 0) std::fprintf(stderr, "budget_gap: cannot write %s\n", file.c_str());
+  else std::fprintf(stderr, "%s: peak unit %.0f bytes, floor %lld\n", file.c_str(), m.peak_unit, static_cast<long long>(m.peak_floor));
+  glp_delete_prob(lp);
+#else
+  (void)p, (void)dir, (void)name;
+  std::fprintf(stderr, "budget_gap: --write-mps needs GLPK\n");
+#endif
+}
 
 void real_rows(double time_limit_s, bool exact_all, const BoundEffort& effort) {
   std::vector<RealStep> steps{
@@ -282,8 +312,8 @@ void real_rows(double time_limit_s, bool exact_all, const BoundEffort& effort) {
       {"gcn 2x16", {.family = "gcn", .batch = 32, .layers = 2, .width = 16, .features = 16, .classes = 4}},
       {"gcn 2x64, 1 MiB host", {.family = "gcn", .batch = 512, .layers = 2, .width = 64, .features = 128}, 1 << 20},
   };
-  std::printf("| step | positions | candidates | unconstrained | lower bound | least found (abstract) | found / bound | exact least | compile's smallest feasible (placed) | search s | bound s |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| step | positions | candidates | unconstrained | lower bound | least found (abstract) | found / bound | local search alone / bound | exact least | compile's smallest feasible (placed) | search s | bound s |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<double> ratios;
   for (const RealStep& rs : steps) {
     if (!effort.only.empty() && rs.name.find(effort.only) == std::string::npos) continue;
@@ -297,15 +327,22 @@ void real_rows(double time_limit_s, bool exact_all, const BoundEffort& effort) {
     auto built = plan::build_budget_problem(*ps.graph, ps.plan.schedule, ps.roots, budget, prices);
     const auto t0 = std::chrono::steady_clock::now();
     const plan::MemoryView view = plan::memory_view(built.problem);
+    if (!effort.mps_dir.empty()) write_mps(view.problem, effort.mps_dir, rs.name);
     const plan::Solution least = plan::least_memory(view.problem);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::int64_t local = plan::least_memory_heuristic(view.problem).eval.device_peak;
     // The larger of the position-wise and linear-relaxation bound and the
     // row-generation bound (integer, some positions' rows at a time).
     const auto b0 = std::chrono::steady_clock::now();
     bool row_exact = false;
-    const std::int64_t bound = plan::least_memory_row_bound(view.problem, effort.nodes, effort.rounds, &row_exact);
-    const double bound_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
+    std::int64_t bound = plan::least_memory_row_bound(view.problem, effort.nodes, effort.rounds, &row_exact);
     std::string exact = row_exact ? cat(bound, " (rows)") : "-";
+    if (plan::kHaveCbc && !row_exact) {  // CBC's proof, from the answer found (20,000 nodes)
+      const plan::CbcLeast c = plan::cbc_least_peak(view.problem, least, 20000, 600);
+      bound = std::max(bound, c.bound);
+      if (c.proved) exact = cat(c.solution.eval.device_peak, " (CBC)");
+    }
+    const double bound_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - b0).count();
     if (!row_exact && (exact_all || built.problem.positions <= plan::kExactPositions)) {
       plan::ExactResult r = plan::solve_exact_min_memory(view.problem, time_limit_s);
       exact = r.solution.feasible ? cat(r.solution.eval.device_peak, r.optimal ? "" : " (not proved)") : r.status;
@@ -318,9 +355,10 @@ void real_rows(double time_limit_s, bool exact_all, const BoundEffort& effort) {
     }
     const double ratio = double(least.eval.device_peak) / double(std::max<std::int64_t>(bound, 1));
     ratios.push_back(ratio);
-    std::printf("| %s | %d | %zu | %zu | %lld | %lld | %.4f | %s | %zu | %.3f | %.1f |\n", rs.name.c_str(), built.problem.positions,
-                built.problem.candidates.size(), ps.plan.total_bytes(), static_cast<long long>(bound),
-                static_cast<long long>(least.eval.device_peak), ratio, exact.c_str(), placed, secs, bound_secs);
+    std::printf("| %s | %d | %zu | %zu | %lld | %lld | %.4f | %.4f | %s | %zu | %.3f | %.1f |\n", rs.name.c_str(),
+                built.problem.positions, built.problem.candidates.size(), ps.plan.total_bytes(),
+                static_cast<long long>(bound), static_cast<long long>(least.eval.device_peak), ratio,
+                double(local) / double(std::max<std::int64_t>(bound, 1)), exact.c_str(), placed, secs, bound_secs);
     std::fflush(stdout);
   }
   std::printf("\nLeast memory found over the lower bound on %zu real steps: median %.4f, max %.4f.\n", ratios.size(),
@@ -361,8 +399,9 @@ int main(int argc, char** argv) {
     else if (a == "--bound-nodes") effort.nodes = std::stoi(argv[i + 1]);
     else if (a == "--bound-rounds") effort.rounds = std::stoi(argv[i + 1]);
     else if (a == "--only") effort.only = argv[i + 1];
+    else if (a == "--write-mps") effort.mps_dir = argv[i + 1];
     else {
-      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real [--exact-all] [--time-limit S] [--bound-nodes N] [--bound-rounds N] [--only NAME], or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
+      std::fprintf(stderr, "budget_gap: unknown option '%s': use --real [--exact-all] [--time-limit S] [--bound-nodes N] [--bound-rounds N] [--only NAME] [--write-mps DIR], or --positions 10,20,40 --seeds N --levels N --time-limit S --stray-bytes N\n",
                    a.c_str());
       return 2;
     }

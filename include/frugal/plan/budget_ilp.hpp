@@ -56,7 +56,7 @@ inline constexpr bool kExactSolverHasGlpk = true;
 inline constexpr bool kExactSolverHasGlpk = false;
 #endif
 
-#ifdef FRUGAL_HAVE_GLPK
+#if defined(FRUGAL_HAVE_GLPK) || defined(FRUGAL_HAVE_CBC)
 namespace detail {
 
 struct IlpRow {
@@ -276,6 +276,59 @@ inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_
   return m;
 }
 
+// Adds a cut for every tier row `choice` breaks in exact bytes (see the top
+// of this file), or, if it breaks none, one that removes `choice` alone.
+// Returns the most bytes it breaks a row by.
+inline std::int64_t cut_off(const BudgetProblem& p, IlpModel& m, const std::vector<int>& choice, std::int64_t target) {
+  const Profiles pr = profiles(p, choice);
+  const std::int64_t limits[3] = {target, p.host_budget, p.nvme_budget};
+  std::int64_t worst = 0;
+  std::vector<IlpRow> cuts;
+  for (const IlpRow& r : m.rows) {
+    if (r.tier < 0) continue;
+    const auto& prof = r.tier == 0 ? pr.device : r.tier == 1 ? pr.host : pr.nvme;
+    const std::int64_t over = prof[std::size_t(r.position)] - limits[r.tier];
+    if (over <= 0) continue;
+    worst = std::max(worst, over);
+    std::vector<std::int64_t> coef(std::size_t(m.cols), 0);
+    for (std::size_t e = 0; e < r.cols.size(); ++e) coef[std::size_t(r.cols[e] - 1)] = r.coef[e];
+    IlpRow cut;
+    cut.sense = IlpRow::at_least;
+    cut.rhs = 1;
+    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+      const int chosen = m.first_col[i] + choice[i];
+      for (std::size_t j = 0; j < p.candidates[i].options.size(); ++j) {
+        const int col = m.first_col[i] + int(j);
+        if (coef[std::size_t(col - 1)] < coef[std::size_t(chosen - 1)]) {
+          cut.cols.push_back(col);
+          cut.coef.push_back(1);
+        }
+      }
+    }
+    cuts.push_back(std::move(cut));
+  }
+  if (cuts.empty()) {  // broke no row in bytes (a requirement, by rounding): remove this answer only
+    IlpRow cut;
+    cut.sense = IlpRow::at_most;
+    cut.rhs = std::int64_t(p.candidates.size()) - 1;
+    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+      cut.cols.push_back(m.first_col[i] + choice[i]);
+      cut.coef.push_back(1);
+    }
+    cuts.push_back(std::move(cut));
+  }
+  for (auto& c : cuts) m.rows.push_back(std::move(c));
+  return worst;
+}
+
+inline constexpr int kMaxCutRounds = 50;
+
+}  // namespace detail
+#endif  // FRUGAL_HAVE_GLPK || FRUGAL_HAVE_CBC
+
+#ifdef FRUGAL_HAVE_GLPK
+namespace detail {
+
 struct GlpkAnswer {
   int ret = 0;     // glp_intopt's return code
   int status = 0;  // glp_mip_status
@@ -401,53 +454,6 @@ inline GlpkAnswer run_glpk(const BudgetProblem& p, const IlpModel& m, double sec
   glp_delete_prob(lp);
   return a;
 }
-
-// Adds a cut for every tier row `choice` breaks in exact bytes (see the top
-// of this file), or, if it breaks none, one that removes `choice` alone.
-// Returns the most bytes it breaks a row by.
-inline std::int64_t cut_off(const BudgetProblem& p, IlpModel& m, const std::vector<int>& choice, std::int64_t target) {
-  const Profiles pr = profiles(p, choice);
-  const std::int64_t limits[3] = {target, p.host_budget, p.nvme_budget};
-  std::int64_t worst = 0;
-  std::vector<IlpRow> cuts;
-  for (const IlpRow& r : m.rows) {
-    if (r.tier < 0) continue;
-    const auto& prof = r.tier == 0 ? pr.device : r.tier == 1 ? pr.host : pr.nvme;
-    const std::int64_t over = prof[std::size_t(r.position)] - limits[r.tier];
-    if (over <= 0) continue;
-    worst = std::max(worst, over);
-    std::vector<std::int64_t> coef(std::size_t(m.cols), 0);
-    for (std::size_t e = 0; e < r.cols.size(); ++e) coef[std::size_t(r.cols[e] - 1)] = r.coef[e];
-    IlpRow cut;
-    cut.sense = IlpRow::at_least;
-    cut.rhs = 1;
-    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
-      const int chosen = m.first_col[i] + choice[i];
-      for (std::size_t j = 0; j < p.candidates[i].options.size(); ++j) {
-        const int col = m.first_col[i] + int(j);
-        if (coef[std::size_t(col - 1)] < coef[std::size_t(chosen - 1)]) {
-          cut.cols.push_back(col);
-          cut.coef.push_back(1);
-        }
-      }
-    }
-    cuts.push_back(std::move(cut));
-  }
-  if (cuts.empty()) {  // broke no row in bytes (a requirement, by rounding): remove this answer only
-    IlpRow cut;
-    cut.sense = IlpRow::at_most;
-    cut.rhs = std::int64_t(p.candidates.size()) - 1;
-    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
-      cut.cols.push_back(m.first_col[i] + choice[i]);
-      cut.coef.push_back(1);
-    }
-    cuts.push_back(std::move(cut));
-  }
-  for (auto& c : cuts) m.rows.push_back(std::move(c));
-  return worst;
-}
-
-inline constexpr int kMaxCutRounds = 50;
 
 }  // namespace detail
 #endif  // FRUGAL_HAVE_GLPK

@@ -18,13 +18,15 @@
 // exact solver (bounded by branch-and-bound nodes, not seconds, so that an
 // answer it cannot prove is still the same on every machine); a larger one
 // by the greedy, then by a local search that moves single candidates to
-// lower the peak. least_memory_lower_bound states how far from the optimum
-// an answer can at most be.
+// lower the peak, and then, where that answer is above
+// least_memory_lower_bound and CBC is there, by CBC's branch and cut from it
+// (budget_cbc.hpp), which proves the least on every real step measured.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "budget_cbc.hpp"
 #include "budget_exact.hpp"
 
 namespace frugal::plan {
@@ -42,6 +44,12 @@ inline constexpr double kLeastMemoryBackstopSeconds = 120;
 // local search: 256 found no more than 32 on the steps measured (the
 // peer's gpt gains its 2.1 MB at the 18th) and cost a 12-layer gpt 10 s.
 inline constexpr int kLeastMemoryKicks = 32;
+// Branch-and-bound nodes of CBC's least-peak search (budget_cbc.hpp), run
+// where the local search's answer is above the lower bound: the real steps
+// measured close in at most 281 (bench/budget_gap --real). A count, so the
+// answer is the same on every machine; the seconds are a backstop only.
+inline constexpr int kLeastMemoryCbcNodeLimit = 2000;
+inline constexpr double kLeastMemoryCbcBackstopSeconds = 60;
 
 // A fixed preference among options that reads no rate: fewer bytes moved
 // off the device, then recomputation before a host round trip before an
@@ -298,40 +306,6 @@ inline Solution kick_least_memory(const BudgetProblem& p, Solution s, int max_ki
   return s;
 }
 
-// The least device peak the view reaches: exact (or, unproved, the best the
-// node limit allows) on small problems; on larger ones the lower of two
-// local searches, from the greedy's answer and from transfer_start; the
-// lowest of all three where the exact solver runs. Reads no price.
-// The local searches alone (what runs on steps over kExactPositions ops).
-// A third start: the least the search reaches with no transfer at all
-// (host pool and NVMe closed), which is feasible under any limit; moving
-// from there spends a small host pool where it helps most, where the greedy
-// can spend it early on values that recomputation would have freed anyway.
-inline Solution least_memory_heuristic(const BudgetProblem& view) {
-  Solution best = improve_least_memory(view, solve_min_memory(view));
-  auto take = [&](Solution s) {
-    if (s.feasible && (!best.feasible || s.eval.device_peak < best.eval.device_peak)) best = std::move(s);
-  };
-  take(improve_least_memory(view, transfer_start(view)));
-  take(improve_least_memory(view, checkpoint_start(view)));
-  if (view.host_budget > 0 || view.nvme_budget > 0) {  // with no limit, transfer_start is already each position's least
-    BudgetProblem closed = view;
-    closed.host_budget = closed.nvme_budget = 1;
-    Solution on_device = improve_least_memory(closed, solve_min_memory(closed));
-    if (on_device.feasible) take(improve_least_memory(view, std::move(on_device)));
-  }
-  return kick_least_memory(view, std::move(best), kLeastMemoryKicks);
-}
-
-inline Solution least_memory(const BudgetProblem& view) {
-  Solution greedy = least_memory_heuristic(view);
-  if (view.positions > kExactPositions) return greedy;
-  if (!kExactSolverHasGlpk && option_combinations(view) > kExhaustiveCombinationLimit) return greedy;
-  ExactResult r = solve_exact_min_memory(view, kLeastMemoryBackstopSeconds, kLeastMemoryNodeLimit);
-  if (r.solution.feasible && r.solution.eval.device_peak <= greedy.eval.device_peak) return r.solution;
-  return greedy;
-}
-
 // A lower bound on the least device peak any choice of the problem's options
 // reaches: the larger of
 // - at each position, its base bytes plus, for every candidate, the fewest
@@ -370,6 +344,48 @@ inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
   }
 #endif
   return bound;
+}
+
+// The local searches alone: from the greedy's answer, from transfer_start
+// and from checkpoint_start, then kicked. A fourth start: the least the search reaches with no transfer at all
+// (host pool and NVMe closed), which is feasible under any limit; moving
+// from there spends a small host pool where it helps most, where the greedy
+// can spend it early on values that recomputation would have freed anyway.
+inline Solution least_memory_heuristic(const BudgetProblem& view) {
+  Solution best = improve_least_memory(view, solve_min_memory(view));
+  auto take = [&](Solution s) {
+    if (s.feasible && (!best.feasible || s.eval.device_peak < best.eval.device_peak)) best = std::move(s);
+  };
+  take(improve_least_memory(view, transfer_start(view)));
+  take(improve_least_memory(view, checkpoint_start(view)));
+  if (view.host_budget > 0 || view.nvme_budget > 0) {  // with no limit, transfer_start is already each position's least
+    BudgetProblem closed = view;
+    closed.host_budget = closed.nvme_budget = 1;
+    Solution on_device = improve_least_memory(closed, solve_min_memory(closed));
+    if (on_device.feasible) take(improve_least_memory(view, std::move(on_device)));
+  }
+  return kick_least_memory(view, std::move(best), kLeastMemoryKicks);
+}
+
+// The least device peak the view reaches: the local searches, closed by
+// CBC where the lower bound does not prove them the least; on problems of up
+// to kExactPositions positions, GLPK's exact answer (or, unproved, the best
+// its node limit allows) where it is lower. Reads no price.
+inline Solution least_memory(const BudgetProblem& view) {
+  Solution greedy = least_memory_heuristic(view);
+  if (view.positions > kExactPositions || !kExactSolverHasGlpk) {
+    // Where the bound does not already prove the local search's answer the
+    // least, CBC closes the gap from it (and can only lower it).
+    if (kHaveCbc && greedy.feasible && greedy.eval.device_peak > least_memory_lower_bound(view)) {
+      CbcLeast c = cbc_least_peak(view, greedy, kLeastMemoryCbcNodeLimit, kLeastMemoryCbcBackstopSeconds);
+      if (c.solution.feasible && c.solution.eval.device_peak < greedy.eval.device_peak) greedy = std::move(c.solution);
+    }
+    if (view.positions > kExactPositions) return greedy;
+  }
+  if (!kExactSolverHasGlpk && option_combinations(view) > kExhaustiveCombinationLimit) return greedy;
+  ExactResult r = solve_exact_min_memory(view, kLeastMemoryBackstopSeconds, kLeastMemoryNodeLimit);
+  if (r.solution.feasible && r.solution.eval.device_peak <= greedy.eval.device_peak) return r.solution;
+  return greedy;
 }
 
 // A tighter lower bound on the least device peak, by row generation: the

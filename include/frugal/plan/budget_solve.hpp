@@ -5,7 +5,8 @@
 //    smallest feasible budget is not searched for).
 // 2. Build the budget problem and find the least device memory its options
 //    reach, reading no price (budget_least.hpp): exactly on steps of up to
-//    kExactPositions ops, else by the greedy and a local search. That plan's
+//    kExactPositions ops, else by the greedy and a local search, closed by
+//    CBC where the lower bound does not already prove it. That plan's
 //    device bytes are the smallest feasible budget, the same under every
 //    DeviceProfile: below it, compile fails naming it; at it or above, this
 //    plan is the fallback, so every such budget compiles on every machine.
