@@ -311,6 +311,38 @@ int main() try {
              {x, l, dl}, [glim](auto&, auto&) -> Tolerance { return [glim](std::size_t, std::int64_t) { return glim; }; });
   }
 
+  // softmax / log_softmax, one line per thread summed in the CPU's order:
+  // only expf/logf's last bits differ (CUDA within 2 ulp, glibc within 1),
+  // and each of the n exponentials' errors reaches the sum, so a softmax
+  // value is within 4(n + 4)·u32 of itself relative; log_softmax's log(sum)
+  // turns that into an absolute error, plus the rounding of |y|.
+  for (auto [shape, axis, n] : {std::tuple{Shape{8, 50}, -1, 50L}, std::tuple{Shape{4, 30, 5}, 1, 30L}}) {
+    const std::string dims = shape.str();
+    Tensor x = random(shape, DType::f32, 3.0);
+    const double rel = 4.0 * double(n + 4) * u32;
+    check_op("softmax f32 " + dims + " axis " + std::to_string(axis), ops::Softmax(axis), {x},
+             [rel](auto&, const std::vector<Tensor>& out) -> Tolerance {
+               return [rel, &out](std::size_t, std::int64_t i) { return rel * std::fabs(at(out[0], i)) + 1e-30; };
+             });
+    check_op("log_softmax f32 " + dims + " axis " + std::to_string(axis), ops::LogSoftmax(axis), {x},
+             [rel](auto&, const std::vector<Tensor>& out) -> Tolerance {
+               return [rel, &out](std::size_t, std::int64_t i) { return rel + 4 * u32 * std::fabs(at(out[0], i)); };
+             });
+    // softmax's gradient y·(g - Σ g·y) is + - * in the CPU's order: bitwise.
+    Tensor y = random(shape, DType::f32, 0.5), g = random(shape);
+    for (std::int64_t i = 0; i < y.numel(); ++i) put(y, i, std::fabs(at(y, i)));
+    check_op("softmax_grad f32 " + dims, ops::SoftmaxGrad(axis), {y, g}, [](auto&, auto&) { return bitwise(); });
+    // log_softmax's g - exp(y)·Σg: exp's last bits, scaled by Σ|g| <= n.
+    Tensor ly = random(shape, DType::f32, 2.0);
+    for (std::int64_t i = 0; i < ly.numel(); ++i) put(ly, i, -std::fabs(at(ly, i)));
+    check_op("log_softmax_grad f32 " + dims, ops::LogSoftmaxGrad(axis), {ly, g},
+             [n](auto&, auto&) -> Tolerance { return [n](std::size_t, std::int64_t) { return 8 * u32 * double(n + 1); }; });
+  }
+  // permute moves elements: exact, for any element size.
+  check_op("permute f32 [2,3,4] (2,0,1)", ops::Permute({2, 0, 1}), {random({2, 3, 4})}, [](auto&, auto&) { return bitwise(); });
+  check_op("permute bf16 [3,5,2,4] (0,2,1,3)", ops::Permute({0, 2, 1, 3}), {random({3, 5, 2, 4}, DType::bf16)},
+           [](auto&, auto&) { return bitwise(); });
+
   // Optimizer updates: the shared update functors, host-computed constants,
   // IEEE + - * / sqrt only: bitwise, parameter and state alike.
   for (DType dt : {DType::f32, DType::f64}) {

@@ -114,6 +114,15 @@ class Backend {
   // memory and src host memory (else the other way). Both ends of a CPU
   // transfer are host memory.
   virtual void before_transfer() {}
+  // Page-locks host memory the host tier copies to and from (the host pool)
+  // so a GPU's copies run at full speed; false when not done (the copies
+  // still work, from pageable memory). unpin_host undoes it before the
+  // memory is freed. Nothing to do on the CPU.
+  virtual bool pin_host(void* p, std::size_t bytes) {
+    (void)p, (void)bytes;
+    return false;
+  }
+  virtual void unpin_host(void* p) noexcept { (void)p; }
   virtual void transfer(void* dst, const void* src, std::size_t bytes, bool to_device) {
     (void)to_device;
     if (bytes) std::memcpy(dst, src, bytes);

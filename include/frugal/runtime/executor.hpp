@@ -68,7 +68,7 @@ class Executor {
       fail<BudgetError>("backend '", backend_.name(), "': this plan spills ", format_bytes(plan.nvme_bytes),
                         " to NVMe, which this backend does not support yet (the NVMe tier would hand device "
                         "memory to file I/O); give the step more device or host memory (Budget::host) instead");
-    memory_.host = HostPool(plan.host_bytes);
+    memory_.host = HostPool(plan.host_bytes, &backend_);  // pinned where the backend pins
     if (plan.nvme_bytes) {
       if (nvme_dir.empty())
         fail("the plan spills ", format_bytes(plan.nvme_bytes), " to NVMe but no directory was given (Budget::nvme_dir)");
@@ -281,11 +281,16 @@ class Executor {
       if (!c) c = WriteGenerations::of(mi.host);
       mi.generation = c.get();
     }
-    for (const Bound& b : bound_)
-      if (b.kernel)
+    for (const Bound& b : bound_) {
+      if (b.kernel) {
         for (int k : b.op->mutated_inputs())
           for (Mirror& mi : mirrors_)
             if (mi.device == b.in[std::size_t(k)].data) mi.written = true;
+      } else if (b.move.dst) {  // a write back into a home the kernels also use
+        for (Mirror& mi : mirrors_)
+          if (mi.device == b.move.dst) mi.written = true;
+      }
+    }
     load_mirrors(true);
     plan_journal();
     fetched_at_.assign(bound_.size(), 0);

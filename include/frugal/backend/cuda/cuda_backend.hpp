@@ -97,10 +97,27 @@ class CudaBackend final : public Backend {
   // simple, correct order; an event per slot would let later kernels overlap
   // more). The worker thread then copies on the copy stream.
   void before_transfer() override { synchronize(); }
+  // The host pool, page-locked (cudaHostRegister): its copies then run at
+  // full speed and beside compute. Where the system refuses (a locked-memory
+  // limit), the copies still work from pageable memory, only slower.
+  bool pin_host(void* p, std::size_t bytes) override {
+    set_device();
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
+  void unpin_host(void* p) noexcept override {
+    cudaHostUnregister(p);
+    cudaGetLastError();
+  }
   void transfer(void* dst, const void* src, std::size_t n, bool to_device) override {
     if (!n) return;
     set_device();  // the copy engine's worker thread starts with device 0
-    check(cudaMemcpyAsync(dst, src, n, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, ctx_.copy),
+    // cudaMemcpyDefault: the addresses say which side each is on (unified
+    // addressing), so a transfer between a home the kernels also use (a
+    // device copy) and the arena is right too.
+    (void)to_device;
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, ctx_.copy),
           cat("cudaMemcpyAsync of a host-tier transfer (", format_bytes(n), ")"));
     check(cudaStreamSynchronize(ctx_.copy), "cudaStreamSynchronize of the copy stream");
   }

@@ -51,8 +51,24 @@ struct GemmShape {
   std::int64_t stride_a, stride_b;
   DType dtype;
   std::size_t workspace;
-  auto key() const { return std::make_tuple(batch, m, n, k, ta, tb, stride_a, stride_b, int(dtype), workspace); }
+  // The alignment (bytes, at most 256) every A, B and C pointer the plan
+  // runs with has: cuBLASLt's heuristic otherwise assumes 256 and may pick
+  // a kernel that faults on a less aligned operand (a broadcast item).
+  std::uint32_t align_a = 256, align_b = 256, align_c = 256;
+  auto key() const {
+    return std::make_tuple(batch, m, n, k, ta, tb, stride_a, stride_b, int(dtype), workspace, align_a, align_b, align_c);
+  }
 };
+
+// The largest power of two (at most 256) that divides the address. Arena
+// values are 256-aligned wherever the planner puts them, so this depends on
+// the shapes only (a broadcast item's offset), never on the placement: the
+// same algorithm, and the same bits, under every budget.
+inline std::uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (a == 0) return 256;
+  return std::uint32_t(std::min<std::uintptr_t>(256, a & (~a + 1)));
+}
 
 // cuBLASLt descriptors and the chosen algorithm, made once per problem and
 // kept (the heuristic query costs more than a small GEMM).
@@ -73,6 +89,14 @@ class GemmPlan {
     std::uint64_t ws = s.workspace;
     check(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
           "MAX_WORKSPACE_BYTES (" + what + ")");
+    // Operands swap roles in the column-major view: cuBLASLt's A is our B.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s.align_c}};
+    for (auto [attr, value] : aligns)
+      check(cublasLtMatmulPreferenceSetAttribute(pref_, attr, &value, sizeof value), "MIN_ALIGNMENT (" + what + ")");
     std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
     check(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme),
           "REDUCTION_SCHEME_MASK (" + what + ")");
@@ -155,20 +179,32 @@ struct MatMulKernel {
     auto* B = static_cast<const char*>(a.in[1].data);
     auto* C = static_cast<char*>(a.out[0].data);
     if (d.a_broadcast || d.b_broadcast) {  // items found through broadcast_item: one GEMM each
-      GemmShape s{1, d.m, d.n, d.k, op.trans_a(), op.trans_b(), 0, 0, dt, a.workspace_bytes};
-      const GemmPlan& p = cache->get(ctx.lt, s, what);
-      for (std::int64_t i = 0; i < d.batch; ++i) {
+      auto item_a = [&](std::int64_t i) {
         const std::int64_t ia = d.a_batched ? (d.a_broadcast ? ops::MatMul::broadcast_item(*a.in[0].shape, *a.out[0].shape, i) : i) : 0;
+        return A + std::size_t(ia * d.m * d.k) * es;
+      };
+      auto item_b = [&](std::int64_t i) {
         const std::int64_t ib = d.b_batched ? (d.b_broadcast ? ops::MatMul::broadcast_item(*a.in[1].shape, *a.out[0].shape, i) : i) : 0;
-        p.run(ctx, A + std::size_t(ia * d.m * d.k) * es, B + std::size_t(ib * d.k * d.n) * es, C + std::size_t(i * d.m * d.n) * es,
-              false, dt, a.workspace, a.workspace_bytes, what);
+        return B + std::size_t(ib * d.k * d.n) * es;
+      };
+      GemmShape s{1, d.m, d.n, d.k, op.trans_a(), op.trans_b(), 0, 0, dt, a.workspace_bytes};
+      for (std::int64_t i = 0; i < d.batch; ++i) {
+        s.align_a = std::min(s.align_a, alignment_of(item_a(i)));
+        s.align_b = std::min(s.align_b, alignment_of(item_b(i)));
+        s.align_c = std::min(s.align_c, alignment_of(C + std::size_t(i * d.m * d.n) * es));
       }
+      const GemmPlan& p = cache->get(ctx.lt, s, what);
+      for (std::int64_t i = 0; i < d.batch; ++i)
+        p.run(ctx, item_a(i), item_b(i), C + std::size_t(i * d.m * d.n) * es, false, dt, a.workspace, a.workspace_bytes, what);
       return;
     }
     GemmShape s{d.batch, d.m, d.n, d.k, op.trans_a(), op.trans_b(), d.a_batched ? d.m * d.k : 0,
                 d.b_batched ? d.k * d.n : 0, dt, a.workspace_bytes};
     // A batched A against one shared B is a single tall GEMM (as on the CPU).
     if (d.a_batched && !d.b_batched && !op.trans_a()) s = {1, d.batch * d.m, d.n, d.k, false, op.trans_b(), 0, 0, dt, a.workspace_bytes};
+    s.align_a = alignment_of(A);
+    s.align_b = alignment_of(B);
+    s.align_c = alignment_of(C);
     cache->get(ctx.lt, s, what).run(ctx, A, B, C, false, dt, a.workspace, a.workspace_bytes, what);
   }
 };
@@ -202,6 +238,9 @@ struct LinearKernel {
     }
     if (in == 0) return;
     GemmShape s{1, rows, out, in, false, true, 0, 0, dt, a.workspace_bytes};
+    s.align_a = alignment_of(a.in[0].data);
+    s.align_b = alignment_of(a.in[1].data);
+    s.align_c = alignment_of(a.out[0].data);
     cache->get(ctx.lt, s, what).run(ctx, a.in[0].data, a.in[1].data, a.out[0].data, op.has_bias(), dt, a.workspace,
                                     a.workspace_bytes, what);
   }

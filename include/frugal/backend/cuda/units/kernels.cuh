@@ -9,6 +9,7 @@
 #include "../matmul.cuh"
 #include "../optimizer.cuh"
 #include "../reduce.cuh"
+#include "../softmax.cuh"
 
 namespace frugal::cuda {
 
@@ -22,6 +23,11 @@ void register_cuda_kernels(KernelTable& t, const Context& ctx, const BackendOpti
   t.add<ops::Reshape>(ReshapeKernel{ctx});
   t.add<ops::Sum>(SumKernel{ctx});
   t.add<ops::BroadcastTo>(BroadcastKernel{ctx});
+  t.add<ops::Permute>(PermuteKernel{ctx});
+  t.add<ops::Softmax>(SoftmaxKernel<ops::Softmax, false>{ctx});
+  t.add<ops::LogSoftmax>(SoftmaxKernel<ops::LogSoftmax, true>{ctx});
+  t.add<ops::SoftmaxGrad>(SoftmaxGradKernel<ops::SoftmaxGrad, false>{ctx});
+  t.add<ops::LogSoftmaxGrad>(SoftmaxGradKernel<ops::LogSoftmaxGrad, true>{ctx});
   auto gemms = std::make_shared<GemmCache>();
   t.add<ops::MatMul>(MatMulKernel{ctx, gemms}, matmul_workspace);
   t.add<ops::Linear>(LinearKernel{ctx, gemms}, linear_workspace);
