@@ -88,7 +88,10 @@ function(_frugal_make_kernels lib)
     endif()
     # -std=c++20 spelled out: CMake 3.25 does not know nvcc 13's flag for
     # CUDA_STANDARD 20 and would silently compile C++17.
-    target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -O3 -fmad=false --expt-relaxed-constexpr>)
+    # The unit's host code (constants an op computes for its kernel, such as
+    # AdamW's bias corrections) gets the host kernels' flags too.
+    target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -O3 -fmad=false --expt-relaxed-constexpr
+                                          -Xcompiler=-fno-fast-math,-fno-math-errno,-fno-trapping-math,-ffp-contract=off>)
     # Only the unit that defines make_backend needs to know CUDA is there.
     target_compile_definitions(${lib} PRIVATE FRUGAL_WITH_CUDA_KERNELS)
     target_link_libraries(${lib} PUBLIC CUDA::cudart CUDA::cublasLt)
