@@ -1,6 +1,8 @@
 // cuda_step: the MLP sample's training step (linear, relu, cross-entropy,
 // AdamW) on the GPU.
-//  1. Under 100% and about 50% of its unconstrained device need, a step is
+//  1. Under 100% and 50% of its unconstrained device need (50% is below
+//     what the planner can meet for this MLP, about 78%: then its least
+//     feasible budget, which it names, is used instead), a step is
 //     bitwise the unconstrained GPU step (losses and parameters, 5 steps),
 //     and the device bytes it touches (the arena's high-water mark from the
 //     two-pattern audit, plus the persistents the plan keeps on the device)
