@@ -131,7 +131,7 @@ int main(int argc, char** argv) try {
   Autoencoder model(o.width, o.upsample == "bilinear" ? UpsampleMode::bilinear : UpsampleMode::nearest);
   optim::AdamW opt(model.parameters(), {.lr = o.lr});
   const std::int64_t B = o.batch;
-  CompileOptions copts{.threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
   auto train_fn = [&](Var x) { return reconstruction_loss(model.forward(x), x); };
   auto eval_fn = [&](Var x) { return reconstruction_loss(model.forward(x), x); };
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images")};

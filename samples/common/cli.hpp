@@ -103,6 +103,7 @@ class Cli {
 
 // The options every sample shares.
 struct CommonArgs {
+  std::string device = "cpu";  // the backend: "cpu" or "cuda" (where the program was built with CUDA)
   std::string budget;      // "", "64MiB", "40%" (of the unconstrained step's device bytes)
   std::string host;        // host pool limit, "" for none
   std::string nvme_dir;    // NVMe tier directory, "" for none
@@ -120,6 +121,7 @@ struct CommonArgs {
 
   void declare(Cli& cli, const std::string& default_data) {
     data = default_data;
+    cli.option("--device", device, "cpu or cuda: where the steps run (default cpu)");
     cli.option("--budget", budget, "device memory cap: bytes (64MiB, 1.5GiB) or N% of the unconstrained step");
     cli.option("--host", host, "host memory cap for swapped tensors (default: no cap)");
     cli.option("--nvme-dir", nvme_dir, "directory for the NVMe tier (default: no NVMe spilling)");

@@ -106,7 +106,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   Tensor train_ids = ids_tensor(d.train), train_labels({n_train}, DType::i32);
   for (std::int64_t i = 0; i < n_train; ++i)
     train_labels.data<std::int32_t>()[i] = d.labels.data<std::int32_t>()[d.train[std::size_t(i)]];
-  CompileOptions copts{.threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
   // The feature matrix is the same every step: a constant, bound once (not
   // a step input copied in each run), which a tight budget can keep on the
   // host between its reads.

@@ -106,7 +106,7 @@ int main(int argc, char** argv) try {
                  .heads = o.heads, .dropout = o.dropout});
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = o.weight_decay});
   const std::int64_t B = o.batch, T = o.context, EB = 8;
-  CompileOptions copts{.threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
   auto train_fn = [&](Var x, Var y) { return model.loss(x, y); };
   auto eval_fn = [&](Var x) { return model.forward(x); };
   std::vector<InputSpec> train_in{input<std::int32_t>({B, T}, "tokens"), input<std::int32_t>({B, T}, "targets")};

@@ -2,7 +2,8 @@
 // training step. Trains on the first 8,000 images of the 10k MNIST set in
 // ../shared/data/mnist and reports accuracy on the 2,000 it never saw.
 //
-//   mnist_mlp [--data DIR] [--epochs N | --steps N] [--batch N] [--hidden N]
+//   mnist_mlp [--device cpu|cuda] [--budget BYTES|N%] [--data DIR]
+//             [--epochs N | --steps N] [--batch N] [--hidden N]
 //             [--lr X] [--seed N] [--threads N] [--log-every N] [--json]
 #include <algorithm>
 #include <chrono>
@@ -30,11 +31,14 @@ struct Args {
   int threads = 2;
   int log_every = 100;
   bool json = false;
+  std::string device = "cpu";  // the backend the steps run on
+  std::string budget;          // training step's device cap: bytes (64MiB) or N% of its unconstrained need
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "mnist_mlp: " << why
-            << "\nusage: mnist_mlp [--data DIR] [--epochs N | --steps N] [--batch N] [--hidden N] [--lr X]"
+            << "\nusage: mnist_mlp [--device cpu|cuda] [--budget BYTES|N%] [--data DIR] [--epochs N | --steps N]"
+               " [--batch N] [--hidden N] [--lr X]"
                " [--seed N] [--threads N] [--log-every N] [--json]\n";
   std::exit(2);
 }
@@ -58,6 +62,8 @@ Args parse(int argc, char** argv) {
       else if (k == "--threads") a.threads = std::stoi(val());
       else if (k == "--log-every") a.log_every = std::stoi(val());
       else if (k == "--json") a.json = true;
+      else if (k == "--device") a.device = val();
+      else if (k == "--budget") a.budget = val();
       else if (k == "--help" || k == "-h") usage("trains an MLP on MNIST");
       else usage("unknown option " + k);
     } catch (const std::invalid_argument&) {
@@ -124,9 +130,18 @@ int main(int argc, char** argv) try {
   Mlp model(args.hidden);
   optim::AdamW opt(model.parameters(), {.lr = args.lr, .weight_decay = 1e-4});
   const std::int64_t B = args.batch;
-  CompileOptions copts{.threads = args.threads};
-  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
-                      {input<float>({B, 784}, "images"), input<std::int32_t>({B}, "labels")}, opt, {}, copts);
+  CompileOptions copts{.backend = args.device, .threads = args.threads};
+  auto loss_fn = [&](Var x, Var y) { return cross_entropy(model.forward(x), y); };
+  const std::vector<InputSpec> specs{input<float>({B, 784}, "images"), input<std::int32_t>({B}, "labels")};
+  // --budget caps the training step (a percentage is of its unconstrained
+  // device bytes, planned first without allocating anything).
+  const std::size_t unconstrained = plan_training(loss_fn, specs, opt, {}, copts).plan.total_bytes();
+  Budget budget{};
+  if (!args.budget.empty()) {
+    budget.device = parse_bytes(args.budget, unconstrained);
+    budget.host = std::size_t(4) << 30;  // room to swap parameters and optimizer state out
+  }
+  Step step = compile(loss_fn, specs, opt, budget, copts);
   const std::int64_t EB = 500;  // evaluation batch
   Step eval = compile_inference([&](Var x) { return model.forward(x); }, {input<float>({EB, 784}, "images")}, {},
                                 copts);
@@ -185,13 +200,27 @@ int main(int argc, char** argv) try {
   double accuracy = seen ? double(correct) / double(seen) : 0.0;
   std::sort(step_ms.begin(), step_ms.end());
   double median = step_ms.empty() ? 0 : step_ms[step_ms.size() / 2];
+  // The step's arithmetic, from the ops' own cost (GEMMs dominate).
+  double flops = 0;
+  for (NodeId n : step.plan().schedule) {
+    const Node& node = step.graph().node(n);
+    std::vector<TensorMeta> in, out;
+    for (ValueId v : node.inputs) in.push_back(step.graph().value(v).meta);
+    for (ValueId v : node.results()) out.push_back(step.graph().value(v).meta);
+    flops += node.op->cost(in, out).flops;
+  }
   if (args.json) {
     std::printf(
         "{\"sample\":\"mnist_mlp\",\"data\":\"%s\",\"steps\":%ld,\"batch\":%ld,\"final_loss\":%.6f,"
         "\"accuracy\":%.4f,\"test_images\":%ld,\"step_ms_median\":%.4f,\"arena_bytes\":%zu,"
-        "\"arena_peak_live_bytes\":%zu,\"persistent_bytes\":%zu,\"threads\":%d}\n",
+        "\"arena_peak_live_bytes\":%zu,\"persistent_bytes\":%zu,\"threads\":%d,\"device\":\"%s\","
+        "\"budget_bytes\":%zu,\"unconstrained_bytes\":%zu,\"peak_device_bytes\":%zu,\"images_per_s\":%.1f,"
+        "\"step_gflop\":%.4f,\"tflops\":%.4f,\"decisions\":%zu}\n",
         real ? "mnist" : "generated", long(total), long(B), double(loss), accuracy, long(seen), median,
-        step.arena_bytes(), step.plan().lower_bound_bytes, step.plan().persistent_bytes, args.threads);
+        step.arena_bytes(), step.plan().lower_bound_bytes, step.plan().persistent_bytes, args.threads,
+        args.device.c_str(), budget.device, unconstrained, step.measured_device_bytes(),
+        median > 0 ? double(B) * 1000.0 / median : 0.0, flops / 1e9, median > 0 ? flops / (median * 1e9) : 0.0,
+        step.plan().decisions.size());
   } else {
     std::printf("test accuracy %.2f%% on %ld held-out images; median step %.3f ms\n", 100 * accuracy, long(seen),
                 median);

@@ -110,7 +110,7 @@ int main(int argc, char** argv) try {
   optim::SGD opt(model->parameters(),
                  {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = true});
   const std::int64_t B = o.batch;
-  CompileOptions copts{.threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
   auto train_fn = [&](Var x, Var y) { return cross_entropy(model->forward(x), y); };
   auto eval_fn = [&](Var x) { return model->forward(x); };
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images"), input<std::int32_t>({B}, "labels")};

@@ -4,6 +4,7 @@
 // (frugal_add_kernels in CMake, or <frugal/kernels.hpp> in one file), and
 // reached through make_backend, which is defined there.
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -92,7 +93,40 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill(void* dst, unsigned char byte, std::size_t bytes) = 0;
+  // Waits until every kernel and copy issued so far has finished (and
+  // reports a failure a kernel flagged on the device, such as a bad label).
   virtual void synchronize() {}
+
+  // Whether kernels may read and write host memory directly. The CPU's
+  // "device" is host memory, so a persistent the plan keeps on the device
+  // (a parameter, an optimizer state) is used where the user's tensor holds
+  // it. A GPU's kernels cannot: the executor keeps a device copy of each
+  // such persistent in the block it reserves for the step, loads it from the
+  // tensor when the tensor changed, and writes the step's updates back.
+  virtual bool host_addressable() const { return true; }
+
+  // The host tier's transfers (arena <-> host memory), which the copy
+  // engine runs on its worker thread in the order they were issued.
+  // `before_transfer` runs on the executor's thread when a transfer is
+  // issued: everything the step issued before it must be visible to the
+  // copy (a GPU waits for its compute stream). `transfer` runs on the worker
+  // and returns once the bytes are in place; `to_device`: dst is device
+  // memory and src host memory (else the other way). Both ends of a CPU
+  // transfer are host memory.
+  virtual void before_transfer() {}
+  // Page-locks host memory the host tier copies to and from (the host pool)
+  // so a GPU's copies run at full speed; false when not done (the copies
+  // still work, from pageable memory). unpin_host undoes it before the
+  // memory is freed. Nothing to do on the CPU.
+  virtual bool pin_host(void* p, std::size_t bytes) {
+    (void)p, (void)bytes;
+    return false;
+  }
+  virtual void unpin_host(void* p) noexcept { (void)p; }
+  virtual void transfer(void* dst, const void* src, std::size_t bytes, bool to_device) {
+    (void)to_device;
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
 
   const KernelEntry& entry_for(const Op& op) const {
     const KernelEntry* e = kernels().find(op);

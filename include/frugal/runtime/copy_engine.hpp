@@ -1,7 +1,9 @@
 #pragma once
-// Transfers beside compute: one worker thread stands in for a CUDA copy
-// stream, and a slot's wait() is the event that orders compute after it.
-// Jobs run in the order they were submitted.
+// Transfers beside compute: one worker thread runs them in the order they
+// were submitted, and a slot's wait() is the event that orders compute after
+// it. Memory copies go through the backend (Backend::transfer: a memcpy on
+// the CPU, a copy stream on a GPU), so the ordering logic here is the same
+// for every backend and tested on the CPU.
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -16,6 +18,7 @@
 
 #include "../core/bytes.hpp"
 #include "../core/error.hpp"
+#include "backend.hpp"
 #include "nvme_store.hpp"
 
 namespace frugal {
@@ -24,7 +27,9 @@ class CopyEngine {
  public:
   // One slot per transfer in a plan. Every record is made here, so
   // submitting a job allocates nothing.
-  explicit CopyEngine(std::size_t slots) : jobs_(slots), state_(slots, State::idle), queue_(slots) {
+  // `backend`: who moves memory (null: plain memcpy, both ends in host memory).
+  explicit CopyEngine(std::size_t slots, Backend* backend = nullptr)
+      : backend_(backend), jobs_(slots), state_(slots, State::idle), queue_(slots) {
     worker_ = std::thread([this] { work(); });
   }
 
@@ -44,8 +49,10 @@ class CopyEngine {
   // Enqueue and return at once. A slot's job must be waited before the slot
   // is used again. Once a job has failed, these throw that job's error until
   // reset_error().
-  void copy(std::size_t slot, void* dst, const void* src, std::size_t bytes) {
-    submit(slot, Job{Kind::copy, dst, src, bytes, nullptr, 0});
+  // `to_device`: dst is the arena and src host memory (else the other way).
+  void copy(std::size_t slot, void* dst, const void* src, std::size_t bytes, bool to_device = false) {
+    if (backend_) backend_->before_transfer();  // the copy sees what compute wrote before it was issued
+    submit(slot, Job{to_device ? Kind::copy_to_device : Kind::copy, dst, src, bytes, nullptr, 0});
   }
   void write_nvme(std::size_t slot, NvmeStore& store, std::uint64_t offset, const void* src, std::size_t bytes) {
     store.check_range(offset, bytes);  // a bad plan fails here, in the caller, not on the worker
@@ -100,7 +107,7 @@ class CopyEngine {
   }
 
  private:
-  enum class Kind : std::uint8_t { copy, write_nvme, read_nvme };
+  enum class Kind : std::uint8_t { copy, copy_to_device, write_nvme, read_nvme };
   // idle: free to submit; pending: queued or running; done/failed: run, not yet waited.
   enum class State : std::uint8_t { idle, pending, done, failed };
 
@@ -141,6 +148,7 @@ class CopyEngine {
   static std::string describe(const Job& job, std::size_t slot) {
     switch (job.kind) {
       case Kind::copy:
+      case Kind::copy_to_device:
         return cat("copy of ", format_bytes(job.bytes), " (slot ", slot, ")");
       case Kind::write_nvme:
         return cat("write of ", format_bytes(job.bytes), " to NVMe offset ", job.offset, " (slot ", slot, ")");
@@ -150,10 +158,12 @@ class CopyEngine {
     return "transfer";
   }
 
-  static void run(const Job& job) {
+  void run(const Job& job) {
     switch (job.kind) {
       case Kind::copy:
-        if (job.bytes) std::memcpy(job.dst, job.src, job.bytes);
+      case Kind::copy_to_device:
+        if (backend_) backend_->transfer(job.dst, job.src, job.bytes, job.kind == Kind::copy_to_device);
+        else if (job.bytes) std::memcpy(job.dst, job.src, job.bytes);
         break;
       case Kind::write_nvme:
         job.store->write(job.offset, job.src, job.bytes);
@@ -213,6 +223,7 @@ class CopyEngine {
     }
   }
 
+  Backend* backend_ = nullptr;
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;  // the worker waits for jobs
   std::condition_variable finished_;    // wait(slot) waits for a job

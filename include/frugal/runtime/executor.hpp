@@ -53,7 +53,8 @@ class Executor {
   // What an executor runs in: the device arena (with the canary beyond it),
   // the host pool and the NVMe store, each reserved once.
   struct Memory {
-    Arena arena;
+    Arena arena;  // the plan's arena, the canary, then the device copies of persistents (mirror_bytes)
+    std::size_t mirror_bytes = 0;
     HostPool host{0};
     std::unique_ptr<NvmeStore> nvme;
   };
@@ -63,13 +64,18 @@ class Executor {
   // reserved is given back (Memory owns it).
   Executor(std::shared_ptr<const Graph> graph, const Plan& plan, Backend& backend, const std::string& nvme_dir = "")
       : graph_(std::move(graph)), backend_(backend) {
-    memory_.host = HostPool(plan.host_bytes);
+    if (plan.nvme_bytes && !backend_.host_addressable())
+      fail<BudgetError>("backend '", backend_.name(), "': this plan spills ", format_bytes(plan.nvme_bytes),
+                        " to NVMe, which this backend does not support yet (the NVMe tier would hand device "
+                        "memory to file I/O); give the step more device or host memory (Budget::host) instead");
+    memory_.host = HostPool(plan.host_bytes, &backend_);  // pinned where the backend pins
     if (plan.nvme_bytes) {
       if (nvme_dir.empty())
         fail("the plan spills ", format_bytes(plan.nvme_bytes), " to NVMe but no directory was given (Budget::nvme_dir)");
       memory_.nvme = std::make_unique<NvmeStore>(nvme_dir, plan.nvme_bytes);
     }
-    memory_.arena = Arena(backend_, plan.arena_bytes + kCanaryBytes);
+    memory_.mirror_bytes = mirror_layout(plan).second;
+    memory_.arena = Arena(backend_, plan.arena_bytes + kCanaryBytes + memory_.mirror_bytes);
     bind(plan, memory_);
   }
   // Runs `plan` (a re-plan) in the memory `previous` reserved, which must
@@ -89,7 +95,9 @@ class Executor {
 
   // Whether `plan` runs in the memory this executor reserved.
   bool fits(const Plan& plan) const {
-    return memory_.arena && plan.arena_bytes + kCanaryBytes <= memory_.arena.bytes() &&
+    const std::size_t mirrors = mirror_layout(plan).second;
+    return memory_.arena && mirrors <= memory_.mirror_bytes &&
+           plan.arena_bytes + kCanaryBytes + memory_.mirror_bytes <= memory_.arena.bytes() &&
            plan.host_bytes <= memory_.host.bytes() &&
            (plan.nvme_bytes == 0 || (memory_.nvme && plan.nvme_bytes <= memory_.nvme->bytes()));
   }
@@ -104,6 +112,7 @@ class Executor {
     // written the host-resident parameter it was fetched from.
     const bool fetched = prefetched_;
     prefetched_ = false;
+    load_mirrors(false);
     journal_.begin();
     try {
       for (std::size_t i = 0; i < bound_.size(); ++i) {
@@ -129,10 +138,12 @@ class Executor {
       }
       journal_.undo(backend_);  // the persistents as they were before this step
       written_changed();        // a write may have been cut short
+      for (Mirror& m : mirrors_) m.loaded = kStale;  // the tensors still hold the state before the step
       throw;
     }
     if (copies_) copies_->drain();
     backend_.synchronize();
+    store_mirrors();
     prefetched_ = !early_fetch_count_zero();
   }
 
@@ -163,6 +174,7 @@ class Executor {
   // For audits: fill the arena and the canary with one byte value...
   void fill(unsigned char pattern) {
     prefetched_ = false;
+    if (!mirrors_.empty()) backend_.synchronize();  // a step's kernels may still be running
     filled_with_ = pattern;
     backend_.fill(arena_, pattern, arena_bytes_ + kCanaryBytes);
   }
@@ -195,16 +207,26 @@ class Executor {
     if (graph_->kernel_queries().backend != backend_.name())
       fail("internal error: this graph was captured for backend '", graph_->kernel_queries().backend,
            "' but is run on '", backend_.name(), "'; capture it through compile() with that backend");
-    if (plan.transfer_slots > 0) copies_.emplace(std::size_t(plan.transfer_slots));  // a copy thread only if it has work
+    if (plan.transfer_slots > 0)
+      copies_.emplace(std::size_t(plan.transfer_slots), &backend_);  // a copy thread only if it has work
     arena_ = m.arena.data();
     arena_bytes_ = plan.arena_bytes;
     nvme_ = m.nvme.get();
     fill(kWatermark);  // so high_water() can tell what the steps have written
     address_.assign(graph_->num_values(), nullptr);
+    mirrors_.clear();
+    std::byte* mirror_base = m.arena.data() + (m.arena.bytes() - m.mirror_bytes);
+    for (auto [v, offset] : mirror_layout(plan).first) {
+      const Value& val = graph_->value(v);
+      address_[std::size_t(v)] = mirror_base + offset;
+      mirrors_.push_back({mirror_base + offset, val.external.raw(), val.meta.nbytes(), nullptr, kStale, false});
+    }
     for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
       const Value& val = graph_->value(v);
       if (plan.offset_of[std::size_t(v)])
         address_[std::size_t(v)] = arena_ + *plan.offset_of[std::size_t(v)];
+      else if (address_[std::size_t(v)])
+        continue;  // a device copy of a persistent
       else if (val.external.defined())
         address_[std::size_t(v)] = val.external.raw();
       else if (val.kind == ValueKind::host)
@@ -238,7 +260,11 @@ class Executor {
         persistent_.emplace(val.external.raw(), WriteGenerations::of(val.external.raw()));
     }
     auto generation = [&](ValueId v) -> WriteGenerations::Counter* {
-      auto it = persistent_.find(address_[std::size_t(v)]);
+      // By the user's tensor, also where the kernels use a device copy of it.
+      const Value& val = graph_->value(v);
+      const void* storage = val.external.defined() && !plan.offset_of[std::size_t(v)] ? val.external.raw()
+                                                                                      : address_[std::size_t(v)];
+      auto it = persistent_.find(storage);
       return it == persistent_.end() ? nullptr : it->second.get();
     };
     for (Bound& b : bound_) {
@@ -250,6 +276,22 @@ class Executor {
       // a write back counts when its copy is done
       if (b.move.kind == ops::TransferKind::write_back_start && !b.kernel) b.writes.clear();
     }
+    for (Mirror& mi : mirrors_) {  // a constant has no count yet: nothing writes it but the user
+      auto& c = persistent_[mi.host];
+      if (!c) c = WriteGenerations::of(mi.host);
+      mi.generation = c.get();
+    }
+    for (const Bound& b : bound_) {
+      if (b.kernel) {
+        for (int k : b.op->mutated_inputs())
+          for (Mirror& mi : mirrors_)
+            if (mi.device == b.in[std::size_t(k)].data) mi.written = true;
+      } else if (b.move.dst) {  // a write back into a home the kernels also use
+        for (Mirror& mi : mirrors_)
+          if (mi.device == b.move.dst) mi.written = true;
+      }
+    }
+    load_mirrors(true);
     plan_journal();
     fetched_at_.assign(bound_.size(), 0);
     // Fetches for the next step, issued after a position of this one.
@@ -270,6 +312,7 @@ class Executor {
     const void* src = nullptr;
     std::size_t bytes = 0;
     std::uint64_t nvme_offset = 0;
+    bool to_device = false;  // a fetch: host -> arena
     enum Via : std::uint8_t { memory, nvme_write, nvme_read } via = memory;
   };
   struct Bound {
@@ -309,6 +352,7 @@ class Executor {
     } else {
       m.src = address_[std::size_t(from)];
       m.dst = address_[std::size_t(to)];
+      m.to_device = t.kind() == K::fetch_start;
     }
     if ((m.via != Move::nvme_read && !m.src) || (m.via != Move::nvme_write && !m.dst))
       fail("internal error: ", t.name(), " of ", t.what(), " has no storage at one end");
@@ -321,7 +365,7 @@ class Executor {
       case Move::memory:
         if (m.kind == ops::TransferKind::evict_start || m.kind == ops::TransferKind::fetch_start ||
             m.kind == ops::TransferKind::write_back_start)
-          copies_->copy(m.slot, m.dst, m.src, m.bytes);
+          copies_->copy(m.slot, m.dst, m.src, m.bytes, m.to_device);
         else
           copies_->wait(m.slot);
         return;
@@ -354,6 +398,18 @@ class Executor {
   std::map<const void*, std::shared_ptr<WriteGenerations::Counter>> persistent_;
   std::uint64_t fetches_ = 0;
   UndoJournal journal_;
+  // The device copies of persistents (mirror_layout), on a backend that is
+  // not host_addressable; empty on the CPU.
+  static constexpr std::uint64_t kStale = ~std::uint64_t(0);
+  struct Mirror {
+    void* device;
+    const void* host;  // the user's tensor
+    std::size_t bytes;
+    WriteGenerations::Counter* generation;  // the tensor's write count...
+    std::uint64_t loaded;                   // ...when the device copy was loaded or stored
+    bool written;                           // a kernel of the step writes it
+  };
+  std::vector<Mirror> mirrors_;
 
   // What a failed step must put back: the persistents written in place, and
   // the homes written back to, before the step's last NVMe transfer (an I/O
@@ -386,6 +442,54 @@ class Executor {
       }
     }
     journal_.reserve();
+  }
+
+  // Device copies of the persistents the plan keeps on the device, for a
+  // backend whose kernels cannot use host memory (Backend::host_addressable):
+  // a persistent that a kernel reads or writes and that the plan left outside
+  // the arena (a parameter, an optimizer state, a constant). Each gets an
+  // aligned slot after the canary, in the one block the step reserves; the
+  // plan counts their bytes as persistent_bytes (the slots' alignment adds
+  // under 256 bytes each). Returns the slots and their total.
+  std::pair<std::vector<std::pair<ValueId, std::size_t>>, std::size_t> mirror_layout(const Plan& plan) const {
+    std::vector<std::pair<ValueId, std::size_t>> slots;
+    std::size_t total = 0;
+    if (backend_.host_addressable()) return {slots, total};
+    std::vector<char> used(graph_->num_values(), 0);
+    for (NodeId n : plan.schedule) {
+      const Node& node = graph_->node(n);
+      if (node.op->as_transfer()) continue;
+      for (ValueId v : node.inputs) used[std::size_t(v)] = 1;
+      for (ValueId v : node.outputs) used[std::size_t(v)] = 1;
+    }
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if (!used[std::size_t(v)] || !val.external.defined() || plan.offset_of[std::size_t(v)]) continue;
+      slots.emplace_back(v, total);
+      total += align_up(val.meta.nbytes());
+    }
+    return {slots, total};
+  }
+
+  // Loads the device copies whose tensors were written since they were
+  // loaded (by another step, a checkpoint, storage_changed()), or all.
+  void load_mirrors(bool all) {
+    bool loaded = false;
+    for (Mirror& m : mirrors_) {
+      const std::uint64_t now = m.generation->load(std::memory_order_acquire);
+      if (!all && m.loaded == now) continue;
+      backend_.copy_to_device(m.device, m.host, m.bytes);
+      m.loaded = now;
+      loaded = true;
+    }
+    if (loaded) backend_.synchronize();
+  }
+  // After a step: the persistents it wrote go back to the user's tensors,
+  // so every other step, a checkpoint and the user read this step's update.
+  void store_mirrors() {
+    for (Mirror& m : mirrors_)
+      if (m.written) backend_.copy_to_host(const_cast<void*>(m.host), m.device, m.bytes);
+    for (Mirror& m : mirrors_) m.loaded = m.generation->load(std::memory_order_acquire);
   }
 
   bool still_fetched(std::size_t i) const {

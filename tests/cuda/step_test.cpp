@@ -1,0 +1,155 @@
+// cuda_step: the MLP sample's training step (linear, relu, cross-entropy,
+// AdamW) on the GPU.
+//  1. Under 100% and 50% of its unconstrained device need (50% is below
+//     what the planner can meet for this MLP, about 78%: then its least
+//     feasible budget, which it names, is used instead), a step is
+//     bitwise the unconstrained GPU step (losses and parameters, 5 steps),
+//     and the device bytes it touches (the arena's high-water mark from the
+//     two-pattern audit, plus the persistents the plan keeps on the device)
+//     stay at or under the budget.
+//  2. 20 steps on the CPU and on the GPU from the same weights and batches:
+//     the losses agree within a stated tolerance.
+// Exits 77 without a CUDA device.
+#include <cmath>
+#include <cstring>
+
+#include "device.hpp"
+
+using namespace frugal;
+using cuda_test::expect;
+
+namespace {
+
+constexpr int kBatch = 64, kIn = 784, kHidden = 128, kClasses = 10;
+
+struct Mlp : nn::Module {
+  nn::Linear fc1{kIn, kHidden}, fc2{kHidden, kHidden}, fc3{kHidden, kClasses};
+  Mlp() {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    register_module("fc3", fc3);
+  }
+  Var forward(Var x) { return fc3(relu(fc2(relu(fc1(x))))); }
+};
+
+// Batch s of a fixed stream: images in [0, 1), labels 0..9.
+std::pair<Tensor, Tensor> batch(int s) {
+  Rng rng(77, std::uint64_t(s));
+  Tensor x({kBatch, kIn}), y({kBatch}, DType::i32);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(rng.uniform());
+  for (int i = 0; i < kBatch; ++i) y.data<std::int32_t>()[i] = std::int32_t(rng.below(kClasses));
+  return {x, y};
+}
+
+// One training run from the same initial weights (nn::manual_seed): the
+// losses, and the parameters' bytes after the last step.
+struct Run {
+  std::vector<float> losses;
+  std::vector<std::vector<unsigned char>> params;
+  std::size_t device_bytes = 0, budget = 0, unconstrained = 0, total_planned = 0;
+  Step::Audit audit;
+  std::size_t decisions = 0;
+};
+
+Run train(const std::string& backend, int steps, Budget budget, bool do_audit) {
+  nn::manual_seed(5);
+  Mlp model;
+  optim::AdamW opt(model.parameters(), {.lr = 1e-3, .weight_decay = 1e-4});
+  CompileOptions o;
+  o.backend = backend;
+  o.threads = 2;
+  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
+                      {input<float>({kBatch, kIn}, "images"), input<std::int32_t>({kBatch}, "labels")}, opt, budget, o);
+  Run r;
+  r.budget = budget.device;
+  r.unconstrained = step.plan().unconstrained_bytes ? step.plan().unconstrained_bytes : step.plan().total_bytes();
+  r.total_planned = step.plan().total_bytes();
+  r.decisions = step.plan().decisions.size();
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s);
+    r.losses.push_back(step.run(x, y));
+  }
+  r.device_bytes = step.measured_device_bytes();
+  for (auto& p : model.parameters()) {
+    auto* b = static_cast<const unsigned char*>(p.raw());
+    r.params.emplace_back(b, b + p.nbytes());
+  }
+  if (do_audit) {  // after the comparison's steps: the audit runs the step twice more
+    auto [x, y] = batch(steps);
+    r.audit = step.audit(x, y);
+  }
+  return r;
+}
+
+bool same_bits(const Run& a, const Run& b) {
+  if (a.losses.size() != b.losses.size()) return false;
+  for (std::size_t i = 0; i < a.losses.size(); ++i)
+    if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) != 0) return false;
+  return a.params == b.params;
+}
+
+}  // namespace
+
+int main() try {
+  cuda_test::cuda_backend_or_skip();
+  const int kSteps = 5;
+
+  // The unconstrained GPU run is the reference.
+  const Run free_run = train("cuda", kSteps, {}, false);
+  const std::size_t need = free_run.total_planned;
+  std::printf("unconstrained: %zu device bytes planned, losses %.6f .. %.6f\n", need, double(free_run.losses.front()),
+              double(free_run.losses.back()));
+  const Run again = train("cuda", kSteps, {}, false);
+  expect(same_bits(free_run, again), "two unconstrained GPU runs give the same bits");
+
+  for (double share : {1.0, 0.5}) {
+    Budget b{.device = std::size_t(double(need) * share), .host = 256u << 20};
+    Run r;
+    try {
+      r = train("cuda", kSteps, b, true);
+    } catch (const BudgetError& e) {
+      // Feasibility depends only on the graph and the budget (the same on the
+      // CPU): if the planner cannot meet this share, its least feasible
+      // budget is the next best test of a binding budget.
+      std::printf("%.0f%% (%zu bytes) is infeasible: %s\n", share * 100, b.device, e.what());
+      expect(e.smallest_feasible_bytes > 0 && e.smallest_feasible_bytes < need,
+             "an infeasible share names a smaller least feasible budget");
+      b.device = e.smallest_feasible_bytes;
+      r = train("cuda", kSteps, b, true);
+    }
+    const std::string tag = std::to_string(int(share * 100)) + "% budget (" + std::to_string(b.device) + " bytes)";
+    std::printf("%s: %zu decisions, measured device bytes %zu, audit high-water %zu (predicted %zu), canary %s\n",
+                tag.c_str(), r.decisions, r.device_bytes, r.audit.high_water, r.audit.predicted,
+                r.audit.canary_intact ? "intact" : "TOUCHED");
+    expect(same_bits(free_run, r), tag + ": losses and parameters are bitwise the unconstrained GPU run's");
+    expect(r.device_bytes <= b.device, tag + ": measured device bytes " + std::to_string(r.device_bytes) + " <= budget");
+    expect(r.audit.canary_intact, tag + ": nothing written beyond the predicted peak");
+    expect(r.audit.high_water <= r.audit.predicted, tag + ": the audit's high-water mark is at most the predicted peak");
+    if (share < 1.0) expect(r.decisions > 0, tag + ": the budget binds (the planner made decisions)");
+  }
+
+  // CPU against GPU, 20 steps. The two differ only in how the GEMMs' sums
+  // are ordered (f32, no TF32) and in the last bits of expf/logf: about
+  // 1e-6 relative per op. AdamW's first steps move each weight by about
+  // lr·sign(g), so a gradient within that noise of zero can flip one
+  // weight's step (2·lr = 2e-3), which moves the loss far less than 1e-3;
+  // 2e-3 absolute on a loss near 2.3 leaves a factor of several to spare
+  // while a wrong kernel (a missing bias, a wrong transpose) moves it by 0.1
+  // or more within 20 steps.
+  const Run cpu = train("cpu", 20, {}, false);
+  const Run gpu = train("cuda", 20, {}, false);
+  double worst = 0;
+  for (int s = 0; s < 20; ++s) {
+    const double d = std::fabs(double(cpu.losses[std::size_t(s)]) - double(gpu.losses[std::size_t(s)]));
+    worst = std::max(worst, d);
+    expect(d <= 2e-3, "step " + std::to_string(s) + ": cpu loss " + std::to_string(cpu.losses[std::size_t(s)]) +
+                          " gpu loss " + std::to_string(gpu.losses[std::size_t(s)]));
+  }
+  expect(gpu.losses.back() < gpu.losses.front(), "the GPU run learns (the loss falls over 20 steps)");
+  std::printf("20 steps cpu vs gpu: largest |loss difference| %.3g (tolerance 2e-3); loss %.4f -> %.4f\n", worst,
+              double(gpu.losses.front()), double(gpu.losses.back()));
+  return cuda_test::finish("cuda_step");
+} catch (const std::exception& e) {
+  std::printf("FAIL: %s\n", e.what());
+  return 1;
+}
