@@ -259,7 +259,8 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
         Option o{choice, exposed + prices.overlap_slowdown * (out_ms + in_ms)};
         o.price_free = price_free;
         o.device = {{{e + 1, s - 1}, -bytes}};
-        (choice == Choice::host ? o.host : o.nvme) = {{{a, b}, tier_bytes(val.meta.nbytes())}};
+        // Named type: g++ 13 finds the braced list ambiguous through the conditional.
+        (choice == Choice::host ? o.host : o.nvme) = std::vector<MemEffect>{MemEffect{Span{a, b}, tier_bytes(val.meta.nbytes())}};
         o.out_done = e;
         o.in_start = s;
         o.reason = cat(choice == Choice::host ? "copied to the host pool" : "written to NVMe", " after position ", a,
