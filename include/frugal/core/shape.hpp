@@ -75,4 +75,16 @@ inline std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b) {
   return Shape(out);
 }
 
+// A shape seen along one axis as [outer, n, inner]: what the kernels of
+// reductions, softmax and arg-extremes over one dimension walk, on every
+// backend.
+struct AxisView {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+inline AxisView axis_view(const Shape& s, int axis) {
+  AxisView v;
+  for (int d = 0; d < s.rank(); ++d) (d < axis ? v.outer : d == axis ? v.n : v.inner) *= s[d];
+  return v;
+}
+
 }  // namespace frugal

