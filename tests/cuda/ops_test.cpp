@@ -535,6 +535,26 @@ int main() try {
     check_op("causal_attention_grad f32 q[2,3,9,8] k[..13,8]", ops::CausalAttentionGrad(1.0 / std::sqrt(8.0)),
              {q, k, v, fwd[0], fwd[1], random({2, 3, 9, 6})}, attn_bwd_tol(13.0 + 8));
   }
+  // Phase 1's linear and cross-entropy on the gpt's rank-3 shapes (rows
+  // flattened from [batch, time]): tolerances as for their rank-2 cases.
+  {
+    Tensor x = random({4, 32, 64}), w = random({192, 64}, DType::f32, 0.2), b = random({192});
+    Tensor x2({128, 64});
+    std::memcpy(x2.raw(), x.raw(), x.nbytes());
+    auto scale = abs_product(x2, w, false, true, 1, 1, 1);
+    check_op("linear f32 [4,32,64]x[192,64]+[192]", ops::Linear(true), {x, w, b},
+             [&](const std::vector<Tensor>& in, auto&) -> Tolerance {
+               return [&](std::size_t, std::int64_t i) {
+                 return (scale[std::size_t(i)] + std::fabs(at(in[2], i % 192))) * 2.0 * 66 * u32;
+               };
+             });
+    Tensor logits = random({4, 32, 64}, DType::f32, 4.0), l = labels(128, 64, DType::i32);
+    Tensor l2({4, 32}, DType::i32);
+    std::memcpy(l2.raw(), l.raw(), l.nbytes());
+    const double lim = 2.0 * double(64 + 8) * u32 * (2 * 4.0 + std::log(64.0));
+    check_op("cross_entropy f32 [4,32,64] labels [4,32]", ops::CrossEntropy{}, {logits, l2},
+             [lim](auto&, auto&) -> Tolerance { return [lim](std::size_t, std::int64_t) { return lim; }; });
+  }
   // An embedding id out of range is a clear error naming it.
   {
     Tensor ids({2, 3}, DType::i32), table = random({5, 4});
