@@ -364,6 +364,222 @@ int main() try {
              [](auto&, auto&) { return bitwise(); });
   }
 
+  // ---- phase 2: the gpt step's ops -----------------------------------------------
+
+  // Embedding moves table rows: exact, for i32 and i64 ids. Its backward
+  // adds the rows of dy whose id is v in position order from 0, on both
+  // backends (the GPU gives each table row to one block): bitwise, the
+  // repeats included, and zero for rows no id names.
+  for (DType it : {DType::i32, DType::i64}) {
+    Tensor ids = labels(4 * 9, 40, it);
+    Tensor ids2({4, 9}, it);
+    std::memcpy(ids2.raw(), ids.raw(), ids.nbytes());
+    check_op(std::string("embedding f32 ids ") + dtype_name(it) + " [4,9] x [50,24]", ops::Embedding{},
+             {ids2, random({50, 24})}, [](auto&, auto&) { return bitwise(); });
+    Tensor rep = labels(4 * 33, 12, it);  // ids in [0, 12) of 15 rows: repeats, and 3 rows never named
+    Tensor rep2({4, 33}, it);
+    std::memcpy(rep2.raw(), rep.raw(), rep.nbytes());
+    check_op(std::string("embedding_grad f32 ids ") + dtype_name(it) + " [4,33] -> [15,70]", ops::EmbeddingGrad(15),
+             {rep2, random({4, 33, 70})}, [](auto&, auto&) { return bitwise(); });
+  }
+  // Slices and their gradient move elements (and write zeros): exact.
+  check_op("slice f32 [3,10,5] axis 1 [2,8)", ops::Slice(1, 2, 8, 1), {random({3, 10, 5})},
+           [](auto&, auto&) { return bitwise(); });
+  check_op("slice f32 [10,6] axis 0 [1,10) step 3", ops::Slice(0, 1, 10, 3), {random({10, 6})},
+           [](auto&, auto&) { return bitwise(); });
+  check_op("slice_grad f32 [3,6,5] -> axis 1 of 10", ops::SliceGrad(1, 2, 8, 1, 10), {random({3, 6, 5})},
+           [](auto&, auto&) { return bitwise(); });
+  check_op("slice_grad f32 [3,6] step 3 -> axis 0 of 10", ops::SliceGrad(0, 1, 10, 3, 10), {random({3, 6})},
+           [](auto&, auto&) { return bitwise(); });
+  // Dropout: the same Philox bits for the same (key, step, element) and one
+  // multiplication each: bitwise, mask and scale alike (check_op runs both
+  // at step 7); 1001 elements end in a partial group of four.
+  for (DType dt : {DType::f32, DType::f64}) {
+    check_op(std::string("dropout p=0.3 ") + dtype_name(dt) + " [1001]", ops::Dropout(0.3, 0x1234abcdull),
+             {random({1001}, dt)}, [](auto&, auto&) { return bitwise(); });
+    check_op(std::string("dropout_grad p=0.3 ") + dtype_name(dt) + " [1001]", ops::DropoutGrad(0.3, 0x1234abcdull),
+             {random({1001}, dt)}, [](auto&, auto&) { return bitwise(); });
+  }
+  check_op("dropout p=1 f32 [100]", ops::Dropout(1.0, 5), {random({100})}, [](auto&, auto&) { return bitwise(); });
+
+  // The erf-polynomial GELU (the transformer's) is + - * / and bit selects
+  // only (gelu.hpp): bitwise on the GPU with -fmad=false, value and grad.
+  {
+    Tensor x = random({2000}, DType::f32, 4.0), dy = random({2000});
+    check_op("gelu_erf_poly f32", ops::Unary<math::GeluErfPoly>{}, {x}, [](auto&, auto&) { return bitwise(); });
+    check_op("gelu_erf_poly_grad f32", ops::UnaryGrad<math::GeluErfPoly>{}, {x, dy, dy},
+             [](auto&, auto&) { return bitwise(); });
+  }
+
+  // The fused elementwise op: a bias add broadcast along rows, the
+  // erf-polynomial GELU, a product, an affine map and a GELU gradient, two
+  // outputs. The same functors in the same order, each step rounded to the
+  // storage type (bf16): bitwise in f32 and bf16.
+  for (DType dt : {DType::f32, DType::bf16}) {
+    ops::FusedProgram prog;
+    prog.inputs = 3;  // x [4,8,16], bias [16], r [4,8,16]
+    prog.steps.push_back({math::Add{}, {0, 1, -1}});                      // slot 3
+    prog.steps.push_back({math::GeluErfPoly{}, {3, -1, -1}});              // slot 4
+    prog.steps.push_back({math::Mul{}, {4, 2, -1}});                       // slot 5
+    prog.steps.push_back({math::Affine{2.0, 0.5}, {5, -1, -1}});           // slot 6
+    prog.steps.push_back({ops::GradOf<math::GeluErfPoly>{}, {3, 3, 2}});   // slot 7
+    prog.outputs = {4, 6, 7};
+    check_op(std::string("fused add,gelu,mul,affine,gelu_grad ") + dtype_name(dt), ops::FusedElementwise(prog),
+             {random({4, 8, 16}, dt), random({16}, dt), random({4, 8, 16}, dt)}, [](auto&, auto&) { return bitwise(); });
+  }
+
+  // Layer norm. The GPU sums a row in a 32-lane shuffle tree, the CPU in
+  // its own lane order: each f32 sum of d terms is within gamma_d·Σ|terms|
+  // of the exact one, so the two means differ by at most 2·d·u32·max|x|,
+  // the variances likewise (relative), rstd = 1/sqrt(var + eps) by about
+  // (d + 4)·u32 relative, and y = (x - mean)·rstd·w + b by
+  // (d + 8)·u32·(|xhat·w| + 1) or so: 4·(d + 8)·u32·(1 + |value|) bounds
+  // every output with room (d = 100: 2.6e-5 on values of order 1, where a
+  // wrong formula is off by 1e-2 or more).
+  {
+    const std::int64_t rows = 37, d = 100;
+    Tensor x = random({rows, d}, DType::f32, 2.0), w = random({d}), b = random({d});
+    const double lim = 4.0 * double(d + 8) * u32;
+    auto rel = [lim](auto&, const std::vector<Tensor>& out) -> Tolerance {
+      return [lim, &out](std::size_t r, std::int64_t i) { return lim * (1 + std::fabs(at(out[r], i))); };
+    };
+    check_op("layer_norm f32 [37,100] affine", ops::LayerNorm(1e-5, true, true), {x, w, b}, rel);
+    check_op("layer_norm f32 [37,100] plain", ops::LayerNorm(1e-5, false, false), {x}, rel);
+    // The backward reads the forward's statistics: the CPU's, so both
+    // backends see the same inputs.
+    Tensor mean({rows}), rstd({rows});
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double s = 0, v = 0;
+      for (std::int64_t j = 0; j < d; ++j) s += at(x, r * d + j);
+      s /= double(d);
+      for (std::int64_t j = 0; j < d; ++j) v += (at(x, r * d + j) - s) * (at(x, r * d + j) - s);
+      put(mean, r, s);
+      put(rstd, r, 1.0 / std::sqrt(v / double(d) + 1e-5));
+    }
+    Tensor dy = random({rows, d});
+    // dx = rstd·(g - mean(g) - xhat·mean(g·xhat)): the two row means differ
+    // as above (2·d·u32 relative to Σ|g| and Σ|g·xhat|, each <= d·3·max|xhat|),
+    // scaled by rstd <= 1/sqrt(var) (max 3 here) and |xhat| <= 3:
+    // 4·(d + 8)·u32·rstd·(1 + |xhat|)·3 <= 48·(d + 8)·u32·... bounded by
+    // 64·(d + 8)·u32·(1 + |dx|). dweight and dbias: per column, the rows in
+    // order, f64 accumulators, the same products: bitwise.
+    const double glim = 64.0 * double(d + 8) * u32;
+    auto grad_tol = [glim](auto&, const std::vector<Tensor>& out) -> Tolerance {
+      return [glim, &out](std::size_t r, std::int64_t i) { return r == 0 ? glim * (1 + std::fabs(at(out[0], i))) : 0.0; };
+    };
+    check_op("layer_norm_grad f32 [37,100] affine", ops::LayerNormGrad(true, true), {x, mean, rstd, dy, w}, grad_tol);
+    check_op("layer_norm_grad f32 [37,100] plain", ops::LayerNormGrad(false, false), {x, mean, rstd, dy}, grad_tol);
+  }
+
+  // Causal attention. Both backends compute o = Σ_j p_j v_j / Σ_j p_j with
+  // p_j = exp(s_j - m) through the same exp_poly; they differ in the order
+  // of the sums (the GPU: one key at a time with a running max, each dot
+  // product in a shuffle tree; the CPU: 64-key tiles and BLAS dot products)
+  // and in when the running max rescales. Each p_j and each sum is within
+  // (n + hd + 8)·u32 relative of the exact one, n keys, so
+  // |o_gpu - o_cpu| <= 8·(n + hd + 8)·u32·max|v|, and lse (m + log Σ p)
+  // within 8·(n + hd + 8)·u32·(1 + |lse|).
+  // The backward's dS = P·(dP - delta)·scale and its sums over up to n
+  // terms: within 16·(n + hd + 8)·u32·(1 + max|grad|) of each other.
+  auto attn_fwd_tol = [](double n_hd) {
+    return [n_hd](const std::vector<Tensor>& in, const std::vector<Tensor>& out) -> Tolerance {
+      double vmax = 0;
+      for (const Tensor& t : in)
+        for (std::int64_t i = 0; i < t.numel(); ++i) vmax = std::max(vmax, std::fabs(at(t, i)));
+      return [n_hd, vmax, &out](std::size_t r, std::int64_t i) {
+        return 8.0 * (n_hd + 8) * u32 * (r == 0 ? vmax : 1 + std::fabs(at(out[1], i)));
+      };
+    };
+  };
+  auto attn_bwd_tol = [](double n_hd) {
+    return [n_hd](auto&, const std::vector<Tensor>& out) -> Tolerance {
+      double gmax = 0;
+      for (const Tensor& t : out)
+        for (std::int64_t i = 0; i < t.numel(); ++i) gmax = std::max(gmax, std::fabs(at(t, i)));
+      return [n_hd, gmax](std::size_t, std::int64_t) { return 16.0 * (n_hd + 8) * u32 * (1 + gmax); };
+    };
+  };
+  // The CPU's outputs of `op` on `inputs` (the backward's o and lse must be
+  // the forward's).
+  auto cpu_outputs = [](const Op& op, const std::vector<Tensor>& inputs) {
+    std::vector<TensorMeta> in_meta;
+    for (auto& t : inputs) in_meta.push_back({t.dtype(), t.shape()});
+    const std::vector<TensorMeta> out_meta = op.infer(in_meta);
+    std::vector<Tensor> out;
+    std::vector<TensorRef> in_ref, out_ref;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      in_ref.push_back({const_cast<void*>(inputs[i].raw()), inputs[i].dtype(), &in_meta[i].shape});
+    for (auto& m : out_meta) out.emplace_back(m.shape, m.dtype);
+    for (std::size_t i = 0; i < out.size(); ++i) out_ref.push_back({out[i].raw(), out[i].dtype(), &out_meta[i].shape});
+    cpu_backend->kernel_for(op)(op, KernelArgs{in_ref, out_ref, 0, nullptr, 0});
+    return out;
+  };
+  {
+    // The packed GPT layout: qkv [2, 20, 3·4·12], 4 heads of 12.
+    const std::int64_t T = 20, hd = 12;
+    Tensor qkv = random({2, T, 3 * 4 * hd});
+    check_op("causal_attention_qkv f32 [2,20,144] 4 heads", ops::CausalAttentionQkv(4), {qkv},
+             attn_fwd_tol(double(T + hd)));
+    auto fwd = cpu_outputs(ops::CausalAttentionQkv(4), {qkv});
+    const double scale = 1.0 / std::sqrt(double(hd));
+    check_op("causal_attention_qkv_grad f32 [2,20,144]", ops::CausalAttentionQkvGrad(4, scale),
+             {qkv, fwd[0], fwd[1], random({2, T, 4 * hd})}, attn_bwd_tol(double(T + hd)));
+  }
+  {
+    // Separate q, k, v with fewer queries than keys (the mask aligned to
+    // the end) and a value width unlike the key width.
+    Tensor q = random({2, 3, 9, 8}), k = random({2, 3, 13, 8}), v = random({2, 3, 13, 6});
+    check_op("causal_attention f32 q[2,3,9,8] k[..13,8] v[..13,6]", ops::CausalAttention(), {q, k, v},
+             attn_fwd_tol(13.0 + 8));
+    auto fwd = cpu_outputs(ops::CausalAttention(), {q, k, v});
+    check_op("causal_attention_grad f32 q[2,3,9,8] k[..13,8]", ops::CausalAttentionGrad(1.0 / std::sqrt(8.0)),
+             {q, k, v, fwd[0], fwd[1], random({2, 3, 9, 6})}, attn_bwd_tol(13.0 + 8));
+  }
+  // Phase 1's linear and cross-entropy on the gpt's rank-3 shapes (rows
+  // flattened from [batch, time]): tolerances as for their rank-2 cases.
+  {
+    Tensor x = random({4, 32, 64}), w = random({192, 64}, DType::f32, 0.2), b = random({192});
+    Tensor x2({128, 64});
+    std::memcpy(x2.raw(), x.raw(), x.nbytes());
+    auto scale = abs_product(x2, w, false, true, 1, 1, 1);
+    check_op("linear f32 [4,32,64]x[192,64]+[192]", ops::Linear(true), {x, w, b},
+             [&](const std::vector<Tensor>& in, auto&) -> Tolerance {
+               return [&](std::size_t, std::int64_t i) {
+                 return (scale[std::size_t(i)] + std::fabs(at(in[2], i % 192))) * 2.0 * 66 * u32;
+               };
+             });
+    Tensor logits = random({4, 32, 64}, DType::f32, 4.0), l = labels(128, 64, DType::i32);
+    Tensor l2({4, 32}, DType::i32);
+    std::memcpy(l2.raw(), l.raw(), l.nbytes());
+    const double lim = 2.0 * double(64 + 8) * u32 * (2 * 4.0 + std::log(64.0));
+    check_op("cross_entropy f32 [4,32,64] labels [4,32]", ops::CrossEntropy{}, {logits, l2},
+             [lim](auto&, auto&) -> Tolerance { return [lim](std::size_t, std::int64_t) { return lim; }; });
+  }
+  // An embedding id out of range is a clear error naming it.
+  {
+    Tensor ids({2, 3}, DType::i32), table = random({5, 4});
+    for (int i = 0; i < 6; ++i) ids.data<std::int32_t>()[i] = i % 5;
+    ids.data<std::int32_t>()[4] = 9;
+    std::vector<TensorMeta> in{{ids.dtype(), ids.shape()}, {table.dtype(), table.shape()}};
+    auto out = ops::Embedding{}.infer(in);
+    auto* block = static_cast<unsigned char*>(gpu->allocate(4096));
+    gpu->copy_to_device(block, ids.raw(), ids.nbytes());
+    gpu->copy_to_device(block + 1024, table.raw(), table.nbytes());
+    TensorRef ins[2] = {{block, ids.dtype(), &in[0].shape}, {block + 1024, table.dtype(), &in[1].shape}};
+    TensorRef outs[1] = {{block + 2048, out[0].dtype, &out[0].shape}};
+    std::string error;
+    try {
+      ops::Embedding op;
+      gpu->kernel_for(op)(op, KernelArgs{ins, outs, 0, nullptr, 0});
+      gpu->synchronize();
+    } catch (const DataError& e) {
+      error = e.what();
+    }
+    gpu->deallocate(block);
+    expect(error.find("id 9 at position 4") != std::string::npos, "a bad embedding id is reported, got: '" + error + "'");
+    std::printf("%-44s %s\n", "embedding bad id -> DataError", error.empty() ? "FAIL" : "ok");
+  }
+
   // A bad label is a clear error naming the position and the value.
   {
     Tensor x = random({4, 10}), l = labels(4, 10, DType::i32);

@@ -21,12 +21,13 @@ struct Context {
   cudaStream_t compute = nullptr;
   cudaStream_t copy = nullptr;
   cublasLtHandle_t lt = nullptr;
-  long long* status_host = nullptr;    // pinned, mapped: {code, position, value}
+  long long* status_host = nullptr;    // pinned, mapped: {code, position, value, limit}
   long long* status_device = nullptr;  // the same words as the device sees them
 };
 
 // Codes a kernel writes to Context::status (first error wins).
-enum Status : long long { kOk = 0, kBadLabel = 1 };
+// kBadId: an embedding id outside [0, limit) (the table's rows).
+enum Status : long long { kOk = 0, kBadLabel = 1, kBadId = 2 };
 
 class CudaBackend final : public Backend {
  public:
@@ -128,11 +129,14 @@ class CudaBackend final : public Backend {
   void report_status() {
     volatile long long* s = ctx_.status_host;
     if (s[0] == kOk) return;
-    const long long code = s[0], pos = s[1], value = s[2];
+    const long long code = s[0], pos = s[1], value = s[2], limit = s[3];
     s[0] = kOk;
     if (code == kBadLabel)
       fail<DataError>("cross_entropy: label ", value, " at position ", pos,
                       " is outside [0, classes) for the logits' classes");
+    if (code == kBadId)
+      fail<DataError>("embedding: id ", value, " at position ", pos, " is outside the valid range [0, ", limit, ") (",
+                      limit, " table rows)");
     fail("cuda: a kernel flagged error code ", code);
   }
 
@@ -142,6 +146,10 @@ class CudaBackend final : public Backend {
 
 // Defined in units/kernels.cuh (compiled by nvcc, once per program).
 void register_cuda_kernels(KernelTable& t, const Context& ctx, const BackendOptions& o);
+// Defined in units/transformer.cuh (its own nvcc unit, compiled in parallel
+// with kernels.cuh): embedding, slices, layer norm, the fused elementwise
+// op, causal attention and dropout; register_cuda_kernels calls it.
+void add_transformer_kernels(KernelTable& t, const Context& ctx);
 
 inline CudaBackend::CudaBackend(const BackendOptions& o) {
   int count = 0;

@@ -5,7 +5,8 @@
 //
 // FRUGAL_WITH_CUDA_KERNELS (defined by frugal_add_kernels where the project
 // has CUDA enabled, or by hand beside compiling backend/cuda/units/kernels.cuh
-// with nvcc in one .cu file): this program also has the CUDA backend.
+// and backend/cuda/units/transformer.cuh with nvcc, one .cu file each): this
+// program also has the CUDA backend.
 #include "../cpu/cpu_backend.hpp"
 
 namespace frugal {
