@@ -46,8 +46,9 @@ inline constexpr double kLeastMemoryBackstopSeconds = 120;
 inline constexpr int kLeastMemoryKicks = 32;
 // Branch-and-bound nodes of CBC's least-peak search (budget_cbc.hpp), run
 // where the local search's answer is above the lower bound: the real steps
-// measured close in at most 281 (bench/budget_gap --real). A count, so the
-// answer is the same on every machine; the seconds are a backstop only.
+// measured close in a few hundred at most (bench/budget_gap --real). A
+// count, so the answer is the same on every machine; the seconds are a
+// backstop only.
 inline constexpr int kLeastMemoryCbcNodeLimit = 2000;
 inline constexpr double kLeastMemoryCbcBackstopSeconds = 60;
 
@@ -347,10 +348,11 @@ inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
 }
 
 // The local searches alone: from the greedy's answer, from transfer_start
-// and from checkpoint_start, then kicked. A fourth start: the least the search reaches with no transfer at all
-// (host pool and NVMe closed), which is feasible under any limit; moving
-// from there spends a small host pool where it helps most, where the greedy
-// can spend it early on values that recomputation would have freed anyway.
+// and from checkpoint_start, then kicked. A fourth start: the least the
+// search reaches with no transfer at all (host pool and NVMe closed), which
+// is feasible under any limit; moving from there spends a small host pool
+// where it helps most, where the greedy can spend it early on values that
+// recomputation would have freed anyway.
 inline Solution least_memory_heuristic(const BudgetProblem& view) {
   Solution best = improve_least_memory(view, solve_min_memory(view));
   auto take = [&](Solution s) {
