@@ -27,6 +27,8 @@
 
 using namespace frugal;
 using cuda_test::expect;
+using cuda_test::Run;
+using cuda_test::same_bits;
 
 namespace {
 
@@ -55,13 +57,6 @@ std::pair<Tensor, Tensor> batch(int s) {
   return {x, y};
 }
 
-struct Run {
-  std::vector<float> losses;
-  std::vector<std::vector<unsigned char>> params;
-  std::size_t device_bytes = 0, total_planned = 0, decisions = 0;
-  Step::Audit audit;
-};
-
 Run train(const std::string& backend, int steps, Budget budget, bool do_audit) {
   nn::manual_seed(5);
   nn::Gpt model(config());
@@ -72,30 +67,7 @@ Run train(const std::string& backend, int steps, Budget budget, bool do_audit) {
   Step step = compile([&](Var x, Var y) { return model.loss(x, y); },
                       {input<std::int32_t>({kBatch, kT}, "tokens"), input<std::int32_t>({kBatch, kT}, "targets")}, opt,
                       budget, o);
-  Run r;
-  r.total_planned = step.plan().total_bytes();
-  r.decisions = step.plan().decisions.size();
-  for (int s = 0; s < steps; ++s) {
-    auto [x, y] = batch(s);
-    r.losses.push_back(step.run(x, y));
-  }
-  r.device_bytes = step.measured_device_bytes();
-  for (auto& p : model.parameters()) {
-    auto* b = static_cast<const unsigned char*>(p.raw());
-    r.params.emplace_back(b, b + p.nbytes());
-  }
-  if (do_audit) {
-    auto [x, y] = batch(steps);
-    r.audit = step.audit(x, y);
-  }
-  return r;
-}
-
-bool same_bits(const Run& a, const Run& b) {
-  if (a.losses.size() != b.losses.size()) return false;
-  for (std::size_t i = 0; i < a.losses.size(); ++i)
-    if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) != 0) return false;
-  return a.params == b.params;
+  return cuda_test::record_run(step, model.parameters(), budget, steps, batch, do_audit);
 }
 
 // Check 0: the op types of the captured training and inference steps, each

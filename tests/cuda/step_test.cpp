@@ -17,6 +17,8 @@
 
 using namespace frugal;
 using cuda_test::expect;
+using cuda_test::Run;
+using cuda_test::same_bits;
 
 namespace {
 
@@ -54,16 +56,7 @@ std::pair<Tensor, Tensor> batch(int s) {
   return {x, y};
 }
 
-// One training run from the same initial weights (nn::manual_seed): the
-// losses, and the parameters' bytes after the last step.
-struct Run {
-  std::vector<float> losses;
-  std::vector<std::vector<unsigned char>> params;
-  std::size_t device_bytes = 0, budget = 0, unconstrained = 0, total_planned = 0;
-  Step::Audit audit;
-  std::size_t decisions = 0;
-};
-
+// One training run from the same initial weights (nn::manual_seed).
 Run train(const std::string& backend, int steps, Budget budget, bool do_audit) {
   nn::manual_seed(5);
   Mlp model;
@@ -73,32 +66,7 @@ Run train(const std::string& backend, int steps, Budget budget, bool do_audit) {
   o.threads = 2;
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
                       {input<float>({kBatch, kIn}, "images"), input<std::int32_t>({kBatch}, "labels")}, opt, budget, o);
-  Run r;
-  r.budget = budget.device;
-  r.unconstrained = step.plan().unconstrained_bytes ? step.plan().unconstrained_bytes : step.plan().total_bytes();
-  r.total_planned = step.plan().total_bytes();
-  r.decisions = step.plan().decisions.size();
-  for (int s = 0; s < steps; ++s) {
-    auto [x, y] = batch(s);
-    r.losses.push_back(step.run(x, y));
-  }
-  r.device_bytes = step.measured_device_bytes();
-  for (auto& p : model.parameters()) {
-    auto* b = static_cast<const unsigned char*>(p.raw());
-    r.params.emplace_back(b, b + p.nbytes());
-  }
-  if (do_audit) {  // after the comparison's steps: the audit runs the step twice more
-    auto [x, y] = batch(steps);
-    r.audit = step.audit(x, y);
-  }
-  return r;
-}
-
-bool same_bits(const Run& a, const Run& b) {
-  if (a.losses.size() != b.losses.size()) return false;
-  for (std::size_t i = 0; i < a.losses.size(); ++i)
-    if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) != 0) return false;
-  return a.params == b.params;
+  return cuda_test::record_run(step, model.parameters(), budget, steps, batch, do_audit);
 }
 
 }  // namespace
