@@ -36,7 +36,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     // No check: a destructor must not throw, and a failing driver here has
     // already failed the call that matters.
-    if (ctx_.lt) cublasLtDestroy(ctx_.lt);
+    if (ctx_.lt) cublaslt().Destroy(ctx_.lt);
     if (ctx_.compute) cudaStreamDestroy(ctx_.compute);
     if (ctx_.copy) cudaStreamDestroy(ctx_.copy);
     if (ctx_.status_host) cudaFreeHost(ctx_.status_host);
@@ -163,7 +163,7 @@ inline CudaBackend::CudaBackend(const BackendOptions& o) {
   set_device();
   check(cudaStreamCreateWithFlags(&ctx_.compute, cudaStreamNonBlocking), "cudaStreamCreate (compute)");
   check(cudaStreamCreateWithFlags(&ctx_.copy, cudaStreamNonBlocking), "cudaStreamCreate (copy)");
-  check(cublasLtCreate(&ctx_.lt), "cublasLtCreate");
+  check(cublaslt().Create(&ctx_.lt), "cublasLtCreate");
   void* status = nullptr;
   check(cudaHostAlloc(&status, 4 * sizeof(long long), cudaHostAllocMapped), "cudaHostAlloc (status words)");
   ctx_.status_host = static_cast<long long*>(status);

@@ -76,18 +76,18 @@ class GemmPlan {
  public:
   GemmPlan(cublasLtHandle_t lt, const GemmShape& s, const std::string& what) {
     const GemmTypes t = gemm_types(s.dtype, what);
-    check(cublasLtMatmulDescCreate(&op_, t.compute, t.scale), "cublasLtMatmulDescCreate (" + what + ")");
+    check(cublaslt().MatmulDescCreate(&op_, t.compute, t.scale), "cublasLtMatmulDescCreate (" + what + ")");
     // Column-major view: Cᵀ[n, m] = op(B)ᵀ[n, k] · op(A)ᵀ[k, m].
     cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    check(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA (" + what + ")");
-    check(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB (" + what + ")");
+    check(cublaslt().MatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA (" + what + ")");
+    check(cublaslt().MatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB (" + what + ")");
     // Stored (before op) column-major shapes: B as [n, k] or [k, n], A as [k, m] or [m, k].
     layout(&a_, t.data, s.tb ? s.k : s.n, s.tb ? s.n : s.k, s.tb ? s.k : s.n, s.batch, s.stride_b, what);
     layout(&b_, t.data, s.ta ? s.m : s.k, s.ta ? s.k : s.m, s.ta ? s.m : s.k, s.batch, s.stride_a, what);
     layout(&c_, t.data, s.n, s.m, s.n, s.batch, s.m * s.n, what);
-    check(cublasLtMatmulPreferenceCreate(&pref_), "cublasLtMatmulPreferenceCreate (" + what + ")");
+    check(cublaslt().MatmulPreferenceCreate(&pref_), "cublasLtMatmulPreferenceCreate (" + what + ")");
     std::uint64_t ws = s.workspace;
-    check(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+    check(cublaslt().MatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
           "MAX_WORKSPACE_BYTES (" + what + ")");
     // Operands swap roles in the column-major view: cuBLASLt's A is our B.
     const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
@@ -96,21 +96,21 @@ class GemmPlan {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s.align_c}};
     for (auto [attr, value] : aligns)
-      check(cublasLtMatmulPreferenceSetAttribute(pref_, attr, &value, sizeof value), "MIN_ALIGNMENT (" + what + ")");
+      check(cublaslt().MatmulPreferenceSetAttribute(pref_, attr, &value, sizeof value), "MIN_ALIGNMENT (" + what + ")");
     std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-    check(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme),
+    check(cublaslt().MatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme),
           "REDUCTION_SCHEME_MASK (" + what + ")");
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(lt, op_, a_, b_, c_, c_, pref_, 1, &algo_, &found),
+    check(cublaslt().MatmulAlgoGetHeuristic(lt, op_, a_, b_, c_, c_, pref_, 1, &algo_, &found),
           "cublasLtMatmulAlgoGetHeuristic (" + what + ")");
     if (found < 1) fail("cuda: cuBLASLt has no algorithm for ", what, " within ", s.workspace, " bytes of workspace");
   }
   ~GemmPlan() {
-    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
-    if (a_) cublasLtMatrixLayoutDestroy(a_);
-    if (b_) cublasLtMatrixLayoutDestroy(b_);
-    if (c_) cublasLtMatrixLayoutDestroy(c_);
-    if (op_) cublasLtMatmulDescDestroy(op_);
+    if (pref_) cublaslt().MatmulPreferenceDestroy(pref_);
+    if (a_) cublaslt().MatrixLayoutDestroy(a_);
+    if (b_) cublaslt().MatrixLayoutDestroy(b_);
+    if (c_) cublaslt().MatrixLayoutDestroy(c_);
+    if (op_) cublaslt().MatmulDescDestroy(op_);
   }
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -123,18 +123,18 @@ class GemmPlan {
     const bool f64 = dt == DType::f64;
     const void* alpha = f64 ? static_cast<const void*>(&one_d) : &one_f;
     const void* beta = accumulate ? alpha : f64 ? static_cast<const void*>(&zero_d) : &zero_f;
-    check(cublasLtMatmul(ctx.lt, op_, alpha, B, a_, A, b_, beta, C, c_, C, c_, &algo_.algo, ws, ws_bytes, ctx.compute),
+    check(cublaslt().Matmul(ctx.lt, op_, alpha, B, a_, A, b_, beta, C, c_, C, c_, &algo_.algo, ws, ws_bytes, ctx.compute),
           "cublasLtMatmul (" + what + ")");
   }
 
  private:
   static void layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                      std::int64_t batch, std::int64_t stride, const std::string& what) {
-    check(cublasLtMatrixLayoutCreate(l, t, std::uint64_t(rows), std::uint64_t(cols), ld), "cublasLtMatrixLayoutCreate (" + what + ")");
+    check(cublaslt().MatrixLayoutCreate(l, t, std::uint64_t(rows), std::uint64_t(cols), ld), "cublasLtMatrixLayoutCreate (" + what + ")");
     if (batch > 1) {
       int b = int(batch);
-      check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "BATCH_COUNT (" + what + ")");
-      check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+      check(cublaslt().MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "BATCH_COUNT (" + what + ")");
+      check(cublaslt().MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
             "STRIDED_BATCH_OFFSET (" + what + ")");
     }
   }

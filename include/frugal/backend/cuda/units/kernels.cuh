@@ -39,6 +39,16 @@ void register_cuda_kernels(KernelTable& t, const Context& ctx, const BackendOpti
   for (auto& extra : o.extra_kernels) extra(t);
 }
 
+// FRUGAL_CUBLASLT_LIBRARY: the file CMake found, written into this unit's
+// generated source by frugal_add_kernels (empty where it found none).
+#ifndef FRUGAL_CUBLASLT_LIBRARY
+#define FRUGAL_CUBLASLT_LIBRARY ""
+#endif
+const CublasLt& cublaslt() {
+  static const CublasLt api = load_cublaslt(FRUGAL_CUBLASLT_LIBRARY);
+  return api;
+}
+
 }  // namespace frugal::cuda
 
 namespace frugal {
