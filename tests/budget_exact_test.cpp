@@ -496,3 +496,43 @@ TEST_CASE("a problem that reads outside its schedule is refused by name", "[budg
   p.candidates.push_back(c);
   CHECK_THROWS_WITH(solve_exact(p, 8), Catch::Matchers::Contains("outside the schedule"));
 }
+
+TEST_CASE("the least-memory search's answer is kept per view: the same view gets the search's own answer, a changed one is "
+          "searched again",
+          "[budget-exact][least][cache]") {
+  LeastMemoryCache& cache = LeastMemoryCache::instance();
+  for (std::uint64_t seed = 300; seed < 310; ++seed) {
+    INFO("seed " << seed);
+    BudgetProblem p = step_problem(seed);
+    const Solution searched = least_memory_search(p);
+    const Solution first = least_memory(p);
+    const std::size_t hits = cache.hits();
+    const Solution again = least_memory(p);
+    CHECK(cache.hits() == hits + 1);
+    for (const Solution* s : {&first, &again}) {
+      CHECK(s->choice == searched.choice);
+      CHECK(s->eval.device_peak == searched.eval.device_peak);
+      CHECK(s->feasible == searched.feasible);
+    }
+    // The search reads no device budget, so another one is the same view;
+    // any number it does read makes another key.
+    BudgetProblem q = p;
+    q.device_budget = p.device_budget / 2 + 1;
+    CHECK(least_memory_key(q) == least_memory_key(p));
+    const std::string key = least_memory_key(p);
+    q = p, q.base.back() += 1;
+    CHECK(least_memory_key(q) != key);
+    q = p, q.host_budget += 1;
+    CHECK(least_memory_key(q) != key);
+    q = p, q.nvme_budget += 1;
+    CHECK(least_memory_key(q) != key);
+    for (std::size_t i = 0; i < p.candidates.size(); ++i)
+      for (std::size_t j = 0; j < p.candidates[i].options.size(); ++j) {
+        if (p.candidates[i].options[j].device.empty()) continue;
+        q = p, q.candidates[i].options[j].device.back().bytes -= 1;
+        CHECK(least_memory_key(q) != key);
+        q = p, q.candidates[i].options[j].device.back().span.last -= 1;
+        CHECK(least_memory_key(q) != key);
+      }
+  }
+}

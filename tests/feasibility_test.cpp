@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <frugal/plan/least_memory_cache.hpp>
+
 #include "../tools/model_zoo.hpp"
 
 using namespace frugal;
@@ -104,6 +106,38 @@ TEST_CASE("the smallest feasible budget is the same under profiles 100x apart, a
     // swap, or spill), not just "move everything off the device".
     check_model(models[1], Budget{.host = 64 << 10, .nvme_dir = "/tmp"});
   }
+}
+
+TEST_CASE("a step compiled again under another device budget or another machine's speeds reuses its least-memory "
+          "search, and finds the same smallest feasible budget",
+          "[budget][feasible][cache]") {
+  zoo::Workload w = zoo::make({.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64});
+  const std::size_t full = zoo::plan(w).plan.total_bytes();
+  plan::LeastMemoryCache& cache = plan::LeastMemoryCache::instance();
+  const Budget host_pool{.device = full * 85 / 100, .host = std::size_t(24) << 10};
+  const std::size_t least = zoo::plan(w, host_pool, {}).plan.min_feasible_bytes;
+  REQUIRE(least > 0);
+  REQUIRE(least < full * 85 / 100);
+  std::size_t hits = cache.hits();
+  Budget other = host_pool;
+  other.device = full * 95 / 100;
+  CHECK(zoo::plan(w, other, {}).plan.min_feasible_bytes == least);
+  CHECK(cache.hits() == hits + 1);
+  DeviceProfile slow_machine = DeviceProfile::defaults("cpu", 2);
+  slow_machine.gemm_flops /= 100;
+  slow_machine.stream_bytes /= 100;
+  slow_machine.copy_bytes /= 100;
+  CompileOptions slow;
+  slow.profile = &slow_machine;
+  hits = cache.hits();
+  CHECK(zoo::plan(w, host_pool, slow).plan.min_feasible_bytes == least);
+  CHECK(cache.hits() == hits + 1);
+  // Another host pool is another problem: searched, not found.
+  hits = cache.hits();
+  Budget larger = host_pool;
+  larger.host *= 2;
+  CHECK(zoo::plan(w, larger, {}).plan.min_feasible_bytes <= least);
+  CHECK(cache.hits() == hits);
 }
 
 TEST_CASE("a larger host pool never raises the smallest feasible budget", "[budget][feasible][monotone]") {

@@ -28,6 +28,7 @@
 
 #include "budget_cbc.hpp"
 #include "budget_exact.hpp"
+#include "least_memory_cache.hpp"
 
 namespace frugal::plan {
 
@@ -373,7 +374,7 @@ inline Solution least_memory_heuristic(const BudgetProblem& view) {
 // CBC where the lower bound does not prove them the least; on problems of up
 // to kExactPositions positions, GLPK's exact answer (or, unproved, the best
 // its node limit allows) where it is lower. Reads no price.
-inline Solution least_memory(const BudgetProblem& view) {
+inline Solution least_memory_search(const BudgetProblem& view) {
   Solution greedy = least_memory_heuristic(view);
   if (view.positions > kExactPositions || !kExactSolverHasGlpk) {
     // Where the bound does not already prove the local search's answer the
@@ -388,6 +389,16 @@ inline Solution least_memory(const BudgetProblem& view) {
   ExactResult r = solve_exact_min_memory(view, kLeastMemoryBackstopSeconds, kLeastMemoryNodeLimit);
   if (r.solution.feasible && r.solution.eval.device_peak <= greedy.eval.device_peak) return r.solution;
   return greedy;
+}
+
+// least_memory_search's answer, found once per process for each view
+// (least_memory_cache.hpp): the same step compiled again gets it at once.
+inline Solution least_memory(const BudgetProblem& view) {
+  std::string key = least_memory_key(view);
+  if (std::optional<Solution> hit = LeastMemoryCache::instance().find(key)) return *std::move(hit);
+  Solution s = least_memory_search(view);
+  LeastMemoryCache::instance().insert(std::move(key), s);
+  return s;
 }
 
 // A tighter lower bound on the least device peak, by row generation: the
