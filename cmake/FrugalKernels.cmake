@@ -35,13 +35,22 @@ if(NOT DEFINED FRUGAL_WITH_AVX512)
   set(FRUGAL_WITH_AVX512 ${_frugal_x86} CACHE BOOL "Compile frugal's AVX-512 convolution engine (run-time dispatch)")
 endif()
 
+# FRUGAL_KERNEL_OPT (default -O3): the optimisation level of the kernel
+# units. Only their speed depends on it, never a bit (no level reassociates
+# or contracts floating-point arithmetic under the flags below). -O1
+# compiles them in half the time, for a build that only checks that a
+# program builds and runs (frugal's install test uses it).
+if(NOT DEFINED FRUGAL_KERNEL_OPT)
+  set(FRUGAL_KERNEL_OPT -O3 CACHE STRING "Optimisation level of frugal's kernel units (speed only, never bits)")
+endif()
+
 # Flags of frugal's kernel sources: none of them changes a computed bit.
 # -fno-fast-math undoes a global -ffast-math/-Ofast; -ffp-contract=off keeps
 # a global -march=native from fusing multiplies and adds into FMAs.
 function(_frugal_make_kernels lib)
   # Read here, not where this file was included: a project may include
   # frugal from a subdirectory and call frugal_add_kernels from its own.
-  set(FRUGAL_KERNEL_FLAGS -O3 -fno-fast-math -fno-math-errno -fno-trapping-math -ffp-contract=off)
+  set(FRUGAL_KERNEL_FLAGS ${FRUGAL_KERNEL_OPT} -fno-fast-math -fno-math-errno -fno-trapping-math -ffp-contract=off)
   if(EXISTS "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../include/frugal/kernels.hpp")
     get_filename_component(FRUGAL_KERNELS_INCLUDE_DIR "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../include" ABSOLUTE)  # source tree
   else()

@@ -153,8 +153,10 @@ TEST_CASE("a larger host pool never raises the smallest feasible budget", "[budg
     zoo::Workload w = zoo::make(c);
     const std::size_t full = zoo::plan(w).plan.total_bytes();
     std::size_t previous = full;
+    // Up to 128 KiB: resnet's least no longer falls past it, and gpt's search
+    // at 256 KiB alone took 14 s of the test's 36.
     for (std::size_t host : {std::size_t(1), std::size_t(16) << 10, std::size_t(32) << 10, std::size_t(64) << 10,
-                             std::size_t(128) << 10, std::size_t(256) << 10}) {
+                             std::size_t(128) << 10}) {
       const std::size_t least = smallest_feasible([&](const Budget& b, const CompileOptions& o) { return zoo::plan(w, b, o); },
                                                   Budget{.device = full - 1, .host = host}, {});
       INFO(c.name() << ", host pool " << host << " B: smallest feasible " << least << ", with a smaller pool " << previous);
