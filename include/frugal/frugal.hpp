@@ -44,6 +44,7 @@
 #include "optim/linear_lr.hpp"
 #include "optim/one_cycle_lr.hpp"
 #include "optim/step_lr.hpp"
+#include "dist/local.hpp"
 #include "data/idx.hpp"
 #include "nn/graph_conv.hpp"
 #include "data/graph.hpp"

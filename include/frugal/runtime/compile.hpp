@@ -7,6 +7,7 @@
 
 #include "../graph/capture.hpp"
 #include "../graph/modes.hpp"
+#include "../ops/collective.hpp"
 #include "../plan/budget.hpp"
 #include "../plan/cost_model.hpp"
 #include "../plan/device_profile.hpp"
@@ -76,6 +77,15 @@ struct CompileOptions {
   // under PyTorch's model.eval(), and leaves the flags alone. true/false:
   // every module runs in train/eval mode in this step, whatever its flag.
   std::optional<bool> training;
+  // Data parallelism (ZeRO stage 0): every rank runs the step on its own
+  // share of the global batch, and each parameter's gradient is averaged
+  // over the communicator's ranks (ops::AllReduceMean: summed in rank order,
+  // so every rank gets the same bits, then divided by the rank count)
+  // before clipping, the loss scaler's check and the update: every rank
+  // applies the same update. The loss run() returns is this rank's own.
+  // dist::Mpi::world() under mpirun; dist::local() runs the same graph on
+  // one rank. Null: no collectives. Training steps only.
+  std::shared_ptr<Communicator> communicator;
 };
 
 namespace detail {
@@ -271,6 +281,9 @@ Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor
   if (o.loss_scaler) fail("compile_gradients: CompileOptions::loss_scaler applies to training steps (compile)");
   if (o.clip_grad_norm != 0 || o.skip_non_finite)
     fail("compile_gradients: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
+  if (o.communicator)
+    fail("compile_gradients: CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
+         "update to average for (each rank runs it on its own data)");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend, o.training);
   return detail::finish(detail::prepare_gradients(std::move(backend), std::move(c), wrt, o), budget, o);
@@ -292,6 +305,9 @@ Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}
   if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
   if (o.clip_grad_norm != 0 || o.skip_non_finite)
     fail("compile_inference: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
+  if (o.communicator)
+    fail("compile_inference: CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
+         "update to average for (each rank runs it on its own data)");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend, o.training.value_or(false));
   return detail::finish(detail::prepare_inference(std::move(backend), std::move(c), o), budget, o);

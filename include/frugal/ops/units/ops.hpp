@@ -76,6 +76,7 @@ MaxMinDimGrad::~MaxMinDimGrad() = default;
 MaxMinDim::~MaxMinDim() = default;
 ArgMaxMin::~ArgMaxMin() = default;
 Detach::~Detach() = default;
+AllReduceMean::~AllReduceMean() = default;
 NllLossBase::~NllLossBase() = default;
 NllLossGrad::~NllLossGrad() = default;
 NllLoss::~NllLoss() = default;

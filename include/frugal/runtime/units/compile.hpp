@@ -139,6 +139,20 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
            "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
   }
   auto grads = grad(scaler ? scaler->scale_loss(loss) : loss, wrt);
+  if (o.communicator) {
+    // In the order the backward completes the gradients (their producers'
+    // capture order), not the parameters' order: the collectives run in the
+    // order they are captured, and the first parameter's gradient is the
+    // backward's last.
+    std::vector<std::size_t> order;
+    for (std::size_t k = 0; k < wrt.size(); ++k)
+      if (grads[k]) order.push_back(k);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return g.value(grads[a]->id).producer < g.value(grads[b]->id).producer;
+    });
+    for (std::size_t k : order)
+      grads[k] = all_reduce_mean(*grads[k], o.communicator, cat("gradient of '", g.value(wrt[k].id).name, "'"));
+  }
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
   for (std::size_t k = 0; k < wrt.size(); ++k) {
