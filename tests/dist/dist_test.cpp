@@ -39,13 +39,14 @@ Tensor row(int r, std::size_t count, DType dt, std::uint64_t salt) {
     const double v = g.normal() * (1 + double(i % 7) * 1e3) + 1e-3 * g.uniform();
     if (dt == DType::f32) t.data<float>()[i] = float(v);
     else if (dt == DType::f64) t.data<double>()[i] = v;
-    else t.data<BFloat16>()[i] = BFloat16(float(v));
+    else if (dt == DType::bf16) t.data<BFloat16>()[i] = BFloat16(float(v));
+    else t.data<Half>()[i] = Half(float(v / 1e3));  // inside f16's range
   }
   return t;
 }
 
 // The reference: element i of every rank's row added in rank order, in the
-// element type (f32 for bf16, rounded once).
+// element type (f32 for bf16 and f16, rounded once).
 std::vector<unsigned char> reference_sum(int n, std::size_t count, DType dt, std::uint64_t salt, std::size_t from,
                                          std::size_t len) {
   std::vector<Tensor> rows;
@@ -60,11 +61,16 @@ std::vector<unsigned char> reference_sum(int n, std::size_t count, DType dt, std
       float a = rows[0].data<float>()[from + i];
       for (int r = 1; r < n; ++r) a += rows[std::size_t(r)].data<float>()[from + i];
       std::memcpy(&out[i * 4], &a, 4);
-    } else {
+    } else if (dt == DType::bf16) {
       float a = float(rows[0].data<BFloat16>()[from + i]);
       for (int r = 1; r < n; ++r) a += float(rows[std::size_t(r)].data<BFloat16>()[from + i]);
       BFloat16 b(a);
       std::memcpy(&out[i * 2], &b, 2);
+    } else {
+      float a = float(rows[0].data<Half>()[from + i]);
+      for (int r = 1; r < n; ++r) a += float(rows[std::size_t(r)].data<Half>()[from + i]);
+      Half h(a);
+      std::memcpy(&out[i * 2], &h, 2);
     }
   }
   return out;
@@ -75,7 +81,7 @@ bool same_bytes(const void* a, const void* b, std::size_t n) { return std::memcm
 void collectives(Communicator& c) {
   const int n = c.size(), me = c.rank();
   std::uint64_t salt = 1;
-  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     const std::size_t es = dtype_size(dt);
     for (std::size_t count : {std::size_t(1), std::size_t(3), std::size_t(1000), std::size_t(4099)}) {
       const std::string at = cat(dtype_name(dt), " x ", count);
