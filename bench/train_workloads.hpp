@@ -9,6 +9,7 @@
 // means before it commits to one: plan(budget) answers without allocating
 // the arena (the unconstrained bytes, the smallest feasible budget), and
 // compile(budget) builds the step that step() runs.
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,6 +20,14 @@
 namespace bench {
 
 using namespace frugal;
+
+// Data parallelism (bench/dp_bench under mpirun): this rank's share of the
+// global batch, and the communicator that averages the gradients. The
+// default is one process with the whole batch.
+struct Shard {
+  int rank = 0, ranks = 1;
+  std::shared_ptr<Communicator> comm;
+};
 
 struct Workload {
   virtual ~Workload() = default;
@@ -38,6 +47,7 @@ struct Workload {
   std::size_t arena_bytes() const { return compiled().arena_bytes(); }
   // What the step is planned and compiled with (threads, planner switches).
   CompileOptions& plan_options() { return plan_options_; }
+  const Optimizer& optimizer() const { return *opt_; }
 
   std::int64_t batch = 0;
   std::int64_t params = 0;
@@ -48,8 +58,10 @@ struct Workload {
   // The step function and its inputs, kept so the step can be planned and
   // compiled under any budget. fn may capture `this`: workloads do not move.
   template <class Fn>
-  void define(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, int threads) {
+  void define(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, int threads, const Shard& shard = {}) {
     plan_options_.threads = threads;
+    plan_options_.communicator = shard.comm;
+    opt_ = &opt;
     // The options are read when the step is planned, so a caller may change
     // them (plan_options()) after the workload is made.
     plan_ = [this, fn, specs, &opt](const Budget& b) { return frugal::plan_training(fn, specs, opt, b, plan_options_); };
@@ -59,6 +71,7 @@ struct Workload {
 
  private:
   CompileOptions plan_options_;
+  const Optimizer* opt_ = nullptr;
   std::function<PlannedStep(const Budget&)> plan_;
   std::function<Step(const Budget&)> compile_;
 };
@@ -78,6 +91,21 @@ inline Tensor randint(Shape s, std::int64_t hi, Rng& r, DType dt = DType::i32) {
   return t;
 }
 
+
+// Rows [rank * n / ranks, (rank + 1) * n / ranks) of t's first dimension.
+inline Tensor rows_of(const Tensor& t, const Shard& s) {
+  const std::int64_t n = t.shape()[0];
+  if (n % s.ranks) fail("train_workloads: a batch of ", n, " does not split evenly over ", s.ranks, " ranks");
+  const std::int64_t rows = n / s.ranks;
+  std::vector<std::int64_t> dims = t.shape().dims();
+  dims[0] = rows;
+  Tensor out(Shape(dims), t.dtype());
+  const std::size_t row_bytes = t.nbytes() / std::size_t(n);
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + std::size_t(s.rank * rows) * row_bytes,
+              std::size_t(rows) * row_bytes);
+  return out;
+}
+
 // 784-1024-1024-10, ReLU, cross-entropy, batch 256, SGD(lr 0.01, momentum 0.9).
 struct MlpWorkload final : Workload {
   struct Net : nn::Module {
@@ -92,12 +120,12 @@ struct MlpWorkload final : Workload {
   optim::SGD opt{net.parameters(), {.lr = 0.01, .momentum = 0.9}};
   Tensor x, y;
 
-  explicit MlpWorkload(int threads) {
+  explicit MlpWorkload(int threads, const Shard& shard = {}) {
     Rng r(1);
-    x = randn({256, 784}, r);
-    y = randint({256}, 10, r);
+    x = rows_of(randn({256, 784}, r), shard);
+    y = rows_of(randint({256}, 10, r), shard);
     define([&](Var xv, Var yv) { return cross_entropy(net.forward(xv), yv); },
-           {input<float>({256, 784}), input<std::int32_t>({256})}, opt, threads);
+           {input<float>({x.shape()[0], 784}), input<std::int32_t>({x.shape()[0]})}, opt, threads, shard);
     batch = 256;
     params = net.num_parameters();
     default_warmup = 5;
@@ -114,13 +142,13 @@ struct ResnetWorkload final : Workload {
   optim::SGD opt{net->parameters(), {.lr = 0.01, .momentum = 0.9}};
   Tensor x, y;
 
-  explicit ResnetWorkload(int threads) {
+  explicit ResnetWorkload(int threads, const Shard& shard = {}) {
     Rng r(2);
-    x = randn({32, 3, 32, 32}, r);
-    y = randint({32}, 10, r);
+    x = rows_of(randn({32, 3, 32, 32}, r), shard);
+    y = rows_of(randint({32}, 10, r), shard);
     net->train();
     define([&](Var xv, Var yv) { return cross_entropy(net->forward(xv), yv); },
-           {input<float>({32, 3, 32, 32}), input<std::int32_t>({32})}, opt, threads);
+           {input<float>({x.shape()[0], 3, 32, 32}), input<std::int32_t>({x.shape()[0]})}, opt, threads, shard);
     batch = 32;
     params = net->num_parameters();
     default_warmup = 2;
@@ -138,12 +166,12 @@ struct GptWorkload final : Workload {
   optim::AdamW opt{net.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
   Tensor idx, tgt;
 
-  explicit GptWorkload(int threads) {
+  explicit GptWorkload(int threads, const Shard& shard = {}) {
     Rng r(3);
-    idx = randint({8, 128}, 512, r);
-    tgt = randint({8, 128}, 512, r);
+    idx = rows_of(randint({8, 128}, 512, r), shard);
+    tgt = rows_of(randint({8, 128}, 512, r), shard);
     define([&](Var i, Var t) { return net.loss(i, t); },
-           {input<std::int32_t>({8, 128}), input<std::int32_t>({8, 128})}, opt, threads);
+           {input<std::int32_t>({idx.shape()[0], 128}), input<std::int32_t>({idx.shape()[0], 128})}, opt, threads, shard);
     batch = 8;
     params = net.num_parameters();
     unit = "sequences";
@@ -181,11 +209,16 @@ struct GcnWorkload final : Workload {
   Step::Audit audit() override { return s->audit(x, y); }
 };
 
-inline std::unique_ptr<Workload> make_workload(const std::string& name, int threads) {
-  if (name == "mlp") return std::make_unique<MlpWorkload>(threads);
-  if (name == "resnet") return std::make_unique<ResnetWorkload>(threads);
-  if (name == "gpt") return std::make_unique<GptWorkload>(threads);
-  if (name == "gcn") return std::make_unique<GcnWorkload>(threads);
+// `batch` stays the global batch; with shard.ranks > 1 each rank's step
+// runs on its rows of it.
+inline std::unique_ptr<Workload> make_workload(const std::string& name, int threads, const Shard& shard = {}) {
+  if (name == "mlp") return std::make_unique<MlpWorkload>(threads, shard);
+  if (name == "resnet") return std::make_unique<ResnetWorkload>(threads, shard);
+  if (name == "gpt") return std::make_unique<GptWorkload>(threads, shard);
+  if (name == "gcn") {
+    if (shard.ranks > 1) fail("train_workloads: gcn trains on the whole graph at once; it has no batch to split over ranks");
+    return std::make_unique<GcnWorkload>(threads);
+  }
   fail("train_bench: unknown workload '", name, "': use mlp, resnet, gpt or gcn");
 }
 

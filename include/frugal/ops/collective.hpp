@@ -98,7 +98,8 @@ namespace frugal {
 
 // g averaged over the ranks of `comm` (an identity on one rank).
 inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std::string what) {
-  Var sequence = persistent_var(comm->collectives_run(), ValueKind::state, "communicator.collectives_run");
+  // A buffer: persistent, written by the step, neither a parameter nor optimizer state.
+  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
   return apply1<ops::AllReduceMean>({g, sequence}, comm, std::move(what));
 }
 
