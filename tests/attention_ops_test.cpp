@@ -12,6 +12,7 @@
 #include <frugal/data/neighbor_sampler.hpp>
 
 #include "op_harness.hpp"
+#include "bytes_of.hpp"
 
 using namespace optest;
 using frugal::DType;
@@ -629,22 +630,17 @@ TEST_CASE("SAGEConv on a bipartite block: lin_l(A x_src) + lin_r(x_dst) against 
 
 namespace {
 
-struct BudgetRun {
+struct AttentionBudgetRun {
   std::vector<float> losses;
   std::vector<std::vector<char>> params;
   frugal::Plan plan;
 };
 
-std::vector<char> bytes_of(const Tensor& t) {
-  std::vector<char> b(t.nbytes());
-  std::memcpy(b.data(), t.raw(), t.nbytes());
-  return b;
-}
 
 // A tiny sequence classifier: encoder layer (dropout on, padding mask) ->
 // cross-attention of a learned query over it -> broadcast matmul -> mean ->
 // cross-entropy; 4 steps of AdamW.
-BudgetRun train_encoder(frugal::Budget budget, int steps) {
+AttentionBudgetRun train_encoder(frugal::Budget budget, int steps) {
   const std::int64_t B = 3, T = 6, d = 16, H = 2, classes = 4;
   frugal::nn::manual_seed(11);
   frugal::nn::TransformerEncoderLayer enc(d, H, {.dim_feedforward = 32, .dropout = 0.1, .activation = "gelu"});
@@ -673,7 +669,7 @@ BudgetRun train_encoder(frugal::Budget budget, int steps) {
         return frugal::cross_entropy(head(frugal::mean(m, {1, 2})), y);
       },
       {frugal::input<float>({B, T, d}), frugal::input<std::int32_t>({B})}, opt, budget);
-  BudgetRun run;
+  AttentionBudgetRun run;
   run.plan = step.plan();
   for (int s = 0; s < steps; ++s) {
     frugal::Rng dr(100 + std::uint64_t(s));
@@ -687,7 +683,7 @@ BudgetRun train_encoder(frugal::Budget budget, int steps) {
 }
 
 // Two SAGEConv layers on one sampled minibatch of a ring graph.
-BudgetRun train_sage(frugal::Budget budget, int steps) {
+AttentionBudgetRun train_sage(frugal::Budget budget, int steps) {
   const fd::Csr g = ring_graph(64);
   const std::vector<std::int64_t> seeds{1, 9, 20, 33, 47, 60}, fanouts{3, 2};
   const fd::SampledSubgraph s = fd::sample_neighbors(g, seeds, fanouts, 8);
@@ -705,15 +701,15 @@ BudgetRun train_sage(frugal::Budget budget, int steps) {
   frugal::Step step = frugal::compile(
       [&](Var x, Var y) { return frugal::cross_entropy(c2(frugal::relu(c1(x, b0)), b1), y); },
       {frugal::input<float>({n_src, in}), frugal::input<std::int32_t>({std::int64_t(seeds.size())})}, opt, budget);
-  BudgetRun run;
+  AttentionBudgetRun run;
   run.plan = step.plan();
   for (int i = 0; i < steps; ++i) run.losses.push_back(step.run(feats, labels));
   for (auto& t : params) run.params.push_back(bytes_of(t));
   return run;
 }
 
-void check_budgets(const std::function<BudgetRun(frugal::Budget, int)>& train) {
-  const BudgetRun free = train({}, 4);
+void check_budgets(const std::function<AttentionBudgetRun(frugal::Budget, int)>& train) {
+  const AttentionBudgetRun free = train({}, 4);
   const std::size_t full = free.plan.total_bytes();
   const std::size_t least = train(frugal::Budget{.device = full - 1}, 0).plan.min_feasible_bytes;
   INFO("unconstrained " << full << " bytes, smallest feasible " << least);
@@ -722,7 +718,7 @@ void check_budgets(const std::function<BudgetRun(frugal::Budget, int)>& train) {
   for (std::size_t budget : {full * 7 / 10, least}) {
     if (budget < least) continue;
     INFO("budget " << budget);
-    const BudgetRun tight = train(frugal::Budget{.device = budget}, 4);
+    const AttentionBudgetRun tight = train(frugal::Budget{.device = budget}, 4);
     CHECK(tight.plan.total_bytes() <= budget);
     CHECK_FALSE(tight.plan.decisions.empty());
     CHECK(tight.losses == free.losses);
@@ -738,7 +734,7 @@ TEST_CASE("encoder layer, masked cross-attention and broadcast matmul train bit 
 }
 
 TEST_CASE("SAGEConv on a sampled minibatch trains, and bit for bit under tight budgets", "[attn14][budget][graph]") {
-  const BudgetRun r = train_sage({}, 30);
+  const AttentionBudgetRun r = train_sage({}, 30);
   CHECK(r.losses.back() < r.losses.front() * 0.5f);
   check_budgets(train_sage);
 }

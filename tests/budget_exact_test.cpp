@@ -27,7 +27,7 @@ using namespace frugal::plan;
 
 namespace {
 
-struct Shape {
+struct StepShape {
   int min_layers = 3, max_layers = 7;
   std::int64_t unit = 4096;  // activation sizes are multiples of this (plus `odd` bytes)
   std::int64_t odd = 0;      // add up to this many stray bytes to each size: rows nowhere near round numbers
@@ -41,7 +41,7 @@ struct Shape {
 // the copies the window's compute cannot hide); recompute (frees the whole
 // window, costs the producer's time, requires the producer's input kept);
 // sometimes spill to NVMe. A few random requirements tie swaps together.
-BudgetProblem step_problem(std::uint64_t seed, const Shape& shape = {}) {
+BudgetProblem step_problem(std::uint64_t seed, const StepShape& shape = {}) {
   std::mt19937_64 rng(seed);
   auto uni = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
   auto pick = [&](int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); };

@@ -5,6 +5,8 @@
 // smallest feasible one.
 #include <catch2/catch.hpp>
 
+#include "bytes_of.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -28,11 +30,6 @@ struct Run {
   std::size_t high_water = 0;
 };
 
-std::vector<char> bytes_of(const Tensor& t) {
-  std::vector<char> b(t.nbytes());
-  std::memcpy(b.data(), t.raw(), t.nbytes());
-  return b;
-}
 
 // Trains the random net for `steps` under `budget`; the same seed builds
 // the same weights and batches every time.

@@ -389,7 +389,7 @@ TEST_CASE("the issue-14 ops name what is wrong with bad input", "[ops14]") {
 
 namespace {
 
-struct BudgetRun {
+struct ElementwiseBudgetRun {
   std::vector<float> losses;
   std::vector<std::vector<char>> params;
   frugal::Plan plan;
@@ -397,7 +397,7 @@ struct BudgetRun {
 
 // A small regression-and-classification net over the issue-14 ops, trained
 // for three steps under `budget`.
-BudgetRun train_issue14_net(frugal::Budget budget) {
+ElementwiseBudgetRun train_issue14_net(frugal::Budget budget) {
   using namespace frugal;
   nn::manual_seed(5);
   nn::Linear fc1{16, 48}, fc2{48, 48}, head{48, 6};
@@ -419,7 +419,7 @@ BudgetRun train_issue14_net(frugal::Budget budget) {
                l1_loss(min(out, 1), y);
       },
       {input<float>({32, 16}), input<float>({32}), input<std::int32_t>({32})}, opt, budget);
-  BudgetRun run;
+  ElementwiseBudgetRun run;
   run.plan = step.plan();
   for (int s = 0; s < 3; ++s) {
     Rng d(100 + std::uint64_t(s));
@@ -442,7 +442,7 @@ BudgetRun train_issue14_net(frugal::Budget budget) {
 }  // namespace
 
 TEST_CASE("the issue-14 ops train bit for bit the same under a tight budget", "[ops14][budget]") {
-  const BudgetRun free = train_issue14_net({});
+  const ElementwiseBudgetRun free = train_issue14_net({});
   const std::size_t full = free.plan.total_bytes();
   std::size_t least = full;
   try {
@@ -451,7 +451,7 @@ TEST_CASE("the issue-14 ops train bit for bit the same under a tight budget", "[
     FAIL("the net has nothing to evict below its unconstrained plan");
   }
   REQUIRE(least < full);
-  const BudgetRun tight = train_issue14_net(frugal::Budget{.device = least});
+  const ElementwiseBudgetRun tight = train_issue14_net(frugal::Budget{.device = least});
   CHECK(tight.plan.total_bytes() <= least);
   CHECK(!tight.plan.decisions.empty());
   CHECK(tight.losses == free.losses);

@@ -14,6 +14,7 @@
 #include "op_harness.hpp"
 #include "random_net.hpp"
 #include "reference_conv.hpp"
+#include "bytes_of.hpp"
 
 using namespace frugal;
 
@@ -25,11 +26,6 @@ CompileOptions fusing(bool on) {
   return o;
 }
 
-std::vector<char> bytes_of(const Tensor& t) {
-  std::vector<char> b(t.nbytes());
-  std::memcpy(b.data(), t.raw(), t.nbytes());
-  return b;
-}
 
 int fused_nodes_in(const Graph& g, const Plan& p) {
   int n = 0;

@@ -23,15 +23,15 @@ namespace fs = std::filesystem;
 namespace {
 
 // A fresh directory under /tmp for one test, removed afterwards.
-struct TempDir {
+struct IoTempDir {
   fs::path dir;
-  TempDir() {
+  IoTempDir() {
     static int n = 0;
     dir = fs::temp_directory_path() / cat("io-test-", ::getpid(), "-", n++);
     fs::remove_all(dir);
     fs::create_directories(dir);
   }
-  ~TempDir() {
+  ~IoTempDir() {
     std::error_code ec;
     fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ec);
     fs::remove_all(dir, ec);
@@ -102,7 +102,7 @@ std::string data_error(F&& f) {
 }  // namespace
 
 TEST_CASE("safetensors: every dtype, a 0-d and an empty tensor and the metadata round-trip", "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   auto tensors = every_dtype();
   io::Metadata md{{"note", "quotes \" backslash \\ newline \n tab \t"}, {"unicode", "\xc3\xa9t\xc3\xa9 \xe2\x9c\x93"}};
   fs::path p = tmp / "all.safetensors";
@@ -132,7 +132,7 @@ TEST_CASE("safetensors: every dtype, a 0-d and an empty tensor and the metadata 
 }
 
 TEST_CASE("safetensors: the header is sorted, 8-byte aligned, space padded, and the bytes are deterministic", "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   auto tensors = every_dtype();
   fs::path p = tmp / "a.safetensors";
   io::write_safetensors(p, tensors, {{"k", "v"}});
@@ -162,7 +162,7 @@ TEST_CASE("safetensors: the header is sorted, 8-byte aligned, space padded, and 
 }
 
 TEST_CASE("safetensors: writing rejects duplicate names, undefined tensors and the reserved name", "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   fs::path p = tmp / "x.safetensors";
   Tensor t({2});
   CHECK_THROWS_WITH(io::write_safetensors(p, {{"a", t}, {"b", t}, {"a", t}}), Contains("'a'") && Contains(p.string()));
@@ -172,7 +172,7 @@ TEST_CASE("safetensors: writing rejects duplicate names, undefined tensors and t
 }
 
 TEST_CASE("safetensors: a truncated file is a DataError naming the path at every length", "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   fs::path good = tmp / "good.safetensors";
   io::write_safetensors(good, every_dtype(), {{"k", "v"}});
   std::string bytes = slurp(good);
@@ -200,7 +200,7 @@ TEST_CASE("safetensors: a truncated file is a DataError naming the path at every
 
 TEST_CASE("safetensors: a flipped header byte is a DataError naming the path or a consistent file, never a crash",
           "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   fs::path good = tmp / "good.safetensors";
   io::NamedTensors tensors{{"a", Tensor({3, 2})}, {"b", Tensor({5}, DType::i64)}};
   io::write_safetensors(good, tensors, {{"k", "v"}});
@@ -231,7 +231,7 @@ TEST_CASE("safetensors: a flipped header byte is a DataError naming the path or 
 }
 
 TEST_CASE("safetensors: each kind of bad header gives its own clear DataError", "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   fs::path p = tmp / "bad.safetensors";
   auto check = [&](const std::string& header, const std::string& data, const std::string& expect) {
     INFO("header " << header);
@@ -291,7 +291,7 @@ TEST_CASE("safetensors: each kind of bad header gives its own clear DataError", 
 }
 
 TEST_CASE("safetensors: a failed write leaves the earlier file intact and no temporary behind", "[io]") {
-  TempDir tmp;
+  IoTempDir tmp;
   fs::path p = tmp / "model.safetensors";
   io::NamedTensors small{{"a", Tensor::from(std::vector<float>{1, 2, 3}, {3})}};
   io::write_safetensors(p, small, {{"version", "1"}});
@@ -410,7 +410,7 @@ std::string model_bytes(const nn::Module& m) {
 
 template <class Opt, class Options>
 void check_bitwise_resume(Options options, const char* kind) {
-  TempDir tmp;
+  IoTempDir tmp;
   constexpr int k = 3;
   // The uninterrupted run: k steps, a checkpoint, k more.
   nn::manual_seed(7);
@@ -499,7 +499,7 @@ TEST_CASE("checkpoint: optimizer state names, kinds and step counts", "[io][chec
   CHECK_THROWS_WITH(sgd.set_steps(-1), Contains("negative"));
 
   // A parameter the module does not own is named by its index.
-  TempDir tmp;
+  IoTempDir tmp;
   Tensor stray = Tensor::from(std::vector<float>{1, 2}, {2});
   std::vector<Tensor> params = net.parameters();
   params.push_back(stray);
@@ -516,7 +516,7 @@ TEST_CASE("checkpoint: optimizer state names, kinds and step counts", "[io][chec
 }
 
 TEST_CASE("weights: save and load by state_dict names, strictly", "[io][checkpoint]") {
-  TempDir tmp;
+  IoTempDir tmp;
   nn::manual_seed(3);
   Net a;
   fs::path p = tmp / "w.safetensors";
@@ -571,7 +571,7 @@ TEST_CASE("weights: save and load by state_dict names, strictly", "[io][checkpoi
 }
 
 TEST_CASE("checkpoint: loading errors name the file and leave everything as it was", "[io][checkpoint]") {
-  TempDir tmp;
+  IoTempDir tmp;
   nn::manual_seed(8);
   Net a;
   optim::AdamW adamw(a.parameters(), {.lr = 1e-2});

@@ -23,6 +23,7 @@
 
 #include "reference_mixed.hpp"
 #include "toy_task.hpp"
+#include "bytes_of.hpp"
 
 using namespace frugal;
 using Catch::Matchers::Contains;
@@ -744,15 +745,11 @@ TEST_CASE("the gradients of f32 master weights read through a cast are f32", "[m
 
 namespace {
 
-std::vector<unsigned char> bytes_of(const Tensor& t) {
-  const auto* p = static_cast<const unsigned char*>(t.raw());
-  return {p, p + t.nbytes()};
-}
 
 // Everything an AdamW step may write: parameters, both moments, the count
 // of steps taken.
-std::vector<std::vector<unsigned char>> adamw_state(const nn::Module& m, const optim::AdamW& opt) {
-  std::vector<std::vector<unsigned char>> s;
+std::vector<std::vector<char>> adamw_state(const nn::Module& m, const optim::AdamW& opt) {
+  std::vector<std::vector<char>> s;
   auto ps = m.parameters();
   for (std::size_t i = 0; i < ps.size(); ++i) {
     s.push_back(bytes_of(ps[i]));
@@ -760,7 +757,7 @@ std::vector<std::vector<unsigned char>> adamw_state(const nn::Module& m, const o
     s.push_back(bytes_of(opt.exp_avg_sq(i)));
   }
   std::int64_t taken = opt.steps_taken();
-  s.push_back({reinterpret_cast<unsigned char*>(&taken), reinterpret_cast<unsigned char*>(&taken) + 8});
+  s.push_back({reinterpret_cast<char*>(&taken), reinterpret_cast<char*>(&taken) + 8});
   return s;
 }
 
@@ -804,7 +801,7 @@ TEST_CASE("an f16 step whose scaled gradients overflow is skipped: nothing chang
   const Tensor w = model.fc.weight;
 
   int skipped = 0;
-  std::vector<std::vector<unsigned char>> before;
+  std::vector<std::vector<char>> before;
   for (;; ++skipped) {
     REQUIRE(skipped < 20);
     before = adamw_state(model, opt);

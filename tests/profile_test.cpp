@@ -67,14 +67,14 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-struct TempDir {
+struct ProfileTempDir {
   fs::path path;
-  explicit TempDir(const std::string& tag) {
+  explicit ProfileTempDir(const std::string& tag) {
     path = fs::temp_directory_path() / cat("frugal-profile-test-", tag, "-", ::getpid());
     fs::remove_all(path);
     fs::create_directories(path);
   }
-  ~TempDir() {
+  ~ProfileTempDir() {
     std::error_code ec;
     fs::remove_all(path, ec);
   }
@@ -359,7 +359,7 @@ TEST_CASE("prediction_is_off: 19% is within tolerance, 21% is not", "[profile]")
 // ---- calibration and its cache -----------------------------------------------
 
 TEST_CASE("calibration: positive, finite rates in under 1.5 s, cached once and then reused", "[profile]") {
-  TempDir cache("cache"), nvme("nvme"), nvme2("nvme2");
+  ProfileTempDir cache("cache"), nvme("nvme"), nvme2("nvme2");
   ScopedEnv dir("FRUGAL_CACHE_DIR", cache.path.c_str());
   ScopedEnv forced("FRUGAL_PROFILE", nullptr);
   // The kernels are compiled once for the suite (frugal_add_kernels).
@@ -423,7 +423,7 @@ TEST_CASE("calibration: positive, finite rates in under 1.5 s, cached once and t
 }
 
 TEST_CASE("load_or_calibrate: another machine's or a corrupt cache is recalibrated over", "[profile]") {
-  TempDir cache("cache2");
+  ProfileTempDir cache("cache2");
   ScopedEnv dir("FRUGAL_CACHE_DIR", cache.path.c_str());
   ScopedEnv forced("FRUGAL_PROFILE", nullptr);
   auto owned = make_backend("cpu");
@@ -449,7 +449,7 @@ TEST_CASE("load_or_calibrate: another machine's or a corrupt cache is recalibrat
 }
 
 TEST_CASE("load_or_calibrate: FRUGAL_PROFILE forces a file, and a bad one is an error", "[profile]") {
-  TempDir cache("forced");
+  ProfileTempDir cache("forced");
   auto owned = make_backend("cpu");
   Backend& backend = *owned;
   DeviceProfile p = sample_profile();

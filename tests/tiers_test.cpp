@@ -25,15 +25,15 @@ namespace {
 
 const std::size_t kSizes[] = {1, 4095, 4097, (3u << 20) + 17};
 
-struct TempDir {
+struct TiersTempDir {
   std::string path;
-  TempDir() {
+  TiersTempDir() {
     const char* base = std::getenv("TMPDIR");
     std::string tmpl = std::string(base && *base ? base : "/tmp") + "/frugal-tiers-XXXXXX";
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     path = tmpl;
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TiersTempDir() { fs::remove_all(path); }
   bool empty() const { return fs::is_empty(path); }
 };
 
@@ -129,7 +129,7 @@ TEST_CASE("HostPool names Budget::host when the memory is not there", "[tiers]")
 }
 
 TEST_CASE("NvmeStore round-trips random bytes at any source alignment with both engines", "[tiers]") {
-  TempDir dir;
+  TiersTempDir dir;
   for (std::string io : {"", "pread"}) {
     // Small staging: thousands of chunks through the ring for the 3 MiB case.
     for (std::size_t staging : {std::size_t(4) << 20, std::size_t(16) << 10}) {
@@ -160,7 +160,7 @@ TEST_CASE("NvmeStore round-trips random bytes at any source alignment with both 
 }
 
 TEST_CASE("NvmeStore's file is anonymous: nothing is left in the directory, even while it lives", "[tiers]") {
-  TempDir dir;
+  TiersTempDir dir;
   {
     auto store = make_store("", dir.path, 1 << 20);
     auto src = random_bytes(5000, 5);
@@ -171,7 +171,7 @@ TEST_CASE("NvmeStore's file is anonymous: nothing is left in the directory, even
 }
 
 TEST_CASE("CopyEngine keeps several slots in flight, in order, waited out of order", "[tiers]") {
-  TempDir dir;
+  TiersTempDir dir;
   for (std::string io : {"", "pread"}) {
     INFO("FRUGAL_NVME_IO=" << io);
     auto store = make_store(io, dir.path, slots_bytes());
@@ -246,7 +246,7 @@ TEST_CASE("CopyEngine runs a job beside the caller: submitting does not wait for
 }
 
 TEST_CASE("NvmeStore finds a full disk at construction and names the directory", "[tiers]") {
-  TempDir dir;
+  TiersTempDir dir;
   {
     FileSizeLimit limit(1 << 20);  // the file cannot grow past 1 MiB, as on a full disk
     try {
@@ -262,7 +262,7 @@ TEST_CASE("NvmeStore finds a full disk at construction and names the directory",
 }
 
 TEST_CASE("A write error mid-transfer surfaces from wait() and the engine refuses work until reset", "[tiers]") {
-  TempDir dir;
+  TiersTempDir dir;
   for (std::string io : {"", "pread"}) {
     INFO("FRUGAL_NVME_IO=" << io);
     auto store = make_store(io, dir.path, 8 << 20);
@@ -302,7 +302,7 @@ TEST_CASE("A write error mid-transfer surfaces from wait() and the engine refuse
 }
 
 TEST_CASE("NvmeStore names a missing directory and what to do", "[tiers]") {
-  TempDir dir;
+  TiersTempDir dir;
   const std::string missing = dir.path + "/no-such-dir";
   try {
     NvmeStore store(missing, 1 << 20);

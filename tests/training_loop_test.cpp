@@ -10,6 +10,7 @@
 #include <limits>
 #include <numbers>
 #include <tuple>
+#include "bytes_of.hpp"
 
 using namespace frugal;
 
@@ -41,12 +42,7 @@ Batch batch(std::uint64_t seed) {
   return b;
 }
 
-std::vector<char> bytes_of(const Tensor& t) {
-  std::vector<char> b(t.nbytes());
-  std::memcpy(b.data(), t.raw(), t.nbytes());
-  return b;
-}
-std::vector<std::vector<char>> bytes_of(const std::vector<Tensor>& ts) {
+std::vector<std::vector<char>> bytes_of_each(const std::vector<Tensor>& ts) {
   std::vector<std::vector<char>> out;
   for (auto& t : ts) out.push_back(bytes_of(t));
   return out;
@@ -335,7 +331,7 @@ TEST_CASE("clip_grad_norm with a norm that does not bind computes the unclipped 
       Batch b = batch(50 + std::uint64_t(s));
       step.run(b.x, b.y);
     }
-    return bytes_of(net.parameters());
+    return bytes_of_each(net.parameters());
   };
   nn::manual_seed(3);
   auto plain = train(0);
@@ -389,7 +385,7 @@ struct GuardRun {
   std::int64_t taken = 0;
 };
 GuardRun snapshot(Net& net, const optim::AdamW& opt) {
-  GuardRun r{bytes_of(net.parameters()), {}, opt.steps_taken()};
+  GuardRun r{bytes_of_each(net.parameters()), {}, opt.steps_taken()};
   for (auto& s : opt.state()) r.state.push_back(bytes_of(s.tensor));
   return r;
 }
@@ -444,15 +440,15 @@ TEST_CASE("skip_non_finite also skips a step whose loss alone is not finite", "[
                       {.skip_non_finite = true});
   Batch b = batch(4);
   Tensor z = Tensor::from<float>({1.0f, std::numeric_limits<float>::infinity()}, Shape{2});
-  const auto before = bytes_of(net.parameters());
+  const auto before = bytes_of_each(net.parameters());
   CHECK(std::isinf(step.run(b.x, b.y, z)));
   CHECK(step.last_step_skipped());
-  CHECK(bytes_of(net.parameters()) == before);
+  CHECK(bytes_of_each(net.parameters()) == before);
   CHECK(opt.steps_taken() == 0);
   z.data<float>()[1] = 0;
   step.run(b.x, b.y, z);
   CHECK_FALSE(step.last_step_skipped());
-  CHECK(bytes_of(net.parameters()) != before);
+  CHECK(bytes_of_each(net.parameters()) != before);
   CHECK_THROWS_WITH(compile(loss_fn(net), specs(), opt).skipped_steps(), Catch::Contains("skip_non_finite"));
 }
 
@@ -562,7 +558,7 @@ TEST_CASE("groups, clipping, the guard and extra outputs compute the same bits u
       o.norms.push_back(step.grad_norm());
       sched.step();
     }
-    o.params = bytes_of(net.parameters());
+    o.params = bytes_of_each(net.parameters());
     o.skipped = step.skipped_steps();
     return o;
   };
