@@ -14,16 +14,6 @@
 
 namespace frugal::ops {
 
-// A shape seen around one axis as [outer, n, inner].
-struct AxisSplit {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-inline AxisSplit split_around(const Shape& s, int axis) {
-  AxisSplit v;
-  for (int d = 0; d < s.rank(); ++d) (d < axis ? v.outer : d == axis ? v.n : v.inner) *= s[d];
-  return v;
-}
-
 inline Shape with_dim(const Shape& s, int axis, std::int64_t n) {
   std::vector<std::int64_t> d = s.dims();
   d[std::size_t(axis)] = n;

@@ -53,7 +53,7 @@ void for_each_piece(const std::vector<std::int64_t>& pieces, std::span<const Ten
 inline void concat_kernel(const ops::Concat& op, const KernelArgs& a) {
   const Shape& out = *a.out[0].shape;
   const int axis = out.normalize_axis(op.axis());
-  const ops::AxisSplit v = ops::split_around(out, axis);
+  const AxisView v = axis_view(out, axis);
   const std::size_t es = dtype_size(a.out[0].dtype), row = std::size_t(v.n * v.inner) * es;
   parallel_for(v.outer, v.n * v.inner, [&](std::int64_t o0, std::int64_t o1) {
     for (std::int64_t o = o0; o < o1; ++o)
@@ -71,7 +71,7 @@ inline void concat_kernel(const ops::Concat& op, const KernelArgs& a) {
 inline void split_kernel(const ops::Split& op, const KernelArgs& a) {
   const Shape& in = *a.in[0].shape;
   const int axis = in.normalize_axis(op.axis());
-  const ops::AxisSplit v = ops::split_around(in, axis);
+  const AxisView v = axis_view(in, axis);
   const std::size_t es = dtype_size(a.in[0].dtype), row = std::size_t(v.n * v.inner) * es;
   const auto& sizes = op.sizes();
   parallel_for(v.outer, v.n * v.inner, [&](std::int64_t o0, std::int64_t o1) {
@@ -92,7 +92,7 @@ inline void split_kernel(const ops::Split& op, const KernelArgs& a) {
 inline void slice_kernel(const ops::Slice& op, const KernelArgs& a) {
   const Shape& in = *a.in[0].shape;
   const int axis = in.normalize_axis(op.axis());
-  const ops::AxisSplit v = ops::split_around(in, axis);
+  const AxisView v = axis_view(in, axis);
   const ops::SliceRange r = op.range(v.n);
   const std::size_t es = dtype_size(a.in[0].dtype), len = std::size_t(v.inner) * es;
   parallel_for(v.outer * r.count, v.inner, [&](std::int64_t t0, std::int64_t t1) {
@@ -107,7 +107,7 @@ inline void slice_kernel(const ops::Slice& op, const KernelArgs& a) {
 inline void slice_grad_kernel(const ops::SliceGrad& op, const KernelArgs& a) {
   const Shape& out = *a.out[0].shape;
   const int axis = out.normalize_axis(op.axis());
-  const ops::AxisSplit v = ops::split_around(out, axis);
+  const AxisView v = axis_view(out, axis);
   const ops::SliceRange r = op.range(v.n);
   const std::size_t es = dtype_size(a.out[0].dtype), len = std::size_t(v.inner) * es;
   parallel_for(v.outer, v.n * v.inner, [&](std::int64_t o0, std::int64_t o1) {
@@ -126,7 +126,7 @@ inline void slice_grad_kernel(const ops::SliceGrad& op, const KernelArgs& a) {
 inline void index_select_kernel(const ops::IndexSelect& op, const KernelArgs& a) {
   const Shape& in = *a.in[0].shape;
   const int axis = in.normalize_axis(op.axis());
-  const ops::AxisSplit v = ops::split_around(in, axis);
+  const AxisView v = axis_view(in, axis);
   const TensorRef& ids = a.in[1];
   detail::check_index("index_select", ids, v.n, "entries along the axis");
   const std::int64_t m = ids.numel();
@@ -146,7 +146,7 @@ inline void index_add_kernel(const ops::IndexAdd& op, const KernelArgs& a) {
     using T = decltype(tag);
     const Shape& out = *a.out[0].shape;
     const int axis = out.normalize_axis(op.axis());
-    const ops::AxisSplit v = ops::split_around(out, axis);
+    const AxisView v = axis_view(out, axis);
     detail::check_index("index_add", ids, v.n, "entries along the axis");
     const std::int64_t m = ids.numel();
     const T* s = src.as<T>();

@@ -117,7 +117,7 @@ struct EmbeddingGradKernel {
 // The input viewed as [outer, n, inner]; out [outer, count, inner] takes
 // rows start, start + step, ... of the middle axis.
 template <class T>
-__global__ void slice_k(const T* x, T* y, ops::AxisSplit v, ops::SliceRange r) {
+__global__ void slice_k(const T* x, T* y, AxisView v, ops::SliceRange r) {
   const std::int64_t total = v.outer * r.count * v.inner;
   for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < total; t += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t k = t % v.inner, oi = t / v.inner, i = oi % r.count, o = oi / r.count;
@@ -126,7 +126,7 @@ __global__ void slice_k(const T* x, T* y, ops::AxisSplit v, ops::SliceRange r) {
 }
 // The slice's gradient: [outer, n, inner], zero where the slice took nothing.
 template <class T>
-__global__ void slice_grad_k(const T* dy, T* dx, ops::AxisSplit v, ops::SliceRange r) {
+__global__ void slice_grad_k(const T* dy, T* dx, AxisView v, ops::SliceRange r) {
   const std::int64_t total = v.outer * v.n * v.inner;
   for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < total; t += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t k = t % v.inner, on = t / v.inner, m = on % v.n, o = on / v.n;
@@ -141,7 +141,7 @@ struct SliceKernel {
   void operator()(const ops::Slice& op, const KernelArgs& a) const {
     const std::string what = describe(op, a);
     const Shape& in = *a.in[0].shape;
-    const ops::AxisSplit v = ops::split_around(in, in.normalize_axis(op.axis()));
+    const AxisView v = axis_view(in, in.normalize_axis(op.axis()));
     const ops::SliceRange r = op.range(v.n);
     const std::int64_t n = v.outer * r.count * v.inner;
     if (n == 0) return;
@@ -158,7 +158,7 @@ struct SliceGradKernel {
   void operator()(const ops::SliceGrad& op, const KernelArgs& a) const {
     const std::string what = describe(op, a);
     const Shape& out = *a.out[0].shape;
-    const ops::AxisSplit v = ops::split_around(out, out.normalize_axis(op.axis()));
+    const AxisView v = axis_view(out, out.normalize_axis(op.axis()));
     const ops::SliceRange r = op.range(v.n);
     const std::int64_t n = out.numel();
     if (n == 0) return;
