@@ -273,17 +273,25 @@ PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt,
   return detail::planned(detail::prepare_training(fn, specs, opt, o), specs, budget, o);
 }
 
+namespace detail {
+// The options only a training step (compile) has a use for, refused by name
+// where `fn` builds a step without an update.
+inline void refuse_training_options(const CompileOptions& o, const char* fn) {
+  if (o.loss_scaler) fail(fn, ": CompileOptions::loss_scaler applies to training steps (compile)");
+  if (o.clip_grad_norm != 0 || o.skip_non_finite)
+    fail(fn, ": CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
+  if (o.communicator)
+    fail(fn, ": CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
+         "update to average for (each rank runs it on its own data)");
+}
+}  // namespace detail
+
 // Loss and gradients for `wrt` (parameters the function reads), no update:
 // for checking gradients and for custom training loops.
 template <class Fn>
 Step compile_gradients(Fn&& fn, std::vector<InputSpec> specs, std::vector<Tensor> wrt, Budget budget = {},
                        CompileOptions o = {}) {
-  if (o.loss_scaler) fail("compile_gradients: CompileOptions::loss_scaler applies to training steps (compile)");
-  if (o.clip_grad_norm != 0 || o.skip_non_finite)
-    fail("compile_gradients: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
-  if (o.communicator)
-    fail("compile_gradients: CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
-         "update to average for (each rank runs it on its own data)");
+  detail::refuse_training_options(o, "compile_gradients");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend, o.training);
   return detail::finish(detail::prepare_gradients(std::move(backend), std::move(c), wrt, o), budget, o);
@@ -302,12 +310,7 @@ PlannedStep plan_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget 
 // says otherwise); their train()/eval() flags are not changed.
 template <class Fn>
 Step compile_inference(Fn&& fn, std::vector<InputSpec> specs, Budget budget = {}, CompileOptions o = {}) {
-  if (o.loss_scaler) fail("compile_inference: CompileOptions::loss_scaler applies to training steps (compile)");
-  if (o.clip_grad_norm != 0 || o.skip_non_finite)
-    fail("compile_inference: CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
-  if (o.communicator)
-    fail("compile_inference: CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
-         "update to average for (each rank runs it on its own data)");
+  detail::refuse_training_options(o, "compile_inference");
   auto backend = detail::backend_for(o);
   auto c = detail::capture(fn, specs, backend, o.training.value_or(false));
   return detail::finish(detail::prepare_inference(std::move(backend), std::move(c), o), budget, o);
