@@ -2,6 +2,8 @@
 // What the cuda_* tests share: the skip rule (exit 77, "skipped: no CUDA
 // device", which ctest reads as SKIP_RETURN_CODE 77) and a plain check
 // counter, so the tests need no Catch2 (a lent GPU machine may not have it).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +89,52 @@ inline bool same_bits(const Run& a, const Run& b) {
   for (std::size_t i = 0; i < a.losses.size(); ++i)
     if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) != 0) return false;
   return a.params == b.params;
+}
+
+// A GPU run under `b` (or, where the planner cannot meet it, at the least
+// feasible budget its error names: feasibility depends only on the graph
+// and the budget) against the unconstrained GPU run `free_run`: bit for bit,
+// within the budget by measurement and by audit, and, where `must_bind`,
+// with decisions made. train(budget, audit) runs the test's step.
+template <class Train>
+void check_budgeted_run(Train&& train, const Run& free_run, frugal::Budget b, const std::string& label, bool must_bind) {
+  Run r;
+  try {
+    r = train(b, true);
+  } catch (const frugal::BudgetError& e) {
+    std::printf("%s (%zu bytes) is infeasible: %s\n", label.c_str(), b.device, e.what());
+    expect(e.smallest_feasible_bytes > 0 && e.smallest_feasible_bytes < free_run.total_planned,
+           "an infeasible share names a smaller least feasible budget");
+    b.device = e.smallest_feasible_bytes;
+    r = train(b, true);
+  }
+  const std::string tag = label + " (" + std::to_string(b.device) + " bytes)";
+  std::printf("%s: %zu decisions, measured device bytes %zu, audit high-water %zu (predicted %zu), canary %s\n",
+              tag.c_str(), r.decisions, r.device_bytes, r.audit.high_water, r.audit.predicted,
+              r.audit.canary_intact ? "intact" : "TOUCHED");
+  expect(same_bits(free_run, r), tag + ": losses and parameters are bitwise the unconstrained GPU run's");
+  expect(r.device_bytes <= b.device, tag + ": measured device bytes " + std::to_string(r.device_bytes) + " <= budget");
+  expect(r.audit.canary_intact, tag + ": nothing written beyond the predicted peak");
+  expect(r.audit.high_water <= r.audit.predicted, tag + ": the audit's high-water mark is at most the predicted peak");
+  if (must_bind) expect(r.decisions > 0, tag + ": the budget binds (the planner made decisions)");
+}
+
+// The CPU and GPU runs' losses, step by step, within `tolerance` (each test
+// derives its own), and the GPU run learns: its steps 0 and 16 see the same
+// batch (a stream of four, repeated), and the loss falls between them.
+inline void check_cpu_matches_gpu(const Run& cpu, const Run& gpu, double tolerance) {
+  double worst = 0;
+  for (std::size_t s = 0; s < cpu.losses.size() && s < gpu.losses.size(); ++s) {
+    const double d = std::fabs(double(cpu.losses[s]) - double(gpu.losses[s]));
+    worst = std::max(worst, d);
+    expect(d <= tolerance, "step " + std::to_string(s) + ": cpu loss " + std::to_string(cpu.losses[s]) + " gpu loss " +
+                               std::to_string(gpu.losses[s]));
+  }
+  expect(cpu.losses.size() == gpu.losses.size(), "the CPU and GPU runs took as many steps");
+  expect(gpu.losses.size() > 16 && gpu.losses[16] < gpu.losses[0],
+         "the GPU run learns (batch 0's loss falls from step 0 to step 16)");
+  std::printf("%zu steps cpu vs gpu: largest |loss difference| %.3g (tolerance %.3g); loss %.4f -> %.4f\n",
+              gpu.losses.size(), worst, tolerance, double(gpu.losses.front()), double(gpu.losses.back()));
 }
 
 }  // namespace cuda_test

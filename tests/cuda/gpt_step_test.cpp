@@ -128,30 +128,8 @@ int main() try {
   const Run again = train("cuda", kSteps, {}, false);
   expect(same_bits(free_run, again), "two unconstrained GPU runs give the same bits");
 
-  {
-    Budget b{.device = std::size_t(double(need) * 0.6), .host = 256u << 20};
-    Run r;
-    try {
-      r = train("cuda", kSteps, b, true);
-    } catch (const BudgetError& e) {
-      // Feasibility depends only on the graph and the budget: where 60% is
-      // below what the planner can meet, its least feasible budget binds.
-      std::printf("60%% (%zu bytes) is infeasible: %s\n", b.device, e.what());
-      expect(e.smallest_feasible_bytes > 0 && e.smallest_feasible_bytes < need,
-             "an infeasible share names a smaller least feasible budget");
-      b.device = e.smallest_feasible_bytes;
-      r = train("cuda", kSteps, b, true);
-    }
-    const std::string tag = "budget " + std::to_string(b.device) + " bytes";
-    std::printf("%s: %zu decisions, measured device bytes %zu, audit high-water %zu (predicted %zu), canary %s\n",
-                tag.c_str(), r.decisions, r.device_bytes, r.audit.high_water, r.audit.predicted,
-                r.audit.canary_intact ? "intact" : "TOUCHED");
-    expect(same_bits(free_run, r), tag + ": losses and parameters are bitwise the unconstrained GPU run's");
-    expect(r.device_bytes <= b.device, tag + ": measured device bytes " + std::to_string(r.device_bytes) + " <= budget");
-    expect(r.audit.canary_intact, tag + ": nothing written beyond the predicted peak");
-    expect(r.audit.high_water <= r.audit.predicted, tag + ": the audit's high-water mark is at most the predicted peak");
-    expect(r.decisions > 0, tag + ": the budget binds (the planner made decisions)");
-  }
+  cuda_test::check_budgeted_run([&](const Budget& b, bool audit) { return train("cuda", kSteps, b, audit); }, free_run,
+                                Budget{.device = std::size_t(double(need) * 0.6), .host = 256u << 20}, "60% budget", true);
 
   // CPU against GPU, 20 steps, the same dropout masks (the same Philox
   // stream). Per op the backends differ by a few f32 ulps relative: GEMM
@@ -168,18 +146,9 @@ int main() try {
   // or more within 20 steps.
   const Run cpu = train("cpu", 20, {}, false);
   const Run gpu = train("cuda", 20, {}, false);
-  double worst = 0;
-  for (int s = 0; s < 20; ++s) {
-    const double d = std::fabs(double(cpu.losses[std::size_t(s)]) - double(gpu.losses[std::size_t(s)]));
-    worst = std::max(worst, d);
-    expect(d <= 5e-3, "step " + std::to_string(s) + ": cpu loss " + std::to_string(cpu.losses[std::size_t(s)]) +
-                          " gpu loss " + std::to_string(gpu.losses[std::size_t(s)]));
-  }
+  cuda_test::check_cpu_matches_gpu(cpu, gpu, 5e-3);
   expect(std::fabs(double(cpu.losses[0]) - double(gpu.losses[0])) <= 1e-4,
          "step 0 (no update yet): cpu and gpu losses within 1e-4");
-  expect(gpu.losses[16] < gpu.losses[0], "the GPU run learns (batch 0's loss falls from step 0 to step 16)");
-  std::printf("20 steps cpu vs gpu: largest |loss difference| %.3g (tolerance 5e-3); loss %.4f -> %.4f\n", worst,
-              double(gpu.losses.front()), double(gpu.losses.back()));
   return cuda_test::finish("cuda_gpt_step");
 } catch (const std::exception& e) {
   std::printf("FAIL: %s\n", e.what());

@@ -83,31 +83,10 @@ int main() try {
   const Run again = train("cuda", kSteps, {}, false);
   expect(same_bits(free_run, again), "two unconstrained GPU runs give the same bits");
 
-  for (double share : {1.0, 0.5}) {
-    Budget b{.device = std::size_t(double(need) * share), .host = 256u << 20};
-    Run r;
-    try {
-      r = train("cuda", kSteps, b, true);
-    } catch (const BudgetError& e) {
-      // Feasibility depends only on the graph and the budget (the same on the
-      // CPU): if the planner cannot meet this share, its least feasible
-      // budget is the next best test of a binding budget.
-      std::printf("%.0f%% (%zu bytes) is infeasible: %s\n", share * 100, b.device, e.what());
-      expect(e.smallest_feasible_bytes > 0 && e.smallest_feasible_bytes < need,
-             "an infeasible share names a smaller least feasible budget");
-      b.device = e.smallest_feasible_bytes;
-      r = train("cuda", kSteps, b, true);
-    }
-    const std::string tag = std::to_string(int(share * 100)) + "% budget (" + std::to_string(b.device) + " bytes)";
-    std::printf("%s: %zu decisions, measured device bytes %zu, audit high-water %zu (predicted %zu), canary %s\n",
-                tag.c_str(), r.decisions, r.device_bytes, r.audit.high_water, r.audit.predicted,
-                r.audit.canary_intact ? "intact" : "TOUCHED");
-    expect(same_bits(free_run, r), tag + ": losses and parameters are bitwise the unconstrained GPU run's");
-    expect(r.device_bytes <= b.device, tag + ": measured device bytes " + std::to_string(r.device_bytes) + " <= budget");
-    expect(r.audit.canary_intact, tag + ": nothing written beyond the predicted peak");
-    expect(r.audit.high_water <= r.audit.predicted, tag + ": the audit's high-water mark is at most the predicted peak");
-    if (share < 1.0) expect(r.decisions > 0, tag + ": the budget binds (the planner made decisions)");
-  }
+  auto under = [&](const Budget& b, bool audit) { return train("cuda", kSteps, b, audit); };
+  for (double share : {1.0, 0.5})
+    cuda_test::check_budgeted_run(under, free_run, Budget{.device = std::size_t(double(need) * share), .host = 256u << 20},
+                                  std::to_string(int(share * 100)) + "% budget", share < 1.0);
 
   // CPU against GPU, 20 steps. The two differ only in how the GEMMs' sums
   // are ordered (f32, no TF32) and in the last bits of expf/logf: about
@@ -117,19 +96,7 @@ int main() try {
   // 2e-3 absolute on a loss near 2.3 leaves a factor of several to spare
   // while a wrong kernel (a missing bias, a wrong transpose) moves it by 0.1
   // or more within 20 steps.
-  const Run cpu = train("cpu", 20, {}, false);
-  const Run gpu = train("cuda", 20, {}, false);
-  double worst = 0;
-  for (int s = 0; s < 20; ++s) {
-    const double d = std::fabs(double(cpu.losses[std::size_t(s)]) - double(gpu.losses[std::size_t(s)]));
-    worst = std::max(worst, d);
-    expect(d <= 2e-3, "step " + std::to_string(s) + ": cpu loss " + std::to_string(cpu.losses[std::size_t(s)]) +
-                          " gpu loss " + std::to_string(gpu.losses[std::size_t(s)]));
-  }
-  // Steps 0 and 16 see the same batch (a stream of four, repeated).
-  expect(gpu.losses[16] < gpu.losses[0], "the GPU run learns (batch 0's loss falls from step 0 to step 16)");
-  std::printf("20 steps cpu vs gpu: largest |loss difference| %.3g (tolerance 2e-3); loss %.4f -> %.4f\n", worst,
-              double(gpu.losses.front()), double(gpu.losses.back()));
+  cuda_test::check_cpu_matches_gpu(train("cpu", 20, {}, false), train("cuda", 20, {}, false), 2e-3);
   return cuda_test::finish("cuda_step");
 } catch (const std::exception& e) {
   std::printf("FAIL: %s\n", e.what());
