@@ -2,11 +2,18 @@
 //   dist_test collectives   every collective against a plain reference, bit for bit (any rank count)
 //   dist_test train         mlp (SGD) and gpt (AdamW) trained on N ranks: the same bits on every rank,
 //                           and the single-process run on the global batch within a derived tolerance
+//   dist_test zero          ZeRO stages 1 and 2 against stage 0, bit for bit; each rank's optimizer
+//                           state against ZeRO's accounting; the stage the planner picks under a budget
 //   dist_test local         one process: dist::local() trains bit for bit as no communicator
 //   dist_test stop|kill     rank 1 stops (SIGSTOP) or dies (SIGKILL) before its first step: rank 0's
 //                           gradient all-reduce fails naming itself within the timeout, and the job ends
 // A plain program (ranks print their own failures); exit status 1 on a failed check.
+#include <algorithm>
 #include <csignal>
+#include <filesystem>
+#include <unistd.h>
+#include <functional>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <frugal/dist/local.hpp>
@@ -134,7 +141,9 @@ void collectives(Communicator& c) {
 
 // A two-layer MLP on a separable task, SGD with momentum.
 struct Mlp : nn::Module {
-  nn::Linear fc1{16, 32}, fc2{32, 4};
+  // fc2's bias has 3 elements: ZeRO pads its shards at 2 ranks and leaves
+  // it whole at 4 (one rank would get none).
+  nn::Linear fc1{16, 32}, fc2{32, 3};
   Mlp() {
     register_module("fc1", fc1);
     register_module("fc2", fc2);
@@ -149,7 +158,7 @@ std::vector<Tensor> mlp_batch(int s, std::int64_t first, std::int64_t rows) {
   Rng g(7000 + std::uint64_t(s));
   Tensor x({kGlobalBatch, 16}), y({kGlobalBatch}, DType::i32);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(g.normal());
-  for (std::int64_t i = 0; i < kGlobalBatch; ++i) y.data<std::int32_t>()[i] = std::int32_t(g.below(4));
+  for (std::int64_t i = 0; i < kGlobalBatch; ++i) y.data<std::int32_t>()[i] = std::int32_t(g.below(3));
   Tensor xs({rows, 16}), ys({rows}, DType::i32);
   std::memcpy(xs.raw(), x.data<float>() + first * 16, std::size_t(rows * 16) * 4);
   std::memcpy(ys.raw(), y.data<std::int32_t>() + first, std::size_t(rows) * 4);
@@ -161,21 +170,36 @@ struct Trained {
   std::vector<Tensor> params;
   std::size_t planned = 0, least = 0;  // the plan's total bytes; its smallest feasible budget
   Step::Audit audit;                   // of the last step, where asked
+  int stage = -1;                      // the ZeRO stage the plan runs at
+  std::string zero_reason;             // and why
+  std::size_t state_bytes = 0;         // the plan's optimizer-state bytes on this rank
 };
 
+void note_plan(const Step& step, Trained& t) {
+  t.planned = step.plan().total_bytes();
+  t.least = step.plan().min_feasible_bytes;
+  t.stage = step.plan().zero_stage;
+  t.zero_reason = step.plan().zero_reason;
+  const auto& kinds = step.plan().persistent_by_kind;
+  auto it = kinds.find("optimizer state");
+  t.state_bytes = it == kinds.end() ? 0 : it->second;
+}
+
 Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps,
-                  Budget budget = {}, bool audit_last = false) {
+                  Budget budget = {}, bool audit_last = false, std::optional<int> zero_stage = {},
+                  const std::function<void()>& compiled = {}) {
   nn::manual_seed(11);
   Mlp m;
   optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
   CompileOptions o;
   o.threads = 1;
   o.communicator = std::move(comm);
+  o.zero_stage = zero_stage;
   Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
                       {input<float>({rows, 16}), input<std::int32_t>({rows})}, opt, budget, o);
+  if (compiled) compiled();
   Trained t;
-  t.planned = step.plan().total_bytes();
-  t.least = step.plan().min_feasible_bytes;
+  note_plan(step, t);
   for (int s = 0; s < steps; ++s) {
     auto b = mlp_batch(s, first, rows);
     if (audit_last && s + 1 == steps) t.audit = step.audit(b[0], b[1]);
@@ -198,16 +222,28 @@ std::vector<Tensor> gpt_batch(int s, std::int64_t first, std::int64_t rows) {
   return {xs, ys};
 }
 
-Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps) {
+// What a gpt run sets besides its data.
+struct GptRun {
+  std::optional<int> zero_stage;
+  double clip_grad_norm = 0;
+  bool skip_non_finite = false;
+  Budget budget;
+};
+
+Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps, GptRun run = {}) {
   nn::manual_seed(12);
   nn::Gpt m({.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2});
   optim::AdamW opt(m.parameters(), {.lr = 3e-3});
   CompileOptions o;
   o.threads = 1;
   o.communicator = std::move(comm);
+  o.zero_stage = run.zero_stage;
+  o.clip_grad_norm = run.clip_grad_norm;
+  o.skip_non_finite = run.skip_non_finite;
   Step step = compile([&](Var x, Var y) { return m.loss(x, y); },
-                      {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, {}, o);
+                      {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, run.budget, o);
   Trained t;
+  note_plan(step, t);
   for (int s = 0; s < steps; ++s) {
     auto b = gpt_batch(s, first, rows);
     t.losses.push_back(step.run(b[0], b[1]));
@@ -321,6 +357,174 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
   }
 }
 
+bool same_params(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  bool same = a.size() == b.size();
+  for (std::size_t k = 0; same && k < a.size(); ++k)
+    same = a[k].numel() == b[k].numel() && same_bytes(a[k].raw(), b[k].raw(), std::size_t(a[k].numel()) * 4);
+  return same;
+}
+
+// ZeRO's accounting of one rank's optimizer state, from the parameters'
+// sizes alone: `slots` f32 tensors per parameter (SGD's momentum: 1; AdamW's
+// two moments: 2), each of rank r's chunk of ceil(numel / N) elements, or
+// the whole parameter where N - 1 chunks already cover it (then some rank
+// would hold none, and the parameter is not sharded).
+std::size_t zero_state_bytes(const std::vector<Tensor>& params, int slots, int rank, int ranks, int stage) {
+  std::size_t elements = 0;
+  for (const Tensor& p : params) {
+    const std::int64_t n = p.numel(), chunk = (n + ranks - 1) / ranks;
+    if (stage == 0 || std::int64_t(ranks - 1) * chunk >= n) elements += std::size_t(n);
+    else elements += std::size_t(std::clamp<std::int64_t>(n - rank * chunk, 0, chunk));
+  }
+  return elements * std::size_t(slots) * 4;
+}
+
+// ZeRO stages 0, 1 and 2 on N ranks: the same bits as stage 0 after 10
+// steps (the stage only moves where each element of the update is computed,
+// not how), each rank's optimizer state what ZeRO's accounting says, and
+// under a budget that stage 0 cannot meet the planner picks a stage that
+// fits, audited.
+void zero(const std::shared_ptr<dist::Mpi>& c) {
+  const int n = c->size(), me = c->rank();
+  const int steps = 10;
+  {
+    const std::int64_t rows = kGlobalBatch / n;
+    Trained s0 = train_mlp(c, me * rows, rows, steps, {}, false, 0);
+    check(s0.stage == 0 && s0.state_bytes == zero_state_bytes(s0.params, 1, me, n, 0),
+          cat("mlp stage 0: SGD's momentum is whole, ", s0.state_bytes, " bytes"));
+    for (int stage : {1, 2}) {
+      Trained z = train_mlp(c, me * rows, rows, steps, {}, false, stage);
+      check(z.stage == stage, cat("mlp: the plan runs at the pinned stage ", stage));
+      check(z.losses == s0.losses && same_params(z.params, s0.params),
+            cat("mlp: ZeRO stage ", stage, " trains bit for bit as stage 0 over ", n, " ranks"));
+      check(same_on_every_rank(*c, z.params), cat("mlp stage ", stage, ": every rank holds the same parameter bits"));
+      const std::size_t expect = zero_state_bytes(z.params, 1, me, n, stage);
+      check(z.state_bytes == expect, cat("mlp stage ", stage, ": rank ", me, " keeps ", z.state_bytes,
+                                         " bytes of momentum, ZeRO's accounting says ", expect));
+    }
+    // The budget: stage 1's least, below stage 0's. Left to choose, the
+    // planner must take a sharded stage, stay within it (audited), and still
+    // train bit for bit.
+    const std::size_t least0 = train_mlp(c, me * rows, rows, 1, Budget{.device = s0.planned - 1}, false, 0).least;
+    Trained probe1 = train_mlp(c, me * rows, rows, 1, {}, false, 1);
+    const std::size_t least1 = train_mlp(c, me * rows, rows, 1, Budget{.device = probe1.planned - 1}, false, 1).least;
+    check(least1 < least0, cat("mlp: stage 1 needs less than stage 0 (", least1, " < ", least0, " bytes)"));
+    // Every rank must be given the same budget: the larger of the ranks'.
+    std::vector<double> leasts(static_cast<std::size_t>(n));
+    const double mine = double(least1);
+    c->all_gather(&mine, leasts.data(), 1, DType::f64, "test: stage 1's least budget");
+    const std::size_t budget = std::size_t(*std::max_element(leasts.begin(), leasts.end()));
+    if (budget < least0) {
+      Trained chosen = train_mlp(c, me * rows, rows, steps, Budget{.device = budget}, true);
+      check(chosen.stage >= 1, cat("mlp: at ", budget, " bytes (stage 0 needs ", least0, ") the planner picks stage ",
+                                   chosen.stage));
+      check(chosen.zero_reason.find("stage 0 needs at least") != std::string::npos,
+            cat("mlp: the plan says why stage 0 was passed over: ", chosen.zero_reason));
+      check(chosen.audit.canary_intact && chosen.audit.high_water <= budget,
+            cat("mlp: at the chosen stage the audited high-water mark ", chosen.audit.high_water, " is within ", budget));
+      Trained free = train_mlp(c, me * rows, rows, steps, {}, true, 0);
+      check(chosen.losses == free.losses && same_params(chosen.params, free.params),
+            "mlp: the chosen stage under the budget trains bit for bit as stage 0 unconstrained");
+    } else {
+      check(false, cat("mlp: ranks' stage-1 budgets (max ", budget, ") leave stage 0 (", least0, ") nothing to refuse"));
+    }
+    try {
+      train_mlp(c, me * rows, rows, 1, Budget{.device = least1 / 2});
+      check(false, "a budget no stage fits is refused");
+    } catch (const BudgetError& e) {
+      check(std::string(e.what()).find("no ZeRO stage fits") != std::string::npos,
+            cat("the refusal says no stage fits: ", e.what()));
+    }
+  }
+  {
+    const std::int64_t rows = kGlobalBatch / 2 / n;
+    std::vector<std::size_t> state(3);
+    for (GptRun base : {GptRun{}, GptRun{.clip_grad_norm = 0.5}, GptRun{.skip_non_finite = true}}) {
+      const bool whole_grads = base.clip_grad_norm != 0 || base.skip_non_finite;
+      const std::string with = base.clip_grad_norm ? " with clip_grad_norm" : base.skip_non_finite ? " with skip_non_finite" : "";
+      base.zero_stage = 0;
+      Trained s0 = train_gpt(c, me * rows, rows, steps, base);
+      if (!whole_grads) state[0] = s0.state_bytes;
+      for (int stage = 1; stage <= (whole_grads ? 1 : 2); ++stage) {
+        GptRun r = base;
+        r.zero_stage = stage;
+        Trained z = train_gpt(c, me * rows, rows, steps, r);
+        check(z.losses == s0.losses && same_params(z.params, s0.params),
+              cat("gpt", with, ": ZeRO stage ", stage, " trains bit for bit as stage 0 over ", n, " ranks"));
+        check(same_on_every_rank(*c, z.params), cat("gpt stage ", stage, with, ": every rank holds the same bits"));
+        const std::size_t expect = zero_state_bytes(z.params, 2, me, n, stage);
+        check(z.state_bytes == expect + (base.skip_non_finite ? s0.state_bytes - zero_state_bytes(z.params, 2, me, n, 0) : 0),
+              cat("gpt stage ", stage, with, ": rank ", me, " keeps ", z.state_bytes, " bytes of AdamW moments, ZeRO's accounting says ", expect));
+        if (!whole_grads) state[std::size_t(stage)] = z.state_bytes;
+      }
+    }
+    // A checkpoint of sharded state, one file per rank: saved after 5
+    // steps, loaded into a fresh model and optimizer at the same stage and
+    // rank count, the next 5 steps are the uninterrupted run's, bit for bit.
+    // Loaded into whole (stage 0) state, it is refused, naming the shapes.
+    {
+      namespace fs = std::filesystem;
+      const fs::path dir = fs::temp_directory_path() / cat("frugal_dist_zero_", n, "_", ::getppid());
+      fs::create_directories(dir);
+      const fs::path file = dir / cat("gpt.rank", me, ".safetensors");
+      auto make = [&](nn::Gpt& m, optim::AdamW& opt, int stage) {
+        CompileOptions o;
+        o.threads = 1;
+        o.communicator = c;
+        o.zero_stage = stage;
+        return compile([&](Var x, Var y) { return m.loss(x, y); },
+                       {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, {}, o);
+      };
+      const nn::GptConfig config{.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2};
+      nn::manual_seed(12);
+      nn::Gpt m(config);
+      optim::AdamW opt(m.parameters(), {.lr = 3e-3});
+      Step step = make(m, opt, 2);
+      std::vector<float> through, resumed;
+      for (int s = 0; s < steps; ++s) {
+        if (s == 5) io::save_checkpoint(file, m, opt, 5);
+        auto b = gpt_batch(s, me * rows, rows);
+        const float l = step.run(b[0], b[1]);
+        if (s >= 5) through.push_back(l);
+      }
+      nn::manual_seed(99);  // other initial weights: the checkpoint must replace them
+      nn::Gpt m2(config);
+      optim::AdamW opt2(m2.parameters(), {.lr = 3e-3});
+      Step step2 = make(m2, opt2, 2);
+      const auto state = io::load_checkpoint(file, m2, opt2);
+      step2.set_steps_run(state.step);
+      step2.parameters_changed();
+      for (int s = 5; s < steps; ++s) {
+        auto b = gpt_batch(s, me * rows, rows);
+        resumed.push_back(step2.run(b[0], b[1]));
+      }
+      check(resumed == through && same_params(m2.parameters(), m.parameters()),
+            "gpt stage 2: resumed from per-rank checkpoints, the last 5 steps are the uninterrupted run's bit for bit");
+      nn::Gpt m3(config);
+      optim::AdamW opt3(m3.parameters(), {.lr = 3e-3});
+      Step step3 = make(m3, opt3, 0);
+      try {
+        io::load_checkpoint(file, m3, opt3);
+        check(false, "a rank's sharded checkpoint loaded into whole optimizer state is refused");
+      } catch (const DataError& e) {
+        check(std::string(e.what()).find("exp_avg") != std::string::npos,
+              cat("the refusal names the state tensor: ", e.what()));
+      }
+      c->barrier("test: checkpoints read");
+      if (me == 0) fs::remove_all(dir);
+    }
+    if (me == 0) {
+      std::size_t psi = 0;
+      nn::manual_seed(12);
+      nn::Gpt m({.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2});
+      for (const Tensor& p : m.parameters()) psi += std::size_t(p.numel());
+      std::cout << "gpt, " << n << " ranks, psi = " << psi << " f32 parameters: AdamW state per rank, stage 0 "
+                << state[0] << " B (8 psi = " << 8 * psi << "), stage 1 " << state[1] << " B, stage 2 " << state[2]
+                << " B (8 psi / N = " << 8 * psi / std::size_t(n) << ")\n";
+    }
+  }
+}
+
 void local() {
   Trained none = train_mlp(nullptr, 0, kGlobalBatch, 5);
   Trained one = train_mlp(dist::local(), 0, kGlobalBatch, 5);
@@ -338,14 +542,36 @@ void local() {
   } catch (const Error& e) {
     check(std::string(e.what()).find("communicator") != std::string::npos, "the refusal names the communicator");
   }
+  // ZeRO on one rank shards nothing away: stage 1 and 2 train as none.
+  for (int stage : {1, 2}) {
+    Trained z = train_mlp(dist::local(), 0, kGlobalBatch, 5, {}, false, stage);
+    check(z.losses == none.losses && same_params(z.params, none.params),
+          cat("dist::local() at ZeRO stage ", stage, ": the same bits as no communicator"));
+  }
+  // Options refused by name, before anything runs.
+  auto refused = [&](const std::string& what, const std::function<void()>& f, const std::string& says) {
+    try {
+      f();
+      check(false, what + " is refused");
+    } catch (const Error& e) {
+      check(std::string(e.what()).find(says) != std::string::npos, cat(what, ": the refusal says '", says, "': ", e.what()));
+    }
+  };
+  refused("zero_stage without a communicator", [&] { train_mlp(nullptr, 0, kGlobalBatch, 1, {}, false, 1); },
+          "communicator is not set");
+  refused("zero_stage 3", [&] { train_mlp(dist::local(), 0, kGlobalBatch, 1, {}, false, 3); }, "stage 3");
+  refused("zero_stage 2 with clip_grad_norm",
+          [&] { train_gpt(dist::local(), 0, kGlobalBatch / 2, 1, {.zero_stage = 2, .clip_grad_norm = 1}); },
+          "clip_grad_norm");
 }
 
-// Rank 1 stops or dies before its first step; rank 0 must fail in the
-// gradient all-reduce within the timeout, and say so.
+// Rank 1 stops or dies after compiling, before its first step; rank 0 must
+// fail in the gradient all-reduce within the timeout, and say so.
 void fault(const std::shared_ptr<dist::Mpi>& c, int signal) {
-  if (c->rank() == 1) raise(signal);
   try {
-    train_mlp(c, c->rank() * 8, 8, 1);
+    train_mlp(c, c->rank() * 8, 8, 1, {}, false, {}, [&] {
+      if (c->rank() == 1) raise(signal);
+    });
     check(c->rank() != 0, "rank 0's step completed although rank 1 never ran its own");
   } catch (const Error& e) {
     std::cout << "rank " << c->rank() << " caught: " << e.what() << std::endl;
@@ -359,14 +585,15 @@ int main(int argc, char** argv) {
   try {
     if (mode == "local") {
       local();
-    } else if (mode == "collectives" || mode == "train" || mode == "stop" || mode == "kill") {
+    } else if (mode == "collectives" || mode == "train" || mode == "zero" || mode == "stop" || mode == "kill") {
       auto c = dist::Mpi::world({.timeout_seconds = mode == "stop" || mode == "kill" ? 3.0 : 120.0});
       my_rank = c->rank();
       if (mode == "collectives") collectives(*c);
       else if (mode == "train") train(c);
+      else if (mode == "zero") zero(c);
       else fault(c, mode == "stop" ? SIGSTOP : SIGKILL);
     } else {
-      std::cerr << "usage: dist_test collectives|train|local|stop|kill\n";
+      std::cerr << "usage: dist_test collectives|train|zero|local|stop|kill\n";
       return 2;
     }
   } catch (const std::exception& e) {

@@ -6,7 +6,14 @@
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
-//               [--profile FILE] [--svg FILE] [--json]
+//               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2]]
+//
+// With --ranks N, the step of each of N data-parallel ranks (each on a batch
+// of --batch rows) is planned as under mpirun, at the ZeRO stage --zero pins
+// or the planner picks, and a table shows per rank what its device bytes
+// are: parameters, optimizer state, and at the peak gradients, activations,
+// scratch and communication buffers; then per tier what lives on the host
+// and NVMe. --budget is then each rank's.
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
 // device bytes), it shows the budget solver's decisions; an infeasible
@@ -17,6 +24,7 @@
 #include <fstream>
 #include <iostream>
 
+#include <frugal/dist/plan_only.hpp>
 #include <frugal/runtime/profile_cache.hpp>
 
 #include "../model_zoo.hpp"
@@ -29,7 +37,7 @@ using namespace frugal;
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
-               "                   [--svg FILE] [--json]\n";
+               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2]]\n";
   std::exit(2);
 }
 
@@ -40,6 +48,8 @@ int main(int argc, char** argv) try {
   Budget budget;
   DeviceProfile profile;
   bool json = false, have_model = false;
+  int ranks = 0;
+  std::string zero = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -84,12 +94,33 @@ int main(int argc, char** argv) try {
       o.profile = &profile;
     } else if (k == "--svg") svg_path = val();
     else if (k == "--json") json = true;
+    else if (k == "--ranks") ranks = num();
+    else if (k == "--zero") {
+      zero = val();
+      if (zero != "auto" && zero != "0" && zero != "1" && zero != "2") usage("--zero takes auto, 0, 1 or 2");
+    }
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
     else usage("unknown option " + k);
   }
   if (!have_model) usage("--model is required");
 
+  if (zero != "auto" && !ranks) usage("--zero needs --ranks N");
+  if (zero != "auto") o.zero_stage = std::stoi(zero);
   auto w = zoo::make(c);
+  if (ranks) {
+    std::vector<PlannedStep> per_rank;
+    for (int r = 0; r < ranks; ++r) {
+      o.communicator = std::make_shared<dist::PlanOnly>(r, ranks);
+      Budget b = budget;
+      if (!budget_arg.empty())
+        b.device = budget_arg.back() == '%' ? parse_bytes(budget_arg, zoo::plan(w, {}, o).plan.total_bytes())
+                                            : parse_bytes(budget_arg);
+      per_rank.push_back(zoo::plan(w, b, o));
+    }
+    if (json) std::cout << plan::ranks_json(per_rank, c.family) << "\n";
+    else std::cout << "frugal-plan: " << c.name() << ", " << ranks << " data-parallel ranks\n" << plan::ranks_table(per_rank);
+    return 0;
+  }
   if (!budget_arg.empty()) {
     // A percentage is of the unconstrained plan, planned only when asked for.
     budget.device = budget_arg.back() == '%' ? parse_bytes(budget_arg, zoo::plan(w, {}, o).plan.total_bytes())

@@ -134,8 +134,7 @@ class Mpi final : public Communicator {
   }
   // A row of this rank's chunk from every rank: size() rows of the largest chunk.
   std::size_t all_reduce_workspace(std::size_t count, DType dtype) const override {
-    if (size_ == 1) return 0;
-    return std::size_t(size_) * ((count + std::size_t(size_) - 1) / std::size_t(size_)) * dtype_size(dtype);
+    return rank_order_all_reduce_workspace(count, dtype, size_);
   }
 
   void reduce_scatter_sum(const void* send, void* recv, std::size_t count, DType dtype, void* workspace,
@@ -152,7 +151,7 @@ class Mpi final : public Communicator {
     sum_in_rank_order(workspace, count, size_, dtype, recv);
   }
   std::size_t reduce_scatter_workspace(std::size_t count, DType dtype) const override {
-    return size_ == 1 ? 0 : std::size_t(size_) * count * dtype_size(dtype);
+    return rank_order_reduce_scatter_workspace(count, dtype, size_);
   }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const std::string& what) override {

@@ -39,4 +39,15 @@ inline void sum_in_rank_order(const void* rows, std::size_t len, int n, DType dt
   }
 }
 
+// The scratch each rank's sum needs: a row of its chunk from every rank.
+// An all-reduce's chunks differ by at most one element (size() rows of the
+// largest); a reduce-scatter's are `count` each.
+inline std::size_t rank_order_all_reduce_workspace(std::size_t count, DType dtype, int ranks) {
+  if (ranks == 1) return 0;
+  return std::size_t(ranks) * ((count + std::size_t(ranks) - 1) / std::size_t(ranks)) * dtype_size(dtype);
+}
+inline std::size_t rank_order_reduce_scatter_workspace(std::size_t count, DType dtype, int ranks) {
+  return ranks == 1 ? 0 : std::size_t(ranks) * count * dtype_size(dtype);
+}
+
 }  // namespace frugal::dist

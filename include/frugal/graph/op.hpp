@@ -65,6 +65,9 @@ class Op {
   // budget planner inserts), or null for every other op. The planner, the
   // verifier, reports and the executor recognise transfers only through this.
   virtual const TransferOp* as_transfer() const { return nullptr; }
+  // A collective over the ranks of a data-parallel job (ops/collective.hpp,
+  // ops/zero.hpp): its scratch is reported as communication buffers.
+  virtual bool is_collective() const { return false; }
 };
 
 // What a transfer is, as plan/ and runtime/ see it (graph/ cannot name

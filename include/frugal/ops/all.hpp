@@ -37,6 +37,7 @@
 #include "skip_count.hpp"
 #include "sdpa.hpp"
 #include "collective.hpp"
+#include "zero.hpp"
 
 namespace frugal {
 

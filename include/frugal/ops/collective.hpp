@@ -73,6 +73,7 @@ class AllReduceMean final : public Op {
   Communicator& communicator() const { return *comm_; }
   const std::string& what() const { return what_; }
   std::string name() const override { return "all_reduce_mean"; }
+  bool is_collective() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
     expect_floating(name(), in[0]);

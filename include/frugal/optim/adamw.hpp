@@ -63,11 +63,11 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   const std::vector<Tensor>& params() const override { return params_; }
   void append_update(Var p, Var g, std::size_t i) override {
     auto [m, v] = moments(p, i);
-    frugal::apply(std::make_shared<ops::AdamWUpdate>(hyper_of(i)), {p, g, m, v});
+    apply_update(std::make_shared<ops::AdamWUpdate>(hyper_of(i)), {p, g, m, v});
   }
   void append_guarded_update(Var p, Var g, std::size_t i, const ops::UpdateGuard& guard) override {
     auto [m, v] = moments(p, i);
-    frugal::apply(std::make_shared<ops::AdamWUpdate>(hyper_of(i), true), {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
+    apply_update(std::make_shared<ops::AdamWUpdate>(hyper_of(i), true), {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
   }
   void append_guarded_step_end(const ops::UpdateGuard& guard) override {
     frugal::apply(std::make_shared<ops::AdvanceStepCount>(), {taken_var(), guard.found_inf});
@@ -127,10 +127,8 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
 
  private:
   std::pair<Var, Var> moments(Var p, std::size_t i) {
-    if (!m_[i].defined()) {
-      m_[i] = Tensor(params_[i].shape(), params_[i].dtype());
-      v_[i] = Tensor(params_[i].shape(), params_[i].dtype());
-    }
+    m_[i] = state_tensor(m_[i], i);  // the parameter's shape, or its ZeRO shard's
+    v_[i] = state_tensor(v_[i], i);
     const std::string name = p.graph->value(p.id).name;  // a copy: the graph grows below
     return {persistent_var(m_[i], ValueKind::state, name + ".exp_avg"),
             persistent_var(v_[i], ValueKind::state, name + ".exp_avg_sq")};

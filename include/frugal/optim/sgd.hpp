@@ -61,13 +61,13 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   }
   const std::vector<Tensor>& params() const override { return params_; }
   void append_update(Var p, Var g, std::size_t i) override {
-    frugal::apply(std::make_shared<ops::SgdUpdate>(hyper_of(i)), {p, g, buffer(p, i)});
+    apply_update(std::make_shared<ops::SgdUpdate>(hyper_of(i)), {p, g, buffer(p, i)});
   }
   void append_guarded_update(Var p, Var g, std::size_t i, const ops::UpdateGuard& guard) override {
     Var buf = buffer(p, i);
     if (!taken_.defined()) taken_ = Tensor(Shape{}, DType::i64);
     Var taken = persistent_var(taken_, ValueKind::state, "sgd.steps_taken");
-    frugal::apply(std::make_shared<ops::SgdUpdate>(hyper_of(i), true), {p, g, buf, guard.found_inf, guard.scale, taken});
+    apply_update(std::make_shared<ops::SgdUpdate>(hyper_of(i), true), {p, g, buf, guard.found_inf, guard.scale, taken});
   }
   void append_guarded_step_end(const ops::UpdateGuard& guard) override {
     if (!taken_.defined()) taken_ = Tensor(Shape{}, DType::i64);
@@ -127,7 +127,7 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   // Without momentum the buffer is never read back; it still gives the
   // kernel one shape of call.
   Var buffer(Var p, std::size_t i) {
-    if (!momentum_[i].defined()) momentum_[i] = Tensor(params_[i].shape(), params_[i].dtype());
+    momentum_[i] = state_tensor(momentum_[i], i);  // the parameter's shape, or its ZeRO shard's
     return persistent_var(momentum_[i], ValueKind::state, p.graph->value(p.id).name + ".momentum");
   }
 

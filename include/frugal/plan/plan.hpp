@@ -78,6 +78,11 @@ struct Plan {
   std::size_t unconstrained_bytes = 0; // the device bytes without any eviction
   double predicted_step_ms = 0;        // the cost model's step time
   std::string priced_with;             // whose rates priced the budget's choices (said in the summary)
+  // Data parallelism: the ZeRO stage the step runs at (-1: no communicator),
+  // and why that one (pinned, or the first that fits and what the lower
+  // stages would need).
+  int zero_stage = -1;
+  std::string zero_reason;
   std::size_t count(plan::Choice c) const {
     std::size_t n = 0;
     for (auto& d : decisions) n += d.choice == c;

@@ -17,7 +17,7 @@ inline std::string category_of(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
   if (is_persistent(val.kind)) return persistent_category(val.kind);
   if (val.kind == ValueKind::input) return "inputs";
-  if (val.is_workspace) return "workspace";
+  if (val.is_workspace) return g.node(val.producer).op->is_collective() ? "communication" : "workspace";
   switch (g.node(val.producer).phase) {
     case Phase::forward: return "activations";
     case Phase::backward: return "gradients";
@@ -28,7 +28,7 @@ inline std::string category_of(const Graph& g, ValueId v) {
 
 inline const std::vector<std::string>& categories() {
   static const std::vector<std::string> c{"parameters", "gradients", "optimizer state", "buffers", "constants",
-                                          "activations", "inputs", "workspace"};
+                                          "activations", "inputs", "workspace", "communication"};
   return c;
 }
 
@@ -77,6 +77,7 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
                               : std::string("the budget does not bind, so the smallest feasible budget was not searched for"))
      << "), predicted " << ms << " ms per step\n";
   if (!p.priced_with.empty()) os << "  priced with " << p.priced_with << "\n";
+  if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
   if (p.decisions.empty()) return os.str();
   os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
      << p.count(Choice::nvme) << " spill to NVMe";
@@ -94,6 +95,15 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
   return os.str();
 }
 
+// " (parameters 1.2 MiB, optimizer state 2.3 MiB)": what the persistent
+// bytes are, so a ZeRO stage's shard of the state shows.
+inline std::string persistent_parts(const Plan& p) {
+  std::string s;
+  for (auto& [kind, bytes] : p.persistent_by_kind)
+    if (bytes) s += cat(s.empty() ? " (" : ", ", kind, " ", format_bytes(bytes));
+  return s.empty() ? s : s + ")";
+}
+
 inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live = 8) {
   std::map<Phase, int> ops;
   for (NodeId n : p.schedule) ++ops[g.node(n).phase];
@@ -105,7 +115,7 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
      << " backward, " << ops[Phase::optimizer] << " optimizer), " << p.intervals.size() << " arena buffers\n"
      << "  arena peak   " << format_bytes(p.peak_bytes) << "  (reserved " << format_bytes(p.arena_bytes)
      << "; live-bytes lower bound " << format_bytes(p.lower_bound_bytes) << ", ratio " << ratio << ")\n"
-     << "  persistent   " << format_bytes(p.persistent_bytes) << "\n"
+     << "  persistent   " << format_bytes(p.persistent_bytes) << persistent_parts(p) << "\n"
      << "  total        " << format_bytes(p.total_bytes()) << "\n"
      << "  at the peak (position " << p.peak_position << " of " << p.schedule.size() << "), by category:\n";
   for (auto& c : categories()) os << "    " << c << std::string(17 - c.size(), ' ') << format_bytes(b.bytes[c]) << "\n";
@@ -117,6 +127,7 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
   }
   if (b.live.size() > show_live) os << "    ... and " << b.live.size() - show_live << " more\n";
   if (p.budget_bytes) os << budget_summary(g, p);
+  else if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
   return os.str();
 }
 
@@ -141,6 +152,8 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
        << ",\"last\":" << iv.last << "}";
   }
   os << "],\"fused_chains\":" << p.fused_chains << ",\"fused_away_bytes\":" << p.fused_away_bytes;
+  if (p.zero_stage >= 0)
+    os << ",\"zero_stage\":" << p.zero_stage << ",\"zero_reason\":\"" << json_escape(p.zero_reason) << "\"";
   if (p.budget_bytes) {
     os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":"  // null: not searched (the budget does not bind)
        << (p.min_feasible_bytes ? std::to_string(p.min_feasible_bytes) : std::string("null"))
@@ -171,6 +184,7 @@ inline const char* category_colour(const std::string& c) {
   if (c == "parameters") return "#9c755f";
   if (c == "buffers") return "#edc948";
   if (c == "constants") return "#76b7b2";
+  if (c == "communication") return "#b07aa1";
   return "#bab0ac";
 }
 
@@ -260,6 +274,73 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
     }
   }
   os << "</svg>\n";
+  return os.str();
+}
+
+// One row per rank of a data-parallel job (plan_training with a
+// communicator for each rank): where each rank's device bytes go, and what
+// it keeps on the host and NVMe.
+struct RankRow {
+  std::size_t parameters = 0, optimizer_state = 0, gradients = 0, activations = 0, scratch = 0, communication = 0,
+              total = 0, host = 0, nvme = 0;
+  int zero_stage = -1;
+};
+template <class PlannedSteps>
+std::vector<RankRow> rank_rows(const PlannedSteps& steps) {
+  std::vector<RankRow> rows;
+  for (const auto& s : steps) {
+    const Plan& p = s.plan;
+    Breakdown b = at_peak(*s.graph, p);
+    RankRow r;
+    r.parameters = b.bytes["parameters"];
+    r.optimizer_state = b.bytes["optimizer state"];
+    r.gradients = b.bytes["gradients"];
+    r.activations = b.bytes["activations"] + b.bytes["inputs"];
+    r.scratch = b.bytes["workspace"] + b.bytes["buffers"] + b.bytes["constants"];
+    r.communication = b.bytes["communication"];
+    r.total = p.total_bytes();
+    r.host = p.host_bytes + p.offloaded_bytes;
+    r.nvme = p.nvme_bytes;
+    r.zero_stage = p.zero_stage;
+    rows.push_back(r);
+  }
+  return rows;
+}
+template <class PlannedSteps>
+std::string ranks_table(const PlannedSteps& steps) {
+  std::ostringstream os;
+  os << "  rank  stage  parameters  optimizer state  gradients*  activations*  scratch*  communication*  device total"
+        "  host  NVMe\n";
+  auto rows = rank_rows(steps);
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const RankRow& r = rows[k];
+    char line[320];
+    std::snprintf(line, sizeof line, "  %4zu  %5d  %10s  %15s  %10s  %12s  %8s  %15s  %12s  %4s  %4s\n", k, r.zero_stage,
+                  format_bytes(r.parameters).c_str(), format_bytes(r.optimizer_state).c_str(),
+                  format_bytes(r.gradients).c_str(), format_bytes(r.activations).c_str(), format_bytes(r.scratch).c_str(),
+                  format_bytes(r.communication).c_str(), format_bytes(r.total).c_str(), format_bytes(r.host).c_str(),
+                  format_bytes(r.nvme).c_str());
+    os << line;
+  }
+  os << "  (* live at the rank's peak; the device total also counts the arena's packing)\n";
+  if (!steps.empty() && steps.front().plan.zero_stage >= 0)
+    os << "  rank 0: ZeRO stage " << steps.front().plan.zero_stage << ": " << steps.front().plan.zero_reason << "\n";
+  return os.str();
+}
+template <class PlannedSteps>
+std::string ranks_json(const PlannedSteps& steps, const std::string& model) {
+  std::ostringstream os;
+  os << "{\"model\":\"" << json_escape(model) << "\",\"ranks\":[";
+  auto rows = rank_rows(steps);
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const RankRow& r = rows[k];
+    os << (k ? "," : "") << "{\"rank\":" << k << ",\"zero_stage\":" << r.zero_stage << ",\"parameters\":" << r.parameters
+       << ",\"optimizer_state\":" << r.optimizer_state << ",\"gradients\":" << r.gradients
+       << ",\"activations\":" << r.activations << ",\"scratch\":" << r.scratch << ",\"communication\":" << r.communication
+       << ",\"device_total\":" << r.total << ",\"host\":" << r.host << ",\"nvme\":" << r.nvme << ",\"zero_reason\":\""
+       << json_escape(steps[k].plan.zero_reason) << "\"}";
+  }
+  os << "]}";
   return os.str();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // capture -> autograd -> optimizer ops -> plan -> Step.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <optional>
@@ -86,6 +87,17 @@ struct CompileOptions {
   // dist::Mpi::world() under mpirun; dist::local() runs the same graph on
   // one rank. Null: no collectives. Training steps only.
   std::shared_ptr<Communicator> communicator;
+  // ZeRO sharding over the communicator's ranks (ops/zero.hpp): 0 keeps
+  // everything whole on every rank; 1 keeps each rank's optimizer state for
+  // one shard of every parameter (1/ranks of it), updates that shard and
+  // all-gathers the parameter; 2 also reduces each gradient straight to the
+  // shard (a reduce-scatter instead of the all-reduce). Every stage gives
+  // the same bits. Unset: the planner takes the first of 0, 1, 2 whose plan
+  // fits the device budget, and the plan says why (Plan::zero_stage,
+  // zero_reason). Stage 2 does not combine with clip_grad_norm,
+  // skip_non_finite, a loss_scaler or keep_grads (they need whole
+  // gradients); auto then stops at 1. Needs a communicator.
+  std::optional<int> zero_stage;
 };
 
 namespace detail {
@@ -245,6 +257,14 @@ Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer
   return prepare_training(std::move(backend), std::move(c), opt, o);
 }
 
+// A training step prepared with the options given (their ZeRO stage set).
+using PrepareTraining = std::function<Prepared(const CompileOptions&)>;
+// The training step planned within `budget` at the ZeRO stage the options
+// pin, or at the first stage that fits (CompileOptions::zero_stage).
+Step finish_training(const PrepareTraining& prepare, const Budget& budget, const CompileOptions& o);
+PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
+                             const CompileOptions& o);
+
 }  // namespace detail
 
 // A training step: fn(inputs...) returns the loss; its gradients update
@@ -254,7 +274,8 @@ Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer
 // with step.output(i) after run, extras[i] in output(i).
 template <class Fn>
 Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {}, CompileOptions o = {}) {
-  return detail::finish(detail::prepare_training(fn, specs, opt, o), budget, o);
+  return detail::finish_training([&](const CompileOptions& os) { return detail::prepare_training(fn, specs, opt, os); },
+                                 budget, o);
 }
 
 // What compile() would plan, without allocating the arena or running
@@ -270,7 +291,8 @@ struct PlannedStep {
 template <class Fn>
 PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {},
                           CompileOptions o = {}) {
-  return detail::planned(detail::prepare_training(fn, specs, opt, o), specs, budget, o);
+  return detail::planned_training(
+      [&](const CompileOptions& os) { return detail::prepare_training(fn, specs, opt, os); }, specs, budget, o);
 }
 
 namespace detail {
@@ -280,6 +302,7 @@ inline void refuse_training_options(const CompileOptions& o, const char* fn) {
   if (o.loss_scaler) fail(fn, ": CompileOptions::loss_scaler applies to training steps (compile)");
   if (o.clip_grad_norm != 0 || o.skip_non_finite)
     fail(fn, ": CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
+  if (o.zero_stage) fail(fn, ": CompileOptions::zero_stage shards an optimizer's state; this step has no optimizer");
   if (o.communicator)
     fail(fn, ": CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
          "update to average for (each rank runs it on its own data)");

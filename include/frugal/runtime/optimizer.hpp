@@ -3,10 +3,12 @@
 // append each parameter's update to the captured graph, and a tick per step.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "../graph/var.hpp"
+#include "../ops/zero.hpp"
 
 namespace frugal {
 
@@ -26,10 +28,33 @@ class Optimizer {
   // memory when the optimizer went out of scope first.
   std::weak_ptr<const void> liveness() const { return alive_; }
   virtual const std::vector<Tensor>& params() const = 0;
-  // Appends the update of params()[index] given its gradient.
+  // Appends the update of params()[index] given its gradient. Under ZeRO
+  // sharding (CompileOptions::zero_stage 1 or 2) `grad` is this rank's shard
+  // of the gradient, state_shape(index) the shard's shape, and the update op
+  // goes through apply_update, which runs it on that shard of `param`.
   virtual void append_update(Var param, Var grad, std::size_t index) = 0;
   // Called once before each step runs (advances step counters).
   virtual void begin_step() = 0;
+
+  // Under ZeRO sharding, compile appends each sharded parameter's update
+  // inside one of these: the optimizer's state for it is then the shard's.
+  class ShardScope {
+   public:
+    ShardScope(Optimizer& o, const ZeroShard& s) : o_(o) {
+      o_.shard_ = s;
+      o_.sharded_applies_ = 0;
+    }
+    ~ShardScope() { o_.shard_.reset(); }
+    ShardScope(const ShardScope&) = delete;
+    ShardScope& operator=(const ShardScope&) = delete;
+    // Update ops that went through apply_update: compile refuses an
+    // optimizer whose updates bypass it (they would update the whole
+    // parameter from the shard's gradient).
+    int applies() const { return o_.sharded_applies_; }
+
+   private:
+    Optimizer& o_;
+  };
 
   // What the optimizer keeps between steps, for checkpoints. `param` indexes
   // params(), or is kNoParam for optimizer-wide state (the steps-taken
@@ -50,8 +75,32 @@ class Optimizer {
   virtual std::int64_t steps() const = 0;
   virtual void set_steps(std::int64_t n) = 0;
 
+ protected:
+  // The shape of the state params()[index]'s update keeps: the parameter's,
+  // or under a ShardScope the shard's (one dimension of its length).
+  Shape state_shape(std::size_t index) const {
+    return shard_ ? Shape{shard_->length} : params().at(index).shape();
+  }
+  // A state tensor of params()[index]'s update: `t` itself when it already
+  // has state_shape(index), else a new zeroed one (a step compiled at another
+  // ZeRO stage, or over another rank count, gets its own).
+  Tensor state_tensor(const Tensor& t, std::size_t index) const {
+    Shape s = state_shape(index);
+    if (t.defined() && t.shape() == s && t.dtype() == params().at(index).dtype()) return t;
+    return Tensor(std::move(s), params().at(index).dtype());
+  }
+  // Appends an update op whose input 0 is the parameter it writes; under a
+  // ShardScope it runs on the shard (ops::ShardedUpdate).
+  std::vector<Var> apply_update(std::shared_ptr<Op> op, std::vector<Var> inputs) {
+    if (!shard_) return frugal::apply(std::move(op), inputs);
+    ++sharded_applies_;
+    return frugal::apply(std::make_shared<ops::ShardedUpdate>(std::move(op), *shard_), inputs);
+  }
+
  private:
   std::shared_ptr<char> alive_ = std::make_shared<char>();
+  std::optional<ZeroShard> shard_;
+  int sharded_applies_ = 0;
 };
 
 }  // namespace frugal

@@ -14,6 +14,10 @@ namespace frugal::cpu {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o = {}) { register_cpu_kernels(table_, o); }
+  // Not copied: kernels in the table may refer to the table itself (ZeRO's
+  // sharded update runs the table's kernel for its inner op).
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
   std::string name() const override { return "cpu"; }
   const KernelTable& kernels() const override { return table_; }
   void* allocate(std::size_t bytes) override {

@@ -14,6 +14,7 @@
 #include "../calibrate.hpp"
 #include "../compile.hpp"
 #include "../non_finite_guard.hpp"
+#include "../../ops/zero.hpp"
 
 namespace frugal::detail {
 
@@ -101,6 +102,34 @@ static Var clip_gradients(std::vector<std::optional<Var>>& grads, const std::vec
   return outs[0];
 }
 
+// Why stage 2 cannot run with these options ("" when it can): they need
+// every whole gradient on every rank.
+static std::string stage2_refusal(const CompileOptions& o) {
+  if (o.clip_grad_norm != 0) return "clip_grad_norm (the global norm needs whole gradients)";
+  if (o.loss_scaler) return "a loss_scaler (its overflow check reads whole gradients)";
+  if (o.skip_non_finite) return "skip_non_finite (its check reads whole gradients)";
+  if (o.keep_grads) return "keep_grads (stage 2 keeps only this rank's shard of each gradient)";
+  return "";
+}
+
+// The ZeRO stage a training step is prepared at, checked against the options.
+static int zero_stage_of(const CompileOptions& o) {
+  if (!o.communicator) {
+    if (o.zero_stage)
+      fail("compile: CompileOptions::zero_stage ", *o.zero_stage, " shards over the ranks of a communicator, and "
+           "CompileOptions::communicator is not set (dist::Mpi::world() under mpirun, dist::local() on one rank)");
+    return 0;
+  }
+  const int stage = o.zero_stage.value_or(0);
+  if (stage == 3)
+    fail("compile: ZeRO stage 3 (parameters sharded too) is not built yet; CompileOptions::zero_stage takes 0, 1 or 2");
+  if (stage < 0 || stage > 3) fail("compile: CompileOptions::zero_stage must be 0, 1 or 2, got ", stage);
+  if (stage == 2)
+    if (std::string why = stage2_refusal(o); !why.empty())
+      fail("compile: ZeRO stage 2 with ", why, "; use zero_stage 1, which shards the optimizer state alone");
+  return stage;
+}
+
 Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o) {
   Var loss = training_loss(c);
   Graph& g = *c.graph;
@@ -138,6 +167,15 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
            " needs an optimizer whose updates can be skipped "
            "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
   }
+  const int stage = zero_stage_of(o);
+  // Under ZeRO 1 and 2, the shard of each parameter this rank updates
+  // (none for one too small to give every rank an element).
+  std::vector<std::optional<ZeroShard>> shard_of(wrt.size());
+  if (stage > 0)
+    for (std::size_t k = 0; k < wrt.size(); ++k)
+      if (auto s = ZeroShard::of(g.value(wrt[k].id).meta.shape.numel(), o.communicator->rank(), o.communicator->size());
+          s.every_rank_has_elements())
+        shard_of[k] = s;
   auto grads = grad(scaler ? scaler->scale_loss(loss) : loss, wrt);
   if (o.communicator) {
     // In the order the backward completes the gradients (their producers'
@@ -150,8 +188,11 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       return g.value(grads[a]->id).producer < g.value(grads[b]->id).producer;
     });
-    for (std::size_t k : order)
-      grads[k] = all_reduce_mean(*grads[k], o.communicator, cat("gradient of '", g.value(wrt[k].id).name, "'"));
+    for (std::size_t k : order) {
+      std::string what = cat("gradient of '", g.value(wrt[k].id).name, "'");
+      grads[k] = stage == 2 && shard_of[k] ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what))
+                                           : all_reduce_mean(*grads[k], o.communicator, std::move(what));
+    }
   }
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
@@ -173,8 +214,27 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   }
   for (std::size_t k = 0; k < wrt.size(); ++k) {
     if (!grads[k]) continue;
-    if (guard) skippable->append_guarded_update(wrt[k], *grads[k], index[k], *guard);
-    else opt.append_update(wrt[k], *grads[k], index[k]);
+    auto append = [&](Var gk) {
+      if (guard) skippable->append_guarded_update(wrt[k], gk, index[k], *guard);
+      else opt.append_update(wrt[k], gk, index[k]);
+    };
+    if (!shard_of[k]) {
+      append(*grads[k]);
+      continue;
+    }
+    // This rank's shard: its gradient (stage 2 reduced only that), its
+    // update on the optimizer's shard-sized state, then every rank's
+    // shard gathered into the parameter.
+    const ZeroShard& s = *shard_of[k];
+    {
+      Optimizer::ShardScope scope(opt, s);
+      append(stage == 1 ? shard_slice(*grads[k], s) : *grads[k]);
+      if (scope.applies() == 0)
+        fail("compile: ZeRO stage ", stage, " updates each rank's shard of a parameter, but the '", opt.kind(),
+             "' optimizer's append_update did not apply its update op through Optimizer::apply_update (which runs it "
+             "on the shard); apply it that way, or pin CompileOptions::zero_stage = 0");
+    }
+    all_gather_shards(wrt[k], o.communicator, s, cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"));
   }
   if (guard) {
     skippable->append_guarded_step_end(*guard);
@@ -240,13 +300,93 @@ static void note_fusion(Plan& plan, const ops::FusionReport& r) {
   plan.fused_away_bytes = r.bytes_removed;
 }
 
-PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
+// A prepared step fused and planned, with what building its Step (and
+// re-planning it) needs: the graph as captured, before the budget's rewrite.
+struct PlannedPrepared {
+  Prepared p;
+  Plan plan;
+  std::shared_ptr<Graph> captured;
+  ops::FusionReport fused;
+};
+static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const CompileOptions& o) {
   const ops::FusionReport fused = fuse_prepared(p, o);
+  std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
   note_fusion(plan, fused);
+  return {std::move(p), std::move(plan), std::move(captured), fused};
+}
+
+static PlannedStep planned_step(PlannedPrepared pp, const std::vector<InputSpec>& specs) {
   std::size_t in = 0;
   for (auto& s : specs) in += s.meta.nbytes();
-  return {std::move(p.c.graph), std::move(plan), std::move(p.roots), in};
+  return {std::move(pp.p.c.graph), std::move(pp.plan), std::move(pp.p.roots), in};
+}
+
+PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
+  return planned_step(plan_fused(std::move(p), budget, o), specs);
+}
+
+// Every rank must run its step at the same stage: their collectives differ
+// between stages, and mismatched ones would wait on each other forever.
+static void check_ranks_agree(Communicator& comm, int stage) {
+  std::vector<std::int32_t> stages(std::size_t(comm.size()));
+  const std::int32_t mine = stage;
+  comm.all_gather(&mine, stages.data(), 1, DType::i32, "the ZeRO stage each rank compiled its step at");
+  for (int r = 0; r < comm.size(); ++r)
+    if (stages[std::size_t(r)] != mine)
+      fail("compile: rank ", r, " planned its step at ZeRO stage ", stages[std::size_t(r)], " and rank ", comm.rank(),
+           " at stage ", mine, ": give every rank the same device budget and options, or pin CompileOptions::zero_stage");
+}
+
+// The training step planned at the pinned ZeRO stage, or at the first of
+// 0, 1, 2 whose plan fits the budget: the lower the stage, the less
+// communication (stage 1 and 2 add an all-gather of every parameter).
+// `agree`: check with the other ranks (compile; plan_training only plans,
+// and may plan one rank alone, with dist::PlanOnly).
+static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, const Budget& budget,
+                                              const CompileOptions& o, bool agree) {
+  if (!o.communicator) return plan_fused(prepare(o), budget, o);
+  Communicator& comm = *o.communicator;
+  if (o.zero_stage) {
+    PlannedPrepared pp = plan_fused(prepare(o), budget, o);
+    pp.plan.zero_stage = *o.zero_stage;
+    pp.plan.zero_reason = cat("pinned by CompileOptions::zero_stage, over ", comm.size(), " ranks");
+    if (agree) check_ranks_agree(comm, pp.plan.zero_stage);
+    return pp;
+  }
+  const std::string no_stage2 = stage2_refusal(o);
+  const int last = comm.size() == 1 ? 0 : no_stage2.empty() ? 2 : 1;
+  std::string tried;
+  for (int stage = 0;; ++stage) {
+    CompileOptions os = o;
+    os.zero_stage = stage;
+    try {
+      PlannedPrepared pp = plan_fused(prepare(os), budget, os);
+      pp.plan.zero_stage = stage;
+      pp.plan.zero_reason =
+          stage == 0 ? (budget.device ? cat("the least communication, and it fits the budget over ", comm.size(), " ranks")
+                                      : std::string("no device budget, so nothing to shard for"))
+                     : cat("chosen by the planner over ", comm.size(), " ranks: ", tried, "; stage ", stage, " fits in ",
+                           format_bytes(pp.plan.total_bytes()));
+      if (agree) check_ranks_agree(comm, stage);
+      return pp;
+    } catch (const BudgetError& e) {
+      if (stage == last)
+        throw BudgetError(
+            cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s", " (",
+                tried, tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes),
+                comm.size() == 1 ? "; one rank has nothing to shard over"
+                                 : last < 2 ? cat("; stage 2 was not tried, for ", no_stage2) : std::string(),
+                "). At stage ", stage, ": ", e.what()),
+            e.smallest_feasible_bytes);
+      tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes));
+    }
+  }
+}
+
+PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
+                             const CompileOptions& o) {
+  return planned_step(plan_training_at_stage(prepare, budget, o, false), specs);
 }
 
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
@@ -266,14 +406,13 @@ Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
   return std::move(solved.plan);
 }
 
-Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
-  const ops::FusionReport fused = fuse_prepared(p, o);
-  std::shared_ptr<Graph> captured = p.c.graph;
-  Plan plan = plan_prepared(p, budget, o);
-  note_fusion(plan, fused);
+static Step build_step(PlannedPrepared pp, const Budget& budget, const CompileOptions& o) {
+  Prepared& p = pp.p;
+  const std::shared_ptr<Graph>& captured = pp.captured;
+  const ops::FusionReport fused = pp.fused;
   Step::Parts parts;
   parts.graph = std::move(p.c.graph);
-  parts.plan = std::move(plan);
+  parts.plan = std::move(pp.plan);
   parts.backend = p.backend;
   parts.optimizer = p.opt;
   parts.modes = std::move(p.c.modes);
@@ -305,6 +444,14 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
     };
   }
   return Step(std::move(parts));
+}
+
+Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
+  return build_step(plan_fused(std::move(p), budget, o), budget, o);
+}
+
+Step finish_training(const PrepareTraining& prepare, const Budget& budget, const CompileOptions& o) {
+  return build_step(plan_training_at_stage(prepare, budget, o, true), budget, o);
 }
 
 }  // namespace frugal::detail

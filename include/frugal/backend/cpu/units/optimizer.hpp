@@ -1,9 +1,11 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): the
 // optimizer phase's kernels: the fused SGD and AdamW updates, and the
-// gradient all-reduce of data parallelism before them.
+// gradient all-reduce of data parallelism before them, and ZeRO's sharded
+// update with its reduce-scatter and all-gather.
 #include "../collective.hpp"
 #include "../optimizer.hpp"
+#include "../zero.hpp"
 #include "../register.hpp"
 
 namespace frugal::cpu {
@@ -12,6 +14,10 @@ void add_optimizer_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::SgdUpdate>(sgd_kernel);
   t.add<ops::AdamWUpdate>(adamw_kernel);
   t.add<ops::AllReduceMean>(all_reduce_mean_kernel, all_reduce_mean_workspace);
+  t.add<ops::ReduceScatterMean>(reduce_scatter_mean_kernel, reduce_scatter_mean_workspace);
+  t.add<ops::ShardSlice>(shard_slice_kernel);
+  t.add<ops::AllGatherShards>(all_gather_shards_kernel, all_gather_shards_workspace);
+  add_sharded_update(t);
 }
 
 }  // namespace frugal::cpu

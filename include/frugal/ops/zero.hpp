@@ -1,0 +1,203 @@
+#pragma once
+// ZeRO sharding of the optimizer phase (stages 1 and 2): each rank keeps the
+// optimizer state of one contiguous shard of every parameter and updates only
+// that shard; an all-gather then gives every rank the whole updated
+// parameter. Stage 2 also reduces each gradient straight to the shard the
+// rank updates (a reduce-scatter) instead of averaging it whole.
+//
+// The arithmetic is stage 0's, element for element: the shard's gradient is
+// the same rank-order sum divided by the rank count, and the update is the
+// optimizer's own elementwise op run on the shard, so every stage gives the
+// same bits.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "../core/tensor.hpp"
+#include "../graph/capture.hpp"
+#include "checks.hpp"
+#include "collective.hpp"
+
+namespace frugal {
+
+// Rank `rank`'s shard of a parameter of `numel` elements split over `ranks`:
+// chunks of ceil(numel / ranks) elements, rank r's starting at r * chunk (the
+// chunks a reduce-scatter of a zero-padded buffer hands out).
+struct ZeroShard {
+  int rank = 0, ranks = 1;
+  std::int64_t numel = 0;
+  std::int64_t chunk = 0;   // ceil(numel / ranks)
+  std::int64_t offset = 0;  // rank * chunk
+  std::int64_t length = 0;  // this rank's elements: chunk, or fewer on the last ranks
+
+  static ZeroShard of(std::int64_t numel, int rank, int ranks) {
+    ZeroShard s{rank, ranks, numel, 0, 0, 0};
+    s.chunk = (numel + ranks - 1) / ranks;
+    s.offset = std::int64_t(rank) * s.chunk;
+    s.length = std::clamp<std::int64_t>(numel - s.offset, 0, s.chunk);
+    return s;
+  }
+  // Every rank's shard holds at least one element. A parameter smaller than
+  // that (a bias of 3 over 4 ranks) is not sharded: it is all-reduced and
+  // updated whole on every rank, as at stage 0.
+  bool every_rank_has_elements() const { return std::int64_t(ranks - 1) * chunk < numel; }
+  std::string str() const { return cat("elements [", offset, ", ", offset + length, ") of ", numel); }
+};
+
+}  // namespace frugal
+
+namespace frugal::ops {
+
+// Inputs (g, sequence) -> this rank's shard of g averaged over the ranks:
+// Communicator::reduce_scatter_sum of g zero-padded to ranks * chunk
+// elements, divided by the rank count in g's dtype. `sequence` as for
+// AllReduceMean (ops/collective.hpp).
+class ReduceScatterMean final : public Op {
+ public:
+  ~ReduceScatterMean() override;
+  ReduceScatterMean(std::shared_ptr<Communicator> c, ZeroShard s, std::string what)
+      : comm_(std::move(c)), shard_(s), what_(std::move(what)) {
+    if (!comm_) fail("reduce_scatter_mean: no communicator");
+  }
+  Communicator& communicator() const { return *comm_; }
+  const ZeroShard& shard() const { return shard_; }
+  const std::string& what() const { return what_; }
+  std::string name() const override { return "reduce_scatter_mean"; }
+  bool is_collective() const override { return true; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 2);
+    expect_floating(name(), in[0]);
+    expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);
+    if (in[0].shape.numel() != shard_.numel)
+      fail<ShapeError>(name(), " (", what_, "): the gradient has ", in[0].shape.numel(), " elements, the shard was cut from ",
+                       shard_.numel);
+    return {{in[0].dtype, Shape{shard_.length}}};
+  }
+  std::vector<int> mutated_inputs() const override { return {1}; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta>) const override {
+    // A ring reduce-scatter: each element leaves and arrives (n - 1) / n times.
+    const double n = double(comm_->size());
+    return {double(in[0].shape.numel()) * (n - 1) / n, (n - 1) / n * double(in[0].nbytes()) * 2};
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  ZeroShard shard_;
+  std::string what_;
+};
+
+// x (numel elements) -> its elements [offset, offset + length): stage 1 takes
+// the rank's shard of a gradient that was averaged whole.
+class ShardSlice final : public Op {
+ public:
+  ~ShardSlice() override;
+  explicit ShardSlice(ZeroShard s) : shard_(s) {}
+  const ZeroShard& shard() const { return shard_; }
+  std::string name() const override { return "shard_slice"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 1);
+    if (in[0].shape.numel() != shard_.numel)
+      fail<ShapeError>(name(), ": the input has ", in[0].shape.numel(), " elements, the shard was cut from ", shard_.numel);
+    return {{in[0].dtype, Shape{shard_.length}}};
+  }
+
+ private:
+  ZeroShard shard_;
+};
+
+// An optimizer's update op (AdamWUpdate, SgdUpdate, or a program's own) run
+// on one shard of its parameter: input 0 is the whole parameter, whose
+// elements [offset, offset + length) the inner op sees as its input 0; every
+// other input is the inner op's own (the shard's gradient and state, the
+// loss scaler's scalars). Each backend runs the inner op's kernel on that
+// range, so the update's arithmetic is written once.
+class ShardedUpdate final : public Op {
+ public:
+  ~ShardedUpdate() override;
+  ShardedUpdate(std::shared_ptr<const Op> inner, ZeroShard s) : inner_(std::move(inner)), shard_(s) {
+    if (!inner_) fail("sharded update: no update op");
+    if (inner_->mutated_inputs().empty() || inner_->mutated_inputs().front() != 0)
+      fail("sharded update: ", inner_->name(), " does not write its input 0, so it is no parameter update");
+  }
+  const Op& inner() const { return *inner_; }
+  const ZeroShard& shard() const { return shard_; }
+  std::string name() const override { return inner_->name() + "_sharded"; }
+  // The metas the inner op sees: input 0 narrowed to the shard.
+  std::vector<TensorMeta> inner_metas(std::span<const TensorMeta> in) const {
+    std::vector<TensorMeta> m(in.begin(), in.end());
+    if (!m.empty()) m[0].shape = Shape{shard_.length};
+    return m;
+  }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    if (in.empty() || in[0].shape.numel() != shard_.numel)
+      fail<ShapeError>(name(), ": the parameter has ", in.empty() ? 0 : in[0].shape.numel(),
+                       " elements, the shard was cut from ", shard_.numel);
+    auto m = inner_metas(in);
+    return inner_->infer(m);
+  }
+  std::vector<int> mutated_inputs() const override { return inner_->mutated_inputs(); }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    auto m = inner_metas(in);
+    return inner_->cost(m, out);
+  }
+
+ private:
+  std::shared_ptr<const Op> inner_;
+  ZeroShard shard_;
+};
+
+// Inputs (p, sequence): every rank's shard of p, gathered into p on every
+// rank (Communicator::all_gather of the zero-padded chunks). Writes p and
+// the sequence; no output.
+class AllGatherShards final : public Op {
+ public:
+  ~AllGatherShards() override;
+  AllGatherShards(std::shared_ptr<Communicator> c, ZeroShard s, std::string what)
+      : comm_(std::move(c)), shard_(s), what_(std::move(what)) {
+    if (!comm_) fail("all_gather_shards: no communicator");
+  }
+  Communicator& communicator() const { return *comm_; }
+  const ZeroShard& shard() const { return shard_; }
+  const std::string& what() const { return what_; }
+  std::string name() const override { return "all_gather_shards"; }
+  bool is_collective() const override { return true; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 2);
+    expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);
+    if (in[0].shape.numel() != shard_.numel)
+      fail<ShapeError>(name(), " (", what_, "): the parameter has ", in[0].shape.numel(),
+                       " elements, the shard was cut from ", shard_.numel);
+    return {};
+  }
+  std::vector<int> mutated_inputs() const override { return {0, 1}; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta>) const override {
+    const double n = double(comm_->size());
+    return {0, (n - 1) / n * double(in[0].nbytes()) * 2};
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  ZeroShard shard_;
+  std::string what_;
+};
+
+}  // namespace frugal::ops
+
+namespace frugal {
+
+// This rank's shard of g averaged over the ranks of `comm`.
+inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what) {
+  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
+  return apply1<ops::ReduceScatterMean>({g, sequence}, comm, s, std::move(what));
+}
+
+inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlice>({x}, s); }
+
+// Gathers every rank's updated shard of the parameter p into p.
+inline void all_gather_shards(Var p, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what) {
+  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
+  frugal::apply(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what)), {p, sequence});
+}
+
+}  // namespace frugal

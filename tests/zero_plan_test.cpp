@@ -1,0 +1,136 @@
+// ZeRO's sharding as the planner sees it, without MPI: each rank's step
+// planned with dist::PlanOnly (the rank and the rank count, no transport).
+// The bits are checked under mpirun (tests/dist/dist_test.cpp zero).
+#include <catch2/catch.hpp>
+#include <frugal/dist/plan_only.hpp>
+#include <frugal/frugal.hpp>
+
+using namespace frugal;
+
+namespace {
+
+// Parameter counts with a remainder over 4 ranks (fc1's weight, 10), ones
+// too small to shard over 4 (fc1's bias, fc2's weight and bias), and ones
+// that split evenly (wide's).
+struct ZeroMlp : nn::Module {
+  nn::Linear fc1{5, 2}, fc2{2, 3};
+  nn::Linear wide{3, 24};
+  ZeroMlp() {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    register_module("wide", wide);
+  }
+  Var forward(Var x) { return wide(relu(fc2(relu(fc1(x))))); }
+};
+
+PlannedStep plan_rank(ZeroMlp& m, Optimizer& opt, int rank, int ranks, std::optional<int> stage, Budget budget = {}) {
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(rank, ranks);
+  o.zero_stage = stage;
+  return plan_training([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
+}
+
+std::size_t kind_bytes(const Plan& p, const std::string& kind) {
+  auto it = p.persistent_by_kind.find(kind);
+  return it == p.persistent_by_kind.end() ? 0 : it->second;
+}
+
+// The bytes of the values `op` (by name) produces, workspaces aside.
+std::size_t produced_bytes(const Graph& g, const std::string& op) {
+  std::size_t b = 0;
+  for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n)
+    if (g.node(n).op->name() == op)
+      for (ValueId v : g.node(n).outputs)
+        if (!g.value(v).is_workspace) b += g.value(v).meta.nbytes();
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("zero: a shard is rank r's chunk of ceil(numel / ranks), and too small a parameter is not sharded", "[zero]") {
+  std::int64_t covered = 0;
+  for (int r = 0; r < 4; ++r) {
+    const ZeroShard s = ZeroShard::of(10, r, 4);
+    CHECK(s.chunk == 3);
+    CHECK(s.offset == 3 * r);
+    CHECK(s.length == (r < 3 ? 3 : 1));
+    CHECK(s.every_rank_has_elements());
+    covered += s.length;
+  }
+  CHECK(covered == 10);
+  CHECK_FALSE(ZeroShard::of(3, 0, 4).every_rank_has_elements());  // chunk 1: rank 3 would hold nothing
+  CHECK_FALSE(ZeroShard::of(5, 0, 4).every_rank_has_elements());  // chunk 2: ranks 0-2 already cover 5
+  CHECK(ZeroShard::of(7, 3, 4).length == 1);
+  CHECK(ZeroShard::of(1, 0, 1).length == 1);
+}
+
+TEST_CASE("zero: each rank's optimizer state and reduced gradients are its shards, its parameters whole", "[zero]") {
+  const int ranks = 4;
+  for (int stage : {0, 1, 2}) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      nn::manual_seed(3);
+      ZeroMlp m;
+      optim::AdamW opt(m.parameters(), {});
+      PlannedStep ps = plan_rank(m, opt, rank, ranks, stage);
+      INFO("stage " << stage << ", rank " << rank);
+      std::size_t psi = 0, shard = 0, unsharded = 0;
+      for (const Tensor& p : m.parameters()) {
+        const std::int64_t n = p.numel();
+        psi += std::size_t(n);
+        const ZeroShard s = ZeroShard::of(n, rank, ranks);
+        shard += std::size_t(stage > 0 && s.every_rank_has_elements() ? s.length : n);
+        if (!s.every_rank_has_elements()) unsharded += std::size_t(n);
+      }
+      // fc1's bias (2), fc2's weight (6: chunks of 2, three ranks cover it)
+      // and bias (3) stay whole over 4 ranks.
+      REQUIRE(unsharded == 2 + 6 + 3);
+      CHECK(ps.plan.zero_stage == stage);
+      CHECK(kind_bytes(ps.plan, "parameters") == 4 * psi);
+      CHECK(kind_bytes(ps.plan, "optimizer state") == 8 * shard);  // AdamW's two f32 moments
+      // The gradients the updates read: whole after an all-reduce (stages 0
+      // and 1), the rank's shard after a reduce-scatter (stage 2).
+      const std::size_t whole_reduced = produced_bytes(*ps.graph, "all_reduce_mean");
+      const std::size_t shard_reduced = produced_bytes(*ps.graph, "reduce_scatter_mean");
+      if (stage < 2) {
+        CHECK(whole_reduced == 4 * psi);
+        CHECK(shard_reduced == 0);
+      } else {
+        CHECK(shard_reduced + whole_reduced == 4 * shard);
+        CHECK(whole_reduced == 4 * unsharded);  // all-reduced whole, as at stage 0
+      }
+    }
+  }
+}
+
+TEST_CASE("zero: left to choose, the planner takes the first stage that fits and says why", "[zero]") {
+  auto least = [](std::optional<int> stage) {
+    nn::manual_seed(3);
+    ZeroMlp m;
+    optim::AdamW opt(m.parameters(), {});
+    const std::size_t free = plan_rank(m, opt, 0, 4, stage).plan.total_bytes();
+    return plan_rank(m, opt, 0, 4, stage, Budget{.device = free - 1}).plan.min_feasible_bytes;
+  };
+  const std::size_t least0 = least(0), least1 = least(1);
+  REQUIRE(least1 < least0);
+  nn::manual_seed(3);
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  CHECK(plan_rank(m, opt, 0, 4, std::nullopt, Budget{.device = least0}).plan.zero_stage == 0);
+  PlannedStep chosen = plan_rank(m, opt, 0, 4, std::nullopt, Budget{.device = least1});
+  CHECK(chosen.plan.zero_stage >= 1);
+  CHECK(chosen.plan.total_bytes() <= least1);
+  CHECK_THAT(chosen.plan.zero_reason, Catch::Contains("stage 0 needs at least"));
+  CHECK_THAT(plan::summary(*chosen.graph, chosen.plan), Catch::Contains("ZeRO stage"));
+  CHECK_THROWS_WITH(plan_rank(m, opt, 0, 4, std::nullopt, Budget{.device = least1 / 2}),
+                    Catch::Contains("no ZeRO stage fits"));
+}
+
+TEST_CASE("zero: compile refuses a communicator that cannot communicate, naming it", "[zero]") {
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
+  CHECK_THROWS_WITH(compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o),
+                    Catch::Contains("cannot communicate"));
+  CHECK_THROWS_WITH(dist::PlanOnly(2, 2), Catch::Contains("rank 2 of 2"));
+}
