@@ -5,6 +5,7 @@
 #include "op_harness.hpp"
 #include <omp.h>
 #include <frugal/backend/cpu/blas.hpp>  // the GEMM wrapper itself
+#include <frugal/backend/cpu/isa.hpp>   // the instruction set the updates run with
 
 using namespace optest;
 using frugal::Var;
@@ -587,4 +588,94 @@ TEST_CASE("gemm refuses sizes and strides BLAS's integer cannot hold, naming the
   m = error_message<frugal::Error>(
       [&] { frugal::cpu::gemm(false, false, 2, -big - 1, 2, 1.0f, nullptr, 2, nullptr, 2, 0.0f, nullptr, 2); });
   CHECK_THAT(m, Contains("n = -2147483649"));
+}
+
+// The fused optimizer updates run a loop compiled for plain x86-64, AVX2 or
+// AVX-512, whichever is the widest this CPU has (backend/cpu/isa.hpp). Each
+// path must give the bits of the others and of the scalar rule, or ranks on
+// different CPUs would hold different parameters. Every path this CPU can
+// run is forced in turn; lengths leave vector tails, dtypes f32 and f64, the
+// loss scaler's guarded form too.
+TEST_CASE("optimizer updates: every instruction set this CPU has gives the scalar rule's bits", "[optim][isa]") {
+  using namespace frugal;
+  struct Restore {
+    ~Restore() { cpu::forced_cpu_isa = -1; }
+  } restore;
+  auto backend = std::shared_ptr<Backend>(make_backend("cpu"));
+  auto adam_h = std::make_shared<ops::AdamWHyper>(ops::AdamWHyper{3e-3, 0.9, 0.99, 1e-8, 0.05, 4});
+  auto sgd_h = std::make_shared<ops::SgdHyper>(ops::SgdHyper{0.05, 0.9, 0.1, 1e-3, true, 4});
+  const int widest = int(cpu::widest_cpu_isa());
+  INFO("widest instruction set here: " << cpu::isa_name(cpu::widest_cpu_isa()));
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool guarded : {false, true})
+      for (std::int64_t n : {std::int64_t(1), std::int64_t(37), std::int64_t(100003)}) {
+        INFO(dtype_name(dt) << ", " << (guarded ? "guarded" : "plain") << ", " << n << " elements");
+        Rng r(std::uint64_t(n) + (guarded ? 7 : 0));
+        auto filled = [&](double scale) {
+          Tensor t(Shape{n}, dt);
+          for (std::int64_t i = 0; i < n; ++i) {
+            const double x = r.normal() * scale * (i % 5 == 0 ? 1e-4 : 1);  // small moments: eps matters
+            if (dt == DType::f32) t.data<float>()[i] = float(x);
+            else t.data<double>()[i] = x;
+          }
+          return t;
+        };
+        const Tensor p0 = filled(1), g = filled(0.1), m0 = filled(0.01), v0 = filled(0.001);
+        for (std::int64_t i = 0; i < n; ++i)  // a second moment is never negative
+          if (dt == DType::f32) v0.data<float>()[i] = std::abs(v0.data<float>()[i]);
+          else v0.data<double>()[i] = std::abs(v0.data<double>()[i]);
+        Tensor found(Shape{}, DType::f32), scale(Shape{}, DType::f32), taken(Shape{}, DType::i64);
+        scale.data<float>()[0] = 1024.0f;
+        taken.data<std::int64_t>()[0] = 3;
+        const Shape sh{n}, scalar{};
+        // Runs one update on copies of the start; returns p, then the state.
+        auto run = [&](const Op& op, int slots, int isa) {
+          cpu::forced_cpu_isa = isa;
+          std::vector<Tensor> t{p0.clone(), g, m0.clone(), v0.clone()};
+          std::vector<TensorRef> in;
+          for (int k = 0; k < 2 + slots; ++k) in.push_back({t[std::size_t(k)].raw(), dt, &sh});
+          if (guarded)
+            for (Tensor* s : {&found, &scale, &taken}) in.push_back({s->raw(), s->dtype(), &scalar});
+          KernelArgs args;
+          args.in = in;
+          backend->kernel_for(op)(op, args);
+          t.erase(t.begin() + 1);  // the gradient is read only
+          t.resize(std::size_t(1 + slots));
+          return t;
+        };
+        auto same = [&](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+          for (std::size_t k = 0; k < a.size(); ++k)
+            if (std::memcmp(a[k].raw(), b[k].raw(), a[k].nbytes()) != 0) return false;
+          return true;
+        };
+        // The scalar rule, written out here from ops::AdamWMath / SgdMomentumMath.
+        ops::AdamWUpdate adam(adam_h, guarded);
+        ops::SgdUpdate sgd(sgd_h, guarded);
+        auto reference = [&](bool is_adam) {
+          std::vector<Tensor> t{p0.clone(), m0.clone(), v0.clone()};
+          const double inv = guarded ? 1.0 / 1024.0 : 1.0;
+          const std::int64_t step = 4;  // the hyperparameters' step, and steps_taken + 1 when guarded
+          for (std::int64_t i = 0; i < n; ++i) {
+            if (dt == DType::f32) {
+              float* p = t[0].data<float>() + i;
+              const float gi = guarded ? g.data<float>()[i] * float(inv) : g.data<float>()[i];
+              if (is_adam) adam.math<float>(step)(*p, gi, t[1].data<float>()[i], t[2].data<float>()[i]);
+              else sgd.math<float>(step)(*p, gi, t[1].data<float>()[i]);
+            } else {
+              double* p = t[0].data<double>() + i;
+              const double gi = guarded ? g.data<double>()[i] * inv : g.data<double>()[i];
+              if (is_adam) adam.math<double>(step)(*p, gi, t[1].data<double>()[i], t[2].data<double>()[i]);
+              else sgd.math<double>(step)(*p, gi, t[1].data<double>()[i]);
+            }
+          }
+          t.resize(is_adam ? 3 : 2);
+          return t;
+        };
+        const auto adam_ref = reference(true), sgd_ref = reference(false);
+        for (int isa = 0; isa <= widest; ++isa) {
+          INFO("forced " << cpu::isa_name(cpu::CpuIsa(isa)));
+          CHECK(same(run(adam, 2, isa), adam_ref));
+          CHECK(same(run(sgd, 1, isa), sgd_ref));
+        }
+      }
 }

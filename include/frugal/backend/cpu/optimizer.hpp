@@ -1,6 +1,7 @@
 #pragma once
 #include "../../ops/optimizer_updates.hpp"
 #include "../../runtime/backend.hpp"
+#include "isa.hpp"
 #include "parallel.hpp"
 
 #include "abi.hpp"
@@ -19,24 +20,83 @@ inline GuardValues read_guard(const KernelArgs& a, std::size_t first) {
           a.in[first + 2].as<std::int64_t>()[0] + 1};
 }
 
+namespace detail {
+
+// One update over n elements: op(p[i], g[i] (times inv when scaled),
+// state...). __restrict: the planner never aliases a parameter with its
+// gradient or state, and saying so lets the loop vectorise.
+template <class T, class Math>
+[[gnu::always_inline]] inline void sgd_loop(const Math& m, T* __restrict p, const T* __restrict g, T* __restrict buf,
+                                            std::int64_t n, bool scaled, T inv) {
+  if (scaled)
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], g[i] * inv, buf[i]);
+  else
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], g[i], buf[i]);
+}
+template <class T, class Math>
+[[gnu::always_inline]] inline void adamw_loop(const Math& m, T* __restrict p, const T* __restrict g, T* __restrict mo,
+                                              T* __restrict v, std::int64_t n, bool scaled, T inv) {
+  if (scaled)
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], g[i] * inv, mo[i], v[i]);
+  else
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], g[i], mo[i], v[i]);
+}
+
+// Each loop compiled for plain x86-64, AVX2 and AVX-512 (isa.hpp).
+#define FRUGAL_UPDATE_LOOPS(suffix, attr)                                                                        \
+  template <class T, class Math>                                                                                 \
+  attr void sgd_##suffix(const Math& m, T* p, const T* g, T* buf, std::int64_t n, bool scaled, T inv) {          \
+    sgd_loop(m, p, g, buf, n, scaled, inv);                                                                      \
+  }                                                                                                              \
+  template <class T, class Math>                                                                                 \
+  attr void adamw_##suffix(const Math& m, T* p, const T* g, T* mo, T* v, std::int64_t n, bool scaled, T inv) {   \
+    adamw_loop(m, p, g, mo, v, n, scaled, inv);                                                                  \
+  }
+FRUGAL_UPDATE_LOOPS(base, )
+#if FRUGAL_CPU_ISA_DISPATCH
+FRUGAL_UPDATE_LOOPS(avx2, [[gnu::target("avx2")]])
+FRUGAL_UPDATE_LOOPS(avx512, [[gnu::target("avx512f")]])
+#endif
+#undef FRUGAL_UPDATE_LOOPS
+
+template <class T, class Math>
+void sgd_span(CpuIsa isa, const Math& m, T* p, const T* g, T* buf, std::int64_t n, bool scaled, T inv) {
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa == CpuIsa::avx512) return sgd_avx512(m, p, g, buf, n, scaled, inv);
+  if (isa == CpuIsa::avx2) return sgd_avx2(m, p, g, buf, n, scaled, inv);
+#endif
+  (void)isa;
+  sgd_base(m, p, g, buf, n, scaled, inv);
+}
+template <class T, class Math>
+void adamw_span(CpuIsa isa, const Math& m, T* p, const T* g, T* mo, T* v, std::int64_t n, bool scaled, T inv) {
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa == CpuIsa::avx512) return adamw_avx512(m, p, g, mo, v, n, scaled, inv);
+  if (isa == CpuIsa::avx2) return adamw_avx2(m, p, g, mo, v, n, scaled, inv);
+#endif
+  (void)isa;
+  adamw_base(m, p, g, mo, v, n, scaled, inv);
+}
+
+}  // namespace detail
+
+// The fused updates: one pass over the parameter, its gradient and its
+// state, vectorised for the widest instruction set the CPU has (isa.hpp),
+// split over the step's threads in fixed chunks.
 inline void sgd_kernel(const ops::SgdUpdate& op, const KernelArgs& a) {
   dispatch_float(a.in[0].dtype, "sgd_update", [&](auto tag) {
     using T = decltype(tag);
     T *p = a.in[0].as<T>(), *buf = a.in[2].as<T>();
     const T* g = a.in[1].as<T>();
-    if (!op.guarded()) {
-      const auto m = op.math<T>();
-      parallel_for(a.in[0].numel(), 4, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) m(p[i], g[i], buf[i]);
-      });
-      return;
+    GuardValues gv;
+    if (op.guarded()) {
+      gv = read_guard(a, 3);
+      if (gv.skip) return;  // an overflowed step: nothing changes
     }
-    GuardValues gv = read_guard(a, 3);
-    if (gv.skip) return;  // an overflowed step: nothing changes
-    const auto m = op.math<T>(gv.step);
-    const T inv = T(gv.inv_scale);
+    const auto m = op.guarded() ? op.math<T>(gv.step) : op.math<T>();
+    const CpuIsa isa = cpu_isa();
     parallel_for(a.in[0].numel(), 4, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) m(p[i], g[i] * inv, buf[i]);
+      detail::sgd_span(isa, m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
     });
   });
 }
@@ -46,22 +106,17 @@ inline void adamw_kernel(const ops::AdamWUpdate& op, const KernelArgs& a) {
     using T = decltype(tag);
     T *p = a.in[0].as<T>(), *mo = a.in[2].as<T>(), *v = a.in[3].as<T>();
     const T* g = a.in[1].as<T>();
-    if (!op.guarded()) {
-      const auto m = op.math<T>();
-      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) m(p[i], g[i], mo[i], v[i]);
-      });
-      return;
+    GuardValues gv;
+    if (op.guarded()) {
+      gv = read_guard(a, 4);
+      if (gv.skip) return;
     }
-    GuardValues gv = read_guard(a, 4);
-    if (gv.skip) return;
-    const auto m = op.math<T>(gv.step);
-    const T inv = T(gv.inv_scale);
+    const auto m = op.guarded() ? op.math<T>(gv.step) : op.math<T>();
+    const CpuIsa isa = cpu_isa();
     parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) m(p[i], g[i] * inv, mo[i], v[i]);
+      detail::adamw_span(isa, m, p + b, g + b, mo + b, v + b, e - b, op.guarded(), T(gv.inv_scale));
     });
   });
 }
-
 
 }  // namespace frugal::cpu

@@ -1,0 +1,54 @@
+#pragma once
+// Which vector instruction set a CPU kernel's loop runs with, chosen at run
+// time: the library is compiled for plain x86-64, and a loop that matters
+// (the optimizer updates) is compiled a second and third time for AVX2 and
+// AVX-512 through target attributes. Every path rounds as the scalar loop:
+// the kernel units compile with -ffp-contract=off (no fused multiply-adds
+// appear), and add, multiply, divide and square root are correctly rounded
+// in every instruction set, so the bits never depend on the CPU.
+#include <algorithm>
+#include <atomic>
+
+#include "abi.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(FRUGAL_NO_AVX512)
+#define FRUGAL_CPU_ISA_DISPATCH 1
+#else
+#define FRUGAL_CPU_ISA_DISPATCH 0
+#endif
+
+namespace frugal::cpu {
+
+enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2 };
+
+inline const char* isa_name(CpuIsa i) {
+  switch (i) {
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512f";
+    default: return "x86-64";
+  }
+}
+
+// The widest this CPU runs.
+inline CpuIsa widest_cpu_isa() {
+#if FRUGAL_CPU_ISA_DISPATCH
+  static const CpuIsa widest = __builtin_cpu_supports("avx512f") ? CpuIsa::avx512
+                               : __builtin_cpu_supports("avx2")  ? CpuIsa::avx2
+                                                                 : CpuIsa::base;
+  return widest;
+#else
+  return CpuIsa::base;
+#endif
+}
+
+// -1: the widest. Tests set a narrower one to compare each path's bits with
+// the others' on one machine.
+inline std::atomic<int> forced_cpu_isa{-1};
+
+inline CpuIsa cpu_isa() {
+  const int forced = forced_cpu_isa.load(std::memory_order_relaxed);
+  const CpuIsa widest = widest_cpu_isa();
+  return forced < 0 ? widest : CpuIsa(std::min(forced, int(widest)));
+}
+
+}  // namespace frugal::cpu
