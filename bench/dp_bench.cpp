@@ -2,7 +2,7 @@
 // mlp, resnet and gpt workloads (bench/train_workloads.hpp, as
 // ../shared/peer/torch_ddp_bench.py has them: same shapes, optimizers and
 // global batch, split evenly over the ranks), run under
-//   mpirun -np N dp_bench --workload mlp|resnet|gpt [--threads T] [--steps S] [--warmup W]
+//   mpirun -np N dp_bench --workload mlp|resnet|gpt [--threads T] [--steps S] [--warmup W] [--zero 0|1|2]
 // Prints one line on rank 0: RESULT {json} with the keys the peer's
 // run-ddp-peer prints (ms_step_median on rank 0, ms_step_median_slowest,
 // peak_rss_mib_per_rank, optimizer_state_bytes_per_rank, loss_first,
@@ -14,6 +14,7 @@
 #include <frugal/dist/mpi.hpp>
 #include <frugal/frugal.hpp>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ double state_bytes(const Optimizer& o) {
 struct Arguments {
   std::string workload = "gpt";
   int threads = 1, steps = 0, warmup = -1;
+  std::optional<int> zero;  // ZeRO stage; unset: the planner's choice (stage 0 without a budget)
 };
 
 }  // namespace
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
     else if (k == "--threads") a.threads = std::stoi(v);
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--warmup") a.warmup = std::stoi(v);
+    else if (k == "--zero") a.zero = std::stoi(v);
     else {
       std::cerr << "dp_bench: unknown option " << k << "\n";
       return 2;
@@ -52,7 +55,7 @@ int main(int argc, char** argv) {
   try {
     auto comm = dist::Mpi::world();
     const int n = comm->size(), me = comm->rank();
-    std::unique_ptr<bench::Workload> w = bench::make_workload(a.workload, a.threads, {me, n, comm});
+    std::unique_ptr<bench::Workload> w = bench::make_workload(a.workload, a.threads, {me, n, comm, a.zero});
     w->compile({});
     int steps = w->default_steps, warmup = w->default_warmup;
     if (a.steps > 0) steps = a.steps;
@@ -88,8 +91,10 @@ int main(int argc, char** argv) {
       }
       std::printf("RESULT {\"workload\":\"%s\",\"world\":%d,\"threads\":%d,\"ms_step_median\":%.3f,"
                   "\"ms_step_median_slowest\":%.3f,\"peak_rss_mib_per_rank\":%s],"
-                  "\"optimizer_state_bytes_per_rank\":%s],\"loss_first\":%.6f,\"loss_last\":%.6f,\"steps\":%d}\n",
-                  a.workload.c_str(), n, a.threads, median, slowest, rss.c_str(), opt_bytes.c_str(), first, last, steps);
+                  "\"optimizer_state_bytes_per_rank\":%s],\"loss_first\":%.6f,\"loss_last\":%.6f,\"steps\":%d,"
+                  "\"zero_stage\":%d}\n",
+                  a.workload.c_str(), n, a.threads, median, slowest, rss.c_str(), opt_bytes.c_str(), first, last, steps,
+                  w->compiled().plan().zero_stage);
     }
   } catch (const std::exception& e) {
     std::cerr << "dp_bench: " << e.what() << "\n";

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ using namespace frugal;
 struct Shard {
   int rank = 0, ranks = 1;
   std::shared_ptr<Communicator> comm;
+  std::optional<int> zero_stage;  // CompileOptions::zero_stage; unset: the planner's choice
 };
 
 struct Workload {
@@ -61,6 +63,7 @@ struct Workload {
   void define(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, int threads, const Shard& shard = {}) {
     plan_options_.threads = threads;
     plan_options_.communicator = shard.comm;
+    plan_options_.zero_stage = shard.zero_stage;
     opt_ = &opt;
     // The options are read when the step is planned, so a caller may change
     // them (plan_options()) after the workload is made.
