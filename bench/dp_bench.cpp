@@ -2,7 +2,7 @@
 // mlp, resnet and gpt workloads (bench/train_workloads.hpp, as
 // ../shared/peer/torch_ddp_bench.py has them: same shapes, optimizers and
 // global batch, split evenly over the ranks), run under
-//   mpirun -np N dp_bench --workload mlp|resnet|gpt [--threads T] [--steps S] [--warmup W] [--zero 0|1|2]
+//   mpirun -np N dp_bench --workload mlp|resnet|gpt [--threads T] [--steps S] [--warmup W] [--zero 0|1|2|3]
 // Prints one line on rank 0: RESULT {json} with the keys the peer's
 // run-ddp-peer prints (ms_step_median on rank 0, ms_step_median_slowest,
 // peak_rss_mib_per_rank, optimizer_state_bytes_per_rank, loss_first,

@@ -64,9 +64,9 @@ TEST_CASE("zero: a shard is rank r's chunk of ceil(numel / ranks), and too small
   CHECK(ZeroShard::of(1, 0, 1).length == 1);
 }
 
-TEST_CASE("zero: each rank's optimizer state and reduced gradients are its shards, its parameters whole", "[zero]") {
+TEST_CASE("zero: each rank's optimizer state and reduced gradients are its shards, its parameters too at stage 3", "[zero]") {
   const int ranks = 4;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (int rank = 0; rank < ranks; ++rank) {
       nn::manual_seed(3);
       ZeroMlp m;
@@ -85,10 +85,12 @@ TEST_CASE("zero: each rank's optimizer state and reduced gradients are its shard
       // and bias (3) stay whole over 4 ranks.
       REQUIRE(unsharded == 2 + 6 + 3);
       CHECK(ps.plan.zero_stage == stage);
-      CHECK(kind_bytes(ps.plan, "parameters") == 4 * psi);
+      // Whole parameters below stage 3; at 3 the shards, gathered where read.
+      CHECK(kind_bytes(ps.plan, "parameters") == 4 * (stage == 3 ? shard : psi));
+      CHECK(produced_bytes(*ps.graph, "all_gather_parameter") == (stage == 3 ? 4 * (psi - unsharded) : 0));
       CHECK(kind_bytes(ps.plan, "optimizer state") == 8 * shard);  // AdamW's two f32 moments
       // The gradients the updates read: whole after an all-reduce (stages 0
-      // and 1), the rank's shard after a reduce-scatter (stage 2).
+      // and 1), the rank's shard after a reduce-scatter (stages 2 and 3).
       const std::size_t whole_reduced = produced_bytes(*ps.graph, "all_reduce_mean");
       const std::size_t shard_reduced = produced_bytes(*ps.graph, "reduce_scatter_mean");
       if (stage < 2) {
@@ -102,7 +104,7 @@ TEST_CASE("zero: each rank's optimizer state and reduced gradients are its shard
   }
 }
 
-TEST_CASE("zero: left to choose, the planner takes the first stage that fits and says why", "[zero]") {
+TEST_CASE("zero: left to choose, the planner takes the fastest stage that fits and says why", "[zero]") {
   auto least = [](std::optional<int> stage) {
     nn::manual_seed(3);
     ZeroMlp m;
@@ -115,7 +117,15 @@ TEST_CASE("zero: left to choose, the planner takes the first stage that fits and
   nn::manual_seed(3);
   ZeroMlp m;
   optim::AdamW opt(m.parameters(), {});
-  CHECK(plan_rank(m, opt, 0, 4, std::nullopt, Budget{.device = least0}).plan.zero_stage == 0);
+  // Without a budget, or where stage 0 evicts nothing, stage 0: the others
+  // only add communication.
+  CHECK(plan_rank(m, opt, 0, 4, std::nullopt).plan.zero_stage == 0);
+  // At stage 0's least, stage 0 fits only by evicting: every stage is
+  // priced, and the one taken is predicted no slower than stage 0 there.
+  PlannedStep at_least0 = plan_rank(m, opt, 0, 4, std::nullopt, Budget{.device = least0});
+  const double stage0_ms = plan_rank(m, opt, 0, 4, 0, Budget{.device = least0}).plan.predicted_step_ms;
+  CHECK(at_least0.plan.predicted_step_ms <= stage0_ms);
+  CHECK_THAT(at_least0.plan.zero_reason, Catch::Contains("stage 0 fits") && Catch::Contains("the fastest that fits"));
   PlannedStep chosen = plan_rank(m, opt, 0, 4, std::nullopt, Budget{.device = least1});
   CHECK(chosen.plan.zero_stage >= 1);
   CHECK(chosen.plan.total_bytes() <= least1);

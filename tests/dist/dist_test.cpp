@@ -2,8 +2,9 @@
 //   dist_test collectives   every collective against a plain reference, bit for bit (any rank count)
 //   dist_test train         mlp (SGD) and gpt (AdamW) trained on N ranks: the same bits on every rank,
 //                           and the single-process run on the global batch within a derived tolerance
-//   dist_test zero          ZeRO stages 1 and 2 against stage 0, bit for bit; each rank's optimizer
-//                           state against ZeRO's accounting; the stage the planner picks under a budget
+//   dist_test zero          ZeRO stages 1, 2 and 3 against stage 0, bit for bit; each rank's parameters
+//                           and optimizer state against ZeRO's accounting; the stage the planner picks
+//                           under a budget; per-rank checkpoints of stage 3
 //   dist_test local         one process: dist::local() trains bit for bit as no communicator
 //   dist_test stop|kill     rank 1 stops (SIGSTOP) or dies (SIGKILL) before its first step: rank 0's
 //                           gradient all-reduce fails naming itself within the timeout, and the job ends
@@ -173,6 +174,7 @@ struct Trained {
   int stage = -1;                      // the ZeRO stage the plan runs at
   std::string zero_reason;             // and why
   std::size_t state_bytes = 0;         // the plan's optimizer-state bytes on this rank
+  std::size_t param_bytes = 0;         // and its parameter bytes
 };
 
 void note_plan(const Step& step, Trained& t) {
@@ -183,6 +185,8 @@ void note_plan(const Step& step, Trained& t) {
   const auto& kinds = step.plan().persistent_by_kind;
   auto it = kinds.find("optimizer state");
   t.state_bytes = it == kinds.end() ? 0 : it->second;
+  it = kinds.find("parameters");
+  t.param_bytes = it == kinds.end() ? 0 : it->second;
 }
 
 Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps,
@@ -205,6 +209,7 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
     if (audit_last && s + 1 == steps) t.audit = step.audit(b[0], b[1]);
     else t.losses.push_back(step.run(b[0], b[1]));
   }
+  step.gather_parameters();  // stage 3 trained the shards; elsewhere a no-op
   t.params = m.parameters();
   return t;
 }
@@ -248,6 +253,7 @@ Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
     auto b = gpt_batch(s, first, rows);
     t.losses.push_back(step.run(b[0], b[1]));
   }
+  step.gather_parameters();
   t.params = m.parameters();
   return t;
 }
@@ -378,8 +384,12 @@ std::size_t zero_state_bytes(const std::vector<Tensor>& params, int slots, int r
   }
   return elements * std::size_t(slots) * 4;
 }
+// The parameters a rank keeps: whole below stage 3, its shards at 3.
+std::size_t zero_param_bytes(const std::vector<Tensor>& params, int rank, int ranks, int stage) {
+  return zero_state_bytes(params, 1, rank, ranks, stage == 3 ? 3 : 0);
+}
 
-// ZeRO stages 0, 1 and 2 on N ranks: the same bits as stage 0 after 10
+// ZeRO stages 0 to 3 on N ranks: the same bits as stage 0 after 10
 // steps (the stage only moves where each element of the update is computed,
 // not how), each rank's optimizer state what ZeRO's accounting says, and
 // under a budget that stage 0 cannot meet the planner picks a stage that
@@ -392,7 +402,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     Trained s0 = train_mlp(c, me * rows, rows, steps, {}, false, 0);
     check(s0.stage == 0 && s0.state_bytes == zero_state_bytes(s0.params, 1, me, n, 0),
           cat("mlp stage 0: SGD's momentum is whole, ", s0.state_bytes, " bytes"));
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       Trained z = train_mlp(c, me * rows, rows, steps, {}, false, stage);
       check(z.stage == stage, cat("mlp: the plan runs at the pinned stage ", stage));
       check(z.losses == s0.losses && same_params(z.params, s0.params),
@@ -401,6 +411,9 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       const std::size_t expect = zero_state_bytes(z.params, 1, me, n, stage);
       check(z.state_bytes == expect, cat("mlp stage ", stage, ": rank ", me, " keeps ", z.state_bytes,
                                          " bytes of momentum, ZeRO's accounting says ", expect));
+      const std::size_t params = zero_param_bytes(z.params, me, n, stage);
+      check(z.param_bytes == params, cat("mlp stage ", stage, ": rank ", me, " keeps ", z.param_bytes,
+                                         " bytes of parameters, ZeRO's accounting says ", params));
     }
     // The budget: stage 1's least, below stage 0's. Left to choose, the
     // planner must take a sharded stage, stay within it (audited), and still
@@ -438,14 +451,14 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
   }
   {
     const std::int64_t rows = kGlobalBatch / 2 / n;
-    std::vector<std::size_t> state(3);
+    std::vector<std::size_t> state(4), param(4);
     for (GptRun base : {GptRun{}, GptRun{.clip_grad_norm = 0.5}, GptRun{.skip_non_finite = true}}) {
       const bool whole_grads = base.clip_grad_norm != 0 || base.skip_non_finite;
       const std::string with = base.clip_grad_norm ? " with clip_grad_norm" : base.skip_non_finite ? " with skip_non_finite" : "";
       base.zero_stage = 0;
       Trained s0 = train_gpt(c, me * rows, rows, steps, base);
-      if (!whole_grads) state[0] = s0.state_bytes;
-      for (int stage = 1; stage <= (whole_grads ? 1 : 2); ++stage) {
+      if (!whole_grads) state[0] = s0.state_bytes, param[0] = s0.param_bytes;
+      for (int stage = 1; stage <= (whole_grads ? 1 : 3); ++stage) {
         GptRun r = base;
         r.zero_stage = stage;
         Trained z = train_gpt(c, me * rows, rows, steps, r);
@@ -455,13 +468,17 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         const std::size_t expect = zero_state_bytes(z.params, 2, me, n, stage);
         check(z.state_bytes == expect + (base.skip_non_finite ? s0.state_bytes - zero_state_bytes(z.params, 2, me, n, 0) : 0),
               cat("gpt stage ", stage, with, ": rank ", me, " keeps ", z.state_bytes, " bytes of AdamW moments, ZeRO's accounting says ", expect));
-        if (!whole_grads) state[std::size_t(stage)] = z.state_bytes;
+        check(z.param_bytes == zero_param_bytes(z.params, me, n, stage),
+              cat("gpt stage ", stage, with, ": rank ", me, " keeps ", z.param_bytes, " bytes of parameters"));
+        if (!whole_grads) state[std::size_t(stage)] = z.state_bytes, param[std::size_t(stage)] = z.param_bytes;
       }
     }
     // A checkpoint of sharded state, one file per rank: saved after 5
-    // steps, loaded into a fresh model and optimizer at the same stage and
-    // rank count, the next 5 steps are the uninterrupted run's, bit for bit.
-    // Loaded into whole (stage 0) state, it is refused, naming the shapes.
+    // steps at stage 3 (without gathering: the shards are the parameters,
+    // and the checkpoint holds them), loaded into a fresh model and
+    // optimizer at the same stage and rank count, the next 5 steps are the
+    // uninterrupted run's, bit for bit. Loaded into a stage 0 step, it is
+    // refused, naming the shard and the stage.
     {
       namespace fs = std::filesystem;
       const fs::path dir = fs::temp_directory_path() / cat("frugal_dist_zero_", n, "_", ::getppid());
@@ -479,7 +496,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       nn::manual_seed(12);
       nn::Gpt m(config);
       optim::AdamW opt(m.parameters(), {.lr = 3e-3});
-      Step step = make(m, opt, 2);
+      Step step = make(m, opt, 3);
       std::vector<float> through, resumed;
       for (int s = 0; s < steps; ++s) {
         if (s == 5) io::save_checkpoint(file, m, opt, 5);
@@ -490,7 +507,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       nn::manual_seed(99);  // other initial weights: the checkpoint must replace them
       nn::Gpt m2(config);
       optim::AdamW opt2(m2.parameters(), {.lr = 3e-3});
-      Step step2 = make(m2, opt2, 2);
+      Step step2 = make(m2, opt2, 3);
       const auto state = io::load_checkpoint(file, m2, opt2);
       step2.set_steps_run(state.step);
       step2.parameters_changed();
@@ -498,8 +515,10 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         auto b = gpt_batch(s, me * rows, rows);
         resumed.push_back(step2.run(b[0], b[1]));
       }
+      step.gather_parameters();
+      step2.gather_parameters();
       check(resumed == through && same_params(m2.parameters(), m.parameters()),
-            "gpt stage 2: resumed from per-rank checkpoints, the last 5 steps are the uninterrupted run's bit for bit");
+            "gpt stage 3: resumed from per-rank checkpoints, the last 5 steps are the uninterrupted run's bit for bit");
       nn::Gpt m3(config);
       optim::AdamW opt3(m3.parameters(), {.lr = 3e-3});
       Step step3 = make(m3, opt3, 0);
@@ -507,8 +526,26 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         io::load_checkpoint(file, m3, opt3);
         check(false, "a rank's sharded checkpoint loaded into whole optimizer state is refused");
       } catch (const DataError& e) {
-        check(std::string(e.what()).find("exp_avg") != std::string::npos,
-              cat("the refusal names the state tensor: ", e.what()));
+        check(std::string(e.what()).find("parameter_shard' is one rank's shard") != std::string::npos &&
+                  std::string(e.what()).find("stage 3") != std::string::npos,
+              cat("the refusal names the shard and the stage: ", e.what()));
+      }
+      // The same at stage 1 (whole parameters, sharded state) into stage 0:
+      // refused naming the moment and both shapes.
+      {
+        nn::manual_seed(12);
+        nn::Gpt a(config), b(config);
+        optim::AdamW oa(a.parameters(), {.lr = 3e-3}), ob(b.parameters(), {.lr = 3e-3});
+        Step sa = make(a, oa, 1);
+        Step sb = make(b, ob, 0);
+        const fs::path f1 = dir / cat("gpt1.rank", me, ".safetensors");
+        io::save_checkpoint(f1, a, oa, 0);
+        try {
+          io::load_checkpoint(f1, b, ob);
+          check(false, "a rank's stage-1 checkpoint loaded into whole optimizer state is refused");
+        } catch (const DataError& e) {
+          check(std::string(e.what()).find("exp_avg") != std::string::npos, cat("the refusal names the moment: ", e.what()));
+        }
       }
       c->barrier("test: checkpoints read");
       if (me == 0) fs::remove_all(dir);
@@ -518,9 +555,12 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       nn::manual_seed(12);
       nn::Gpt m({.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2});
       for (const Tensor& p : m.parameters()) psi += std::size_t(p.numel());
-      std::cout << "gpt, " << n << " ranks, psi = " << psi << " f32 parameters: AdamW state per rank, stage 0 "
-                << state[0] << " B (8 psi = " << 8 * psi << "), stage 1 " << state[1] << " B, stage 2 " << state[2]
-                << " B (8 psi / N = " << 8 * psi / std::size_t(n) << ")\n";
+      std::cout << "gpt, " << n << " ranks, psi = " << psi << " f32 parameters; rank 0 keeps (parameters + AdamW state):\n";
+      for (int stage = 0; stage <= 3; ++stage)
+        std::cout << "  stage " << stage << ": " << param[std::size_t(stage)] << " + " << state[std::size_t(stage)]
+                  << " = " << param[std::size_t(stage)] + state[std::size_t(stage)] << " B\n";
+      std::cout << "  (ZeRO's f32 accounting: stage 0 4psi + 8psi = " << 12 * psi << ", stages 1-2 4psi + 8psi/N = "
+                << 4 * psi + 8 * psi / std::size_t(n) << ", stage 3 12psi/N = " << 12 * psi / std::size_t(n) << ")\n";
     }
   }
 }
@@ -542,8 +582,8 @@ void local() {
   } catch (const Error& e) {
     check(std::string(e.what()).find("communicator") != std::string::npos, "the refusal names the communicator");
   }
-  // ZeRO on one rank shards nothing away: stage 1 and 2 train as none.
-  for (int stage : {1, 2}) {
+  // ZeRO on one rank shards nothing away: stages 1 to 3 train as none.
+  for (int stage : {1, 2, 3}) {
     Trained z = train_mlp(dist::local(), 0, kGlobalBatch, 5, {}, false, stage);
     check(z.losses == none.losses && same_params(z.params, none.params),
           cat("dist::local() at ZeRO stage ", stage, ": the same bits as no communicator"));
@@ -559,7 +599,7 @@ void local() {
   };
   refused("zero_stage without a communicator", [&] { train_mlp(nullptr, 0, kGlobalBatch, 1, {}, false, 1); },
           "communicator is not set");
-  refused("zero_stage 3", [&] { train_mlp(dist::local(), 0, kGlobalBatch, 1, {}, false, 3); }, "stage 3");
+  refused("zero_stage 4", [&] { train_mlp(dist::local(), 0, kGlobalBatch, 1, {}, false, 4); }, "0, 1, 2 or 3");
   refused("zero_stage 2 with clip_grad_norm",
           [&] { train_gpt(dist::local(), 0, kGlobalBatch / 2, 1, {.zero_stage = 2, .clip_grad_norm = 1}); },
           "clip_grad_norm");

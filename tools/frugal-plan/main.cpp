@@ -6,7 +6,7 @@
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
-//               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2]]
+//               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]]
 //
 // With --ranks N, the step of each of N data-parallel ranks (each on a batch
 // of --batch rows) is planned as under mpirun, at the ZeRO stage --zero pins
@@ -37,7 +37,7 @@ using namespace frugal;
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
-               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2]]\n";
+               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]]\n";
   std::exit(2);
 }
 
@@ -97,7 +97,7 @@ int main(int argc, char** argv) try {
     else if (k == "--ranks") ranks = num();
     else if (k == "--zero") {
       zero = val();
-      if (zero != "auto" && zero != "0" && zero != "1" && zero != "2") usage("--zero takes auto, 0, 1 or 2");
+      if (zero != "auto" && zero != "0" && zero != "1" && zero != "2" && zero != "3") usage("--zero takes auto, 0, 1, 2 or 3");
     }
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
     else usage("unknown option " + k);

@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -56,6 +57,13 @@ class Graph {
   // A persistent value backed by `storage`. The same storage maps to the same
   // value however often a model reads it.
   ValueId add_persistent(const Tensor& storage, ValueKind kind, std::string name);
+
+  // Where a parameter's readers get its value when not from its tensor (ZeRO
+  // stage 3 gathers it from the ranks' shards): asked at the parameter's
+  // first read, during capture; a value id, or kNoValue to bind the tensor.
+  // Later reads of the same tensor get the same value.
+  using ParameterSource = std::function<ValueId(Graph&, const Tensor&, const std::string&)>;
+  void set_parameter_source(ParameterSource source) { parameter_source_ = std::move(source); }
 
   // Appends a node; shape inference runs here, so a bad shape fails at
   // capture with the op's name and the shapes it was given.
@@ -166,6 +174,7 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::map<const void*, ValueId> by_storage_;
+  ParameterSource parameter_source_;
   KernelQueries queries_;
   Phase phase_ = Phase::forward;
 };

@@ -42,7 +42,9 @@ inline NamedTensors optimizer_tensors(const nn::Module& model, const Optimizer& 
   std::unordered_map<const void*, std::string> name_of;
   for (auto& [n, t] : model.named_parameters()) name_of.emplace(t.raw(), n);
   NamedTensors out;
-  for (auto& s : opt.state()) {
+  auto state = opt.state();
+  for (auto& s : opt.parameter_shards()) state.push_back(s);  // ZeRO stage 3: the parameters trained
+  for (auto& s : state) {
     std::string owner;
     if (s.param != Optimizer::kNoParam) {
       auto it = name_of.find(opt.params().at(s.param).raw());
@@ -218,6 +220,10 @@ inline TrainingState load_checkpoint(const std::filesystem::path& path, nn::Modu
   for (auto* nt : opt_part) {
     bool exists = false;
     for (auto& [n, _] : live) exists = exists || n == nt->first;
+    if (!exists && nt->first.ends_with(".parameter_shard"))
+      fail<DataError>(p, ": tensor '", nt->first, "' is one rank's shard of a parameter that a ZeRO stage 3 step "
+                      "trained; load this file into a step compiled at stage 3 over the same rank count, at the rank "
+                      "that saved it (this optimizer has no such shard)");
     if (!exists)
       fail<DataError>(p, ": optimizer state tensor '", nt->first, "' does not exist in the '", opt.kind(),
                       "' optimizer yet: load the checkpoint after compile(): the optimizer creates its state when "

@@ -1,9 +1,11 @@
 #pragma once
-// ZeRO sharding of the optimizer phase (stages 1 and 2): each rank keeps the
-// optimizer state of one contiguous shard of every parameter and updates only
-// that shard; an all-gather then gives every rank the whole updated
-// parameter. Stage 2 also reduces each gradient straight to the shard the
-// rank updates (a reduce-scatter) instead of averaging it whole.
+// ZeRO sharding (stages 1 to 3): each rank keeps the optimizer state of one
+// contiguous shard of every parameter and updates only that shard; an
+// all-gather then gives every rank the whole updated parameter. Stage 2 also
+// reduces each gradient straight to the shard the rank updates (a
+// reduce-scatter) instead of averaging it whole. Stage 3 keeps only the
+// shard of the parameter too, and gathers the whole one where the step
+// reads it.
 //
 // The arithmetic is stage 0's, element for element: the shard's gradient is
 // the same rank-order sum divided by the rank count, and the update is the
@@ -179,6 +181,46 @@ class AllGatherShards final : public Op {
  private:
   std::shared_ptr<Communicator> comm_;
   ZeroShard shard_;
+  std::string what_;
+};
+
+// ZeRO stage 3: inputs (shard, sequence) -> the whole parameter, gathered
+// from every rank's shard (Communicator::all_gather of the zero-padded
+// chunks), in the parameter's shape. The forward reads it where it would
+// read the parameter; it is a value like an activation, which the planner
+// keeps, swaps or frees, and is never recomputed (it writes the sequence).
+class AllGatherParameter final : public Op {
+ public:
+  ~AllGatherParameter() override;
+  AllGatherParameter(std::shared_ptr<Communicator> c, ZeroShard s, Shape shape, std::string what)
+      : comm_(std::move(c)), shard_(s), shape_(std::move(shape)), what_(std::move(what)) {
+    if (!comm_) fail("all_gather_parameter: no communicator");
+    if (shape_.numel() != shard_.numel)
+      fail<ShapeError>("all_gather_parameter (", what_, "): shape ", shape_.str(), " does not hold the ", shard_.numel,
+                       " elements the shard was cut from");
+  }
+  Communicator& communicator() const { return *comm_; }
+  const ZeroShard& shard() const { return shard_; }
+  const std::string& what() const { return what_; }
+  std::string name() const override { return "all_gather_parameter"; }
+  bool is_collective() const override { return true; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    expect_arity(name(), in, 2);
+    expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);
+    if (in[0].shape.numel() != shard_.length)
+      fail<ShapeError>(name(), " (", what_, "): the shard has ", in[0].shape.numel(), " elements, not ", shard_.length);
+    return {{in[0].dtype, shape_}};
+  }
+  std::vector<int> mutated_inputs() const override { return {1}; }
+  Cost cost(std::span<const TensorMeta>, std::span<const TensorMeta> out) const override {
+    const double n = double(comm_->size());
+    return {0, (n - 1) / n * double(out[0].nbytes()) * 2};
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  ZeroShard shard_;
+  Shape shape_;
   std::string what_;
 };
 

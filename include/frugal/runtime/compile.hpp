@@ -9,6 +9,7 @@
 #include "../graph/capture.hpp"
 #include "../graph/modes.hpp"
 #include "../ops/collective.hpp"
+#include "../ops/zero.hpp"
 #include "../plan/budget.hpp"
 #include "../plan/cost_model.hpp"
 #include "../plan/device_profile.hpp"
@@ -92,9 +93,14 @@ struct CompileOptions {
   // one shard of every parameter (1/ranks of it), updates that shard and
   // all-gathers the parameter; 2 also reduces each gradient straight to the
   // shard (a reduce-scatter instead of the all-reduce). Every stage gives
-  // the same bits. Unset: the planner takes the first of 0, 1, 2 whose plan
-  // fits the device budget, and the plan says why (Plan::zero_stage,
-  // zero_reason). Stage 2 does not combine with clip_grad_norm,
+  // the same bits. 3 also keeps only the shard of each parameter: the step
+  // reads each parameter gathered from the ranks' shards (a value the
+  // planner keeps, swaps or frees like an activation) and trains the shard;
+  // the module's tensors then hold the parameters as of compile until
+  // step.gather_parameters() writes the trained ones into them (every rank
+  // calls it). Unset: stage 0 if it fits the device budget with nothing
+  // evicted, else the stage whose plan fits and is predicted fastest; the
+  // plan says why (Plan::zero_stage, zero_reason). Stages 2 and 3 do not combine with clip_grad_norm,
   // skip_non_finite, a loss_scaler or keep_grads (they need whole
   // gradients); auto then stops at 1. Needs a communicator.
   std::optional<int> zero_stage;
@@ -166,11 +172,20 @@ auto call_with_vars(Fn& fn, const std::vector<Var>& v) {
   }
 }
 
+// ZeRO stage 3: a parameter the step reads gathered from the ranks' shards
+// (params()[index] of the optimizer), and the shard it trains instead.
+struct GatheredParameter {
+  std::size_t index = 0;
+  ValueId shard = kNoValue, whole = kNoValue;
+  ZeroShard s;
+};
+
 struct Captured {
   std::shared_ptr<Graph> graph;
   std::vector<ValueId> inputs;
   std::vector<Var> results;
   std::vector<ModeRead> modes;  // the modules' flags the capture read (none when it forced a mode)
+  std::shared_ptr<std::vector<GatheredParameter>> gathered;  // stage 3's, in the order first read
 };
 
 // Everything compile() decides before memory exists: the captured graph,
@@ -186,6 +201,7 @@ struct Prepared {
   std::shared_ptr<plan::CostModel> prices;  // set by plan_prepared when the budget binds
   ValueId grad_norm = kNoValue;             // CompileOptions::clip_grad_norm's total norm
   Tensor skip_stats;                        // CompileOptions::skip_non_finite's counts
+  std::function<void()> gather_parameters;  // stage 3: the shards into the module's tensors
 };
 
 // Only calling the user's function is compiled where compile() is called:
@@ -205,11 +221,14 @@ void end_capture(Captured& c);
 
 // `training`: the mode every module runs in (CompileOptions::training, or
 // eval for inference), or unset to follow and record the modules' flags.
+// `before`, when given, prepares the graph before fn runs (stage 3's
+// parameter source).
 template <class Fn>
 Captured capture(Fn& fn, const std::vector<InputSpec>& specs, const std::shared_ptr<const Backend>& backend,
-                 std::optional<bool> training) {
+                 std::optional<bool> training, const std::function<void(Captured&)>& before = {}) {
   std::vector<Var> vars;
   Captured c = start_capture(specs, backend, vars);
+  if (before) before(c);
   CaptureScope scope(*c.graph);
   CaptureModes modes{training, {}};
   ModeScope mode_scope(modes);
@@ -250,17 +269,21 @@ Prepared prepare_inference(std::shared_ptr<Backend> backend, Captured c, const C
 // What plan_training and plan_inference return.
 PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o);
 
+// Under ZeRO stage 3, makes the parameters the optimizer trains read
+// gathered from this rank's shards (Graph::set_parameter_source).
+void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o);
+
 template <class Fn>
 Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer& opt, const CompileOptions& o) {
   auto backend = backend_for(o);
-  auto c = capture(fn, specs, backend, o.training);
+  auto c = capture(fn, specs, backend, o.training, [&](Captured& c) { gather_parameters_from_shards(c, opt, o); });
   return prepare_training(std::move(backend), std::move(c), opt, o);
 }
 
 // A training step prepared with the options given (their ZeRO stage set).
 using PrepareTraining = std::function<Prepared(const CompileOptions&)>;
 // The training step planned within `budget` at the ZeRO stage the options
-// pin, or at the first stage that fits (CompileOptions::zero_stage).
+// pin, or at the one the planner picks (CompileOptions::zero_stage).
 Step finish_training(const PrepareTraining& prepare, const Budget& budget, const CompileOptions& o);
 PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
                              const CompileOptions& o);

@@ -2,6 +2,7 @@
 // What compile() needs from an optimizer: the parameters it trains, a way to
 // append each parameter's update to the captured graph, and a tick per step.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,8 +41,12 @@ class Optimizer {
   // inside one of these: the optimizer's state for it is then the shard's.
   class ShardScope {
    public:
-    ShardScope(Optimizer& o, const ZeroShard& s) : o_(o) {
+    // `whole_parameter`: the update's parameter is the whole one, whose
+    // shard the update op runs on (stages 1, 2); false: it is the shard
+    // itself (stage 3), and the op runs as it is.
+    ShardScope(Optimizer& o, const ZeroShard& s, bool whole_parameter = true) : o_(o) {
       o_.shard_ = s;
+      o_.wrap_ = whole_parameter;
       o_.sharded_applies_ = 0;
     }
     ~ShardScope() { o_.shard_.reset(); }
@@ -68,6 +73,30 @@ class Optimizer {
   };
   // Only tensors that exist: optimizers create their state when a step is compiled.
   virtual std::vector<StateTensor> state() const { return {}; }
+  // ZeRO stage 3: this rank's shard of params()[index], the parameter the
+  // step trains in its place. Made from the parameter's elements the first
+  // time (or when the shard changed); kept while the optimizer lives, so
+  // steps compiled with this optimizer share it, as they share its state.
+  Tensor parameter_shard(std::size_t index, const ZeroShard& s) {
+    if (shards_.size() < params().size()) shards_.resize(params().size());
+    Tensor& t = shards_.at(index);
+    const Tensor& p = params().at(index);
+    if (t.defined() && t.numel() == s.length && shard_of_.at(index).offset == s.offset) return t;
+    t = Tensor(Shape{s.length}, p.dtype());
+    const std::size_t es = dtype_size(p.dtype());
+    std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es, std::size_t(s.length) * es);
+    shard_of_.resize(params().size());
+    shard_of_[index] = s;
+    return t;
+  }
+  // The stage-3 shards, as checkpoint state ("parameter_shard" of each).
+  std::vector<StateTensor> parameter_shards() const {
+    std::vector<StateTensor> out;
+    for (std::size_t i = 0; i < shards_.size(); ++i)
+      if (shards_[i].defined()) out.push_back({i, "parameter_shard", shards_[i]});
+    return out;
+  }
+
   // "adamw", "sgd": a checkpoint of one kind does not load into another.
   virtual std::string kind() const = 0;
   // The host step count (bias corrections use it), and setting it as a
@@ -92,7 +121,10 @@ class Optimizer {
   // Appends an update op whose input 0 is the parameter it writes; under a
   // ShardScope it runs on the shard (ops::ShardedUpdate).
   std::vector<Var> apply_update(std::shared_ptr<Op> op, std::vector<Var> inputs) {
-    if (!shard_) return frugal::apply(std::move(op), inputs);
+    if (!shard_ || !wrap_) {
+      sharded_applies_ += shard_.has_value();
+      return frugal::apply(std::move(op), inputs);
+    }
     ++sharded_applies_;
     return frugal::apply(std::make_shared<ops::ShardedUpdate>(std::move(op), *shard_), inputs);
   }
@@ -100,7 +132,10 @@ class Optimizer {
  private:
   std::shared_ptr<char> alive_ = std::make_shared<char>();
   std::optional<ZeroShard> shard_;
+  bool wrap_ = true;
   int sharded_applies_ = 0;
+  std::vector<Tensor> shards_;        // stage 3's parameter shards, by index
+  std::vector<ZeroShard> shard_of_;   // and which elements each holds
 };
 
 }  // namespace frugal

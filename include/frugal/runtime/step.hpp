@@ -41,6 +41,7 @@ class Step {
     std::function<std::pair<std::shared_ptr<Graph>, Plan>(const plan::OpTimeRecorder&)> replanner;
     ValueId grad_norm = kNoValue;  // CompileOptions::clip_grad_norm's total norm (a root)
     Tensor skip_stats;             // CompileOptions::skip_non_finite's i64[2] {skipped, last skipped}
+    std::function<void()> gather_parameters;  // ZeRO stage 3: the shards into the module's tensors
     std::vector<ModeRead> modes;  // train/eval flags the step was captured under, checked before each run
   };
 
@@ -125,6 +126,15 @@ class Step {
   // editing weights), so the next step fetches them again (and so does any
   // other step that fetched them early).
   void parameters_changed();
+  // ZeRO stage 3 (CompileOptions::zero_stage): the step trains this rank's
+  // shard of each parameter, and the module's tensors keep what they held at
+  // compile. This gathers every rank's shard into them (a collective: every
+  // rank calls it, between steps): before reading or saving the weights
+  // (io::save_weights), evaluating with another step, or ending. At other
+  // stages the tensors are always current and this does nothing.
+  void gather_parameters() {
+    if (p_.gather_parameters) p_.gather_parameters();
+  }
   // Fetches into the arena this step's executor has performed: an early
   // fetch still valid at the next step saves one.
   std::uint64_t fetches_performed() const;

@@ -1,5 +1,5 @@
 #pragma once
-// The collectives and the sharded update of ZeRO stages 1 and 2
+// The collectives and the sharded update of ZeRO stages 1 to 3
 // (ops/zero.hpp). The update runs the backend's own kernel for the
 // optimizer's op on the shard, so its arithmetic is the unsharded update's.
 #include <cstring>
@@ -104,6 +104,39 @@ inline void all_gather_shards_kernel(const ops::AllGatherShards& op, const Kerne
   op.communicator().all_gather(ws, recv, std::size_t(s.chunk), p.dtype,
                                cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
   if (recv != param) std::memcpy(param, recv, std::size_t(s.numel) * es);
+  ++run;
+}
+
+// Scratch of all_gather_parameter: the shard padded to a whole chunk
+// (unless it is one), then the gathered chunks unless they fill the output
+// exactly (then they land in it).
+inline std::size_t all_gather_parameter_workspace(const ops::AllGatherParameter& op, std::span<const TensorMeta> in,
+                                                  std::span<const TensorMeta>) {
+  const ZeroShard& s = op.shard();
+  const std::size_t es = dtype_size(in[0].dtype);
+  const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
+  return (s.length == s.chunk ? 0 : detail::aligned_part(std::size_t(s.chunk) * es)) +
+         (std::size_t(s.numel) == whole ? 0 : whole * es);
+}
+
+inline void all_gather_parameter_kernel(const ops::AllGatherParameter& op, const KernelArgs& a) {
+  const ZeroShard& s = op.shard();
+  const std::size_t es = dtype_size(a.in[0].dtype);
+  const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
+  auto* ws = static_cast<unsigned char*>(a.workspace);
+  const void* send = a.in[0].data;
+  std::size_t used = 0;
+  if (s.length != s.chunk) {
+    std::memcpy(ws, a.in[0].data, std::size_t(s.length) * es);
+    std::memset(ws + std::size_t(s.length) * es, 0, std::size_t(s.chunk - s.length) * es);
+    send = ws;
+    used = detail::aligned_part(std::size_t(s.chunk) * es);
+  }
+  void* recv = std::size_t(s.numel) == whole ? a.out[0].data : static_cast<void*>(ws + used);
+  std::int64_t& run = *a.in[1].as<std::int64_t>();
+  op.communicator().all_gather(send, recv, std::size_t(s.chunk), a.in[0].dtype,
+                               cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
+  if (recv != a.out[0].data) std::memcpy(a.out[0].data, recv, std::size_t(s.numel) * es);
   ++run;
 }
 

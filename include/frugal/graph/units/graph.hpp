@@ -13,6 +13,17 @@ ValueId Graph::add_persistent(const Tensor& storage, ValueKind kind, std::string
          value_kind_name(kind), " is declared with input<T>(shape) or produced by an op");
   auto it = by_storage_.find(storage.raw());
   if (it != by_storage_.end()) return it->second;
+  if (kind == ValueKind::parameter && parameter_source_) {
+    // The source may add values of its own (the shard it gathers from) and
+    // call back here for them; it answers kNoValue for those.
+    auto source = std::move(parameter_source_);
+    const ValueId from = source(*this, storage, name);
+    parameter_source_ = std::move(source);
+    if (from != kNoValue) {
+      by_storage_[storage.raw()] = from;
+      return from;
+    }
+  }
   ValueId id = add_value({.meta = {storage.dtype(), storage.shape()},
                           .kind = kind,
                           .name = std::move(name),

@@ -81,6 +81,7 @@ ReduceScatterMean::~ReduceScatterMean() = default;
 ShardSlice::~ShardSlice() = default;
 ShardedUpdate::~ShardedUpdate() = default;
 AllGatherShards::~AllGatherShards() = default;
+AllGatherParameter::~AllGatherParameter() = default;
 NllLossBase::~NllLossBase() = default;
 NllLossGrad::~NllLossGrad() = default;
 NllLoss::~NllLoss() = default;

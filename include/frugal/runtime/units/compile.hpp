@@ -121,29 +121,83 @@ static int zero_stage_of(const CompileOptions& o) {
     return 0;
   }
   const int stage = o.zero_stage.value_or(0);
-  if (stage == 3)
-    fail("compile: ZeRO stage 3 (parameters sharded too) is not built yet; CompileOptions::zero_stage takes 0, 1 or 2");
-  if (stage < 0 || stage > 3) fail("compile: CompileOptions::zero_stage must be 0, 1 or 2, got ", stage);
-  if (stage == 2)
+  if (stage < 0 || stage > 3) fail("compile: CompileOptions::zero_stage must be 0, 1, 2 or 3, got ", stage);
+  if (stage >= 2)
     if (std::string why = stage2_refusal(o); !why.empty())
-      fail("compile: ZeRO stage 2 with ", why, "; use zero_stage 1, which shards the optimizer state alone");
+      fail("compile: ZeRO stage ", stage, " with ", why, "; use zero_stage 1, which shards the optimizer state alone");
   return stage;
+}
+
+void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o) {
+  if (!o.communicator || o.zero_stage.value_or(0) != 3) return;
+  auto gathered = std::make_shared<std::vector<GatheredParameter>>();
+  c.gathered = gathered;
+  std::map<const void*, std::size_t> index_of;
+  for (std::size_t i = 0; i < opt.params().size(); ++i) index_of.emplace(opt.params()[i].raw(), i);
+  std::shared_ptr<Communicator> comm = o.communicator;
+  Optimizer* trains = &opt;
+  c.graph->set_parameter_source([=](Graph&, const Tensor& t, const std::string& name) -> ValueId {
+    auto it = index_of.find(t.raw());
+    if (it == index_of.end()) return kNoValue;  // frozen: read whole, from its tensor
+    const ZeroShard s = ZeroShard::of(t.numel(), comm->rank(), comm->size());
+    if (!s.every_rank_has_elements()) return kNoValue;  // too small to shard: whole on every rank
+    Var shard = persistent_var(trains->parameter_shard(it->second, s), ValueKind::parameter, name + ".shard");
+    Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
+    Var whole = apply1<ops::AllGatherParameter>({shard, sequence}, comm, s, t.shape(),
+                                                cat("parameter '", name, "' (", s.str(), " on rank ", s.rank, ")"));
+    gathered->push_back({it->second, shard.id, whole.id, s});
+    return whole.id;
+  });
+}
+
+// Step::gather_parameters of a stage-3 step: every rank's shard of each
+// gathered parameter into the module's tensor, outside the step.
+static std::function<void()> shards_into_parameters(const std::vector<GatheredParameter>& gathered, Optimizer& opt,
+                                                    std::shared_ptr<Communicator> comm) {
+  struct Target {
+    Tensor shard, whole;
+    ZeroShard s;
+  };
+  std::vector<Target> targets;
+  for (const auto& gp : gathered) targets.push_back({opt.parameter_shard(gp.index, gp.s), opt.params()[gp.index], gp.s});
+  return [targets, comm] {
+    for (const Target& t : targets) {
+      const std::size_t es = dtype_size(t.whole.dtype()), chunk = std::size_t(t.s.chunk);
+      std::vector<unsigned char> send(chunk * es, 0), recv(chunk * std::size_t(t.s.ranks) * es);
+      std::memcpy(send.data(), t.shard.raw(), std::size_t(t.s.length) * es);
+      comm->all_gather(send.data(), recv.data(), chunk, t.whole.dtype(),
+                       cat("Step::gather_parameters: a parameter of ", t.s.numel, " elements"));
+      std::memcpy(t.whole.raw(), recv.data(), std::size_t(t.s.numel) * es);
+    }
+  };
 }
 
 Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o) {
   Var loss = training_loss(c);
   Graph& g = *c.graph;
+  g.set_parameter_source({});
   CaptureScope scope(g);
   // Parameters the optimizer owns and the loss reads; the rest stay frozen.
+  // Under stage 3 a sharded one is read gathered: the gradient is taken of
+  // that value, and the update trains its shard.
   std::vector<Var> wrt;
   std::vector<std::size_t> index;
+  std::vector<const GatheredParameter*> gathered_of;
   for (std::size_t i = 0; i < opt.params().size(); ++i) {
     const Tensor& p = opt.params()[i];
     for (ValueId v : g.values_of_kind(ValueKind::parameter))
       if (g.value(v).external.raw() == p.raw()) {
         wrt.push_back({&g, v});
         index.push_back(i);
+        gathered_of.push_back(nullptr);
       }
+    if (c.gathered)
+      for (const GatheredParameter& gp : *c.gathered)
+        if (gp.index == i) {
+          wrt.push_back({&g, gp.whole});
+          index.push_back(i);
+          gathered_of.push_back(&gp);
+        }
   }
   // Under loss scaling, gradients are taken of loss * scale and every
   // update is guarded by one overflow check over all of them.
@@ -171,7 +225,11 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   // Under ZeRO 1 and 2, the shard of each parameter this rank updates
   // (none for one too small to give every rank an element).
   std::vector<std::optional<ZeroShard>> shard_of(wrt.size());
-  if (stage > 0)
+  if (stage == 3)
+    for (std::size_t k = 0; k < wrt.size(); ++k) {
+      if (gathered_of[k]) shard_of[k] = gathered_of[k]->s;
+    }
+  else if (stage > 0)
     for (std::size_t k = 0; k < wrt.size(); ++k)
       if (auto s = ZeroShard::of(g.value(wrt[k].id).meta.shape.numel(), o.communicator->rank(), o.communicator->size());
           s.every_rank_has_elements())
@@ -190,7 +248,7 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     });
     for (std::size_t k : order) {
       std::string what = cat("gradient of '", g.value(wrt[k].id).name, "'");
-      grads[k] = stage == 2 && shard_of[k] ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what))
+      grads[k] = stage >= 2 && shard_of[k] ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what))
                                            : all_reduce_mean(*grads[k], o.communicator, std::move(what));
     }
   }
@@ -226,6 +284,17 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     // update on the optimizer's shard-sized state, then every rank's
     // shard gathered into the parameter.
     const ZeroShard& s = *shard_of[k];
+    if (stage == 3) {  // the shard is the parameter: updated as it is, gathered where the next step reads it
+      Optimizer::ShardScope scope(opt, s, false);
+      const Var shard{&g, gathered_of[k]->shard};
+      if (guard) skippable->append_guarded_update(shard, *grads[k], index[k], *guard);
+      else opt.append_update(shard, *grads[k], index[k]);
+      if (scope.applies() == 0)
+        fail("compile: ZeRO stage 3 updates each rank's shard of a parameter, but the '", opt.kind(),
+             "' optimizer's append_update did not apply its update op through Optimizer::apply_update; apply it "
+             "that way, or pin CompileOptions::zero_stage = 0");
+      continue;
+    }
     {
       Optimizer::ShardScope scope(opt, s);
       append(stage == 1 ? shard_slice(*grads[k], s) : *grads[k]);
@@ -241,6 +310,8 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     scaler->append_scale_update(*guard);  // last: after every reader of the scale
   }
   if (non_finite) p.skip_stats = non_finite->skip_stats();
+  if (p.c.gathered && !p.c.gathered->empty())
+    p.gather_parameters = shards_into_parameters(*p.c.gathered, opt, o.communicator);
   for (std::size_t i = 1; i < p.c.results.size(); ++i) {  // extra outputs
     p.outputs.push_back(p.c.results[i].id);
     p.roots.push_back(p.c.results[i].id);
@@ -338,9 +409,8 @@ static void check_ranks_agree(Communicator& comm, int stage) {
            " at stage ", mine, ": give every rank the same device budget and options, or pin CompileOptions::zero_stage");
 }
 
-// The training step planned at the pinned ZeRO stage, or at the first of
-// 0, 1, 2 whose plan fits the budget: the lower the stage, the less
-// communication (stage 1 and 2 add an all-gather of every parameter).
+// The training step planned at the pinned ZeRO stage, or at the one the
+// planner picks (CompileOptions::zero_stage).
 // `agree`: check with the other ranks (compile; plan_training only plans,
 // and may plan one rank alone, with dist::PlanOnly).
 static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, const Budget& budget,
@@ -355,33 +425,52 @@ static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, co
     return pp;
   }
   const std::string no_stage2 = stage2_refusal(o);
-  const int last = comm.size() == 1 ? 0 : no_stage2.empty() ? 2 : 1;
+  const int last = comm.size() == 1 ? 0 : no_stage2.empty() ? 3 : 1;
+  // Stage 0 fitting without evicting anything is the cheapest there is:
+  // the higher stages only add communication. Otherwise every stage that
+  // fits is priced (its evictions and its collectives, by the cost model
+  // that prices the budget's choices), and the fastest is taken, a higher
+  // stage only when predicted at least 5% faster than the lower one.
+  constexpr double kClearlyFaster = 0.95;
+  std::optional<PlannedPrepared> best;
   std::string tried;
-  for (int stage = 0;; ++stage) {
+  std::size_t least_needed = 0;
+  for (int stage = 0; stage <= last; ++stage) {
     CompileOptions os = o;
     os.zero_stage = stage;
     try {
       PlannedPrepared pp = plan_fused(prepare(os), budget, os);
       pp.plan.zero_stage = stage;
-      pp.plan.zero_reason =
-          stage == 0 ? (budget.device ? cat("the least communication, and it fits the budget over ", comm.size(), " ranks")
-                                      : std::string("no device budget, so nothing to shard for"))
-                     : cat("chosen by the planner over ", comm.size(), " ranks: ", tried, "; stage ", stage, " fits in ",
-                           format_bytes(pp.plan.total_bytes()));
-      if (agree) check_ranks_agree(comm, stage);
-      return pp;
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.2f", pp.plan.predicted_step_ms);
+      if (stage == 0 && pp.plan.decisions.empty()) {
+        pp.plan.zero_reason = budget.device ? cat("fits the budget over ", comm.size(), " ranks with nothing evicted")
+                                            : std::string("no device budget, so nothing to shard for");
+        best = std::move(pp);
+        break;
+      }
+      tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " fits in ", format_bytes(pp.plan.total_bytes()),
+                   ", predicted ", ms, " ms");
+      // A higher stage communicates more than the cost model can see on a
+      // shared-memory machine's numbers; it must be predicted clearly faster.
+      if (!best || pp.plan.predicted_step_ms < kClearlyFaster * best->plan.predicted_step_ms) best = std::move(pp);
     } catch (const BudgetError& e) {
-      if (stage == last)
+      tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes));
+      least_needed = least_needed ? std::min(least_needed, e.smallest_feasible_bytes) : e.smallest_feasible_bytes;
+      if (stage == last && !best)
         throw BudgetError(
             cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s", " (",
-                tried, tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes),
-                comm.size() == 1 ? "; one rank has nothing to shard over"
-                                 : last < 2 ? cat("; stage 2 was not tried, for ", no_stage2) : std::string(),
+                tried, comm.size() == 1 ? "; one rank has nothing to shard over"
+                                        : last < 2 ? cat("; stages 2 and 3 were not tried, for ", no_stage2) : std::string(),
                 "). At stage ", stage, ": ", e.what()),
-            e.smallest_feasible_bytes);
-      tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes));
+            least_needed);
     }
   }
+  if (best->plan.zero_reason.empty())
+    best->plan.zero_reason = cat("the fastest that fits (a higher stage only if 5% faster), chosen by the planner over ",
+                                 comm.size(), " ranks (", tried, ")");
+  if (agree) check_ranks_agree(comm, best->plan.zero_stage);
+  return std::move(*best);
 }
 
 PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
@@ -425,6 +514,7 @@ static Step build_step(PlannedPrepared pp, const Budget& budget, const CompileOp
   parts.nvme_dir = budget.nvme_dir;
   parts.grad_norm = p.grad_norm;
   parts.skip_stats = p.skip_stats;
+  parts.gather_parameters = std::move(p.gather_parameters);
   if (o.replan && !parts.plan.decisions.empty()) {
     // What re-planning needs: the graph before the rewrite, the budget, and
     // a cost model that measured op times can refine.
