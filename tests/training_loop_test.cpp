@@ -602,3 +602,148 @@ TEST_CASE("skip_non_finite and clip_grad_norm say which combinations they do not
   CHECK_THROWS_WITH(compile(loss_fn(net), specs(), plain, {}, {.skip_non_finite = true}),
                     Catch::Contains("skip_non_finite needs an optimizer whose updates can be skipped"));
 }
+
+// ---- gradient accumulation (CompileOptions::accumulate) --------------------
+
+namespace {
+struct AccumulationMlp : nn::Module {
+  nn::Linear fc1{12, 24}, fc2{24, 5};
+  AccumulationMlp() {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+  Var loss(Var x, Var y) { return cross_entropy(fc2(relu(fc1(x))), y); }
+};
+
+// Rows [first, first + rows) of update s's batch of 16.
+std::pair<Tensor, Tensor> accumulation_rows(int s, std::int64_t first, std::int64_t rows) {
+  Rng g(400 + std::uint64_t(s));
+  Tensor x({16, 12}), y({16}, DType::i32);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(g.normal());
+  for (std::int64_t i = 0; i < 16; ++i) y.data<std::int32_t>()[i] = std::int32_t(g.below(5));
+  Tensor xs({rows, 12}), ys({rows}, DType::i32);
+  std::memcpy(xs.raw(), x.data<float>() + first * 12, std::size_t(rows * 12) * 4);
+  std::memcpy(ys.raw(), y.data<std::int32_t>() + first, std::size_t(rows) * 4);
+  return {xs, ys};
+}
+
+// `updates` updates of a batch of 16, each as `k` micro-batches of 16 / k.
+std::vector<Tensor> train_accumulating(bool adamw, int k, int updates, Budget budget = {}) {
+  nn::manual_seed(21);
+  AccumulationMlp m;
+  std::unique_ptr<Optimizer> opt;
+  if (adamw) opt = std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 1e-2});
+  else opt = std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  const std::int64_t rows = 16 / k;
+  Step step = compile([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({rows, 12}), input<std::int32_t>({rows})},
+                      *opt, budget, {.threads = 1, .accumulate = k});
+  for (int s = 0; s < updates; ++s)
+    for (int micro = 0; micro < k; ++micro) {
+      auto [x, y] = accumulation_rows(s, micro * rows, rows);
+      step.run(x, y);
+    }
+  std::vector<Tensor> out;
+  for (const Tensor& p : m.parameters()) out.push_back(p.clone());
+  return out;
+}
+
+double max_param_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double d = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    for (std::int64_t i = 0; i < a[k].numel(); ++i)
+      d = std::max(d, std::abs(double(a[k].data<float>()[i]) - double(b[k].data<float>()[i])));
+  return d;
+}
+}  // namespace
+
+TEST_CASE("accumulate: k micro-batches per update train as one batch of k times the rows", "[loop14][accumulate]") {
+  for (bool adamw : {false, true}) {
+    INFO((adamw ? "AdamW" : "SGD with momentum"));
+    const int updates = 6;
+    const auto whole = train_accumulating(adamw, 1, updates);
+    // One batch's gradient is a mean of 16 rows' terms; four micro-batch
+    // means averaged only reassociate that sum (each element within
+    // 2 * 16 * u of the other, relative to the sum of magnitudes, u = 2^-24,
+    // about 2e-6). Over 6 updates, SGD with momentum 0.9 carries a gradient
+    // difference into the parameters at most lr * sum 0.9^j < 10 lr = 1 per
+    // unit of gradient; AdamW normalises each element, so a relative
+    // gradient difference e moves a parameter by at most lr * e / (1 - beta)
+    // per step, 6 lr * 2e-6 * 10 here. Bound: 1e-5 absolute for both (the
+    // network's gradients are below 1). A step on one micro-batch alone, the
+    // mistake this would miss, moves parameters orders of magnitude more.
+    for (int k : {2, 4}) {
+      INFO(k << " micro-batches per update");
+      const auto accumulated = train_accumulating(adamw, k, updates);
+      CHECK(max_param_diff(accumulated, whole) <= 1e-5);
+    }
+  }
+  // Non-vacuous: updating on the first micro-batch of each only is far off.
+  nn::manual_seed(21);
+  AccumulationMlp m;
+  optim::SGD opt(m.parameters(), {.lr = 0.1, .momentum = 0.9});
+  Step step = compile([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({4, 12}), input<std::int32_t>({4})}, opt,
+                      {}, {.threads = 1});
+  for (int s = 0; s < 6; ++s) {
+    auto [x, y] = accumulation_rows(s, 0, 4);
+    step.run(x, y);
+  }
+  std::vector<Tensor> first_only;
+  for (const Tensor& p : m.parameters()) first_only.push_back(p.clone());
+  CHECK(max_param_diff(first_only, train_accumulating(false, 1, 6)) > 100 * 1e-5);
+}
+
+TEST_CASE("accumulate: the runs between updates change no parameter, and only updates count as steps taken",
+          "[loop14][accumulate]") {
+  nn::manual_seed(21);
+  AccumulationMlp m;
+  optim::AdamW opt(m.parameters(), {.lr = 1e-2});
+  Step step = compile([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({4, 12}), input<std::int32_t>({4})}, opt,
+                      {}, {.threads = 1, .accumulate = 4});
+  for (int run = 0; run < 8; ++run) {
+    std::vector<Tensor> before;
+    for (const Tensor& p : m.parameters()) before.push_back(p.clone());
+    auto [x, y] = accumulation_rows(run / 4, (run % 4) * 4, 4);
+    const float loss = step.run(x, y);
+    CHECK(std::isfinite(loss));
+    const bool updated = run % 4 == 3;
+    INFO("run " << run);
+    CHECK((max_param_diff(before, m.parameters()) == 0) == !updated);
+  }
+  CHECK(opt.steps_taken() == 2);
+  // The accumulators are the step's, inside its plan: one per gradient.
+  std::size_t accumulators = 0;
+  for (ValueId v : step.graph().values_of_kind(ValueKind::buffer))
+    if (step.graph().value(v).name.ends_with(".grad_accumulator")) accumulators += step.graph().value(v).meta.nbytes();
+  std::size_t params = 0;
+  for (const Tensor& p : m.parameters()) params += p.nbytes();
+  CHECK(accumulators == params);
+}
+
+TEST_CASE("accumulate: under a binding budget (the accumulators inside it), bit for bit the unconstrained run",
+          "[loop14][accumulate]") {
+  nn::manual_seed(21);
+  AccumulationMlp m;
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  const auto free = plan_training([&](Var x, Var y) { return m.loss(x, y); },
+                                  {input<float>({4, 12}), input<std::int32_t>({4})}, opt, {}, {.accumulate = 4});
+  const std::size_t least =
+      plan_training([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({4, 12}), input<std::int32_t>({4})}, opt,
+                    Budget{.device = free.plan.total_bytes() - 1}, {.accumulate = 4})
+          .plan.min_feasible_bytes;
+  REQUIRE(least > 0);
+  REQUIRE(least < free.plan.total_bytes());
+  const auto tight = train_accumulating(false, 4, 3, Budget{.device = least});
+  const auto unconstrained = train_accumulating(false, 4, 3);
+  CHECK(max_param_diff(tight, unconstrained) == 0);
+}
+
+TEST_CASE("accumulate: refused where it cannot apply, by name", "[loop14][accumulate]") {
+  AccumulationMlp m;
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  auto fn = [&](Var x, Var y) { return m.loss(x, y); };
+  const std::vector<InputSpec> in{input<float>({4, 12}), input<std::int32_t>({4})};
+  CHECK_THROWS_WITH(compile(fn, in, opt, {}, {.accumulate = 0}), Catch::Contains("give 1 or more"));
+  CHECK_THROWS_WITH(compile(fn, in, opt, {}, {.skip_non_finite = true, .accumulate = 2}),
+                    Catch::Contains("accumulate with skip_non_finite"));
+  CHECK_THROWS_WITH(compile_gradients(fn, in, m.parameters(), {}, {.accumulate = 2}), Catch::Contains("accumulate"));
+}

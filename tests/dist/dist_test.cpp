@@ -331,6 +331,33 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
     for (std::size_t k = 0; k < free.params.size(); ++k)
       same = same && same_bytes(free.params[k].raw(), budgeted.params[k].raw(), std::size_t(free.params[k].numel()) * 4);
     check(same, "mlp: at the smallest feasible budget, N ranks train bit for bit as unconstrained");
+    // Gradient accumulation: each rank's share of every global batch in two
+    // micro-batches (CompileOptions::accumulate = 2), at ZeRO stages 0 and 2.
+    // The same global batch as `one`: the sum is reassociated the same way
+    // as above, so the same bound holds.
+    for (int stage : {0, 2}) {
+      nn::manual_seed(11);
+      Mlp m;
+      optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
+      CompileOptions o;
+      o.threads = 1;
+      o.communicator = c;
+      o.zero_stage = stage;
+      o.accumulate = 2;
+      const std::int64_t micro = rows / 2;
+      Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                          {input<float>({micro, 16}), input<std::int32_t>({micro})}, opt, {}, o);
+      for (int s = 0; s < steps; ++s)
+        for (int k = 0; k < 2; ++k) {
+          auto b = mlp_batch(s, me * rows + k * micro, micro);
+          step.run(b[0], b[1]);
+        }
+      step.gather_parameters();
+      check(same_on_every_rank(*c, m.parameters()), cat("mlp, accumulating, stage ", stage, ": every rank holds the same bits"));
+      const double da = max_abs_diff(m.parameters(), one.params, &scale);
+      check(da <= 5e-5, cat("mlp: N ranks x 2 micro-batches at stage ", stage, " against one process: ", da, " <= 5e-5"));
+      if (me == 0) std::cout << "mlp, " << n << " ranks x 2 micro-batches, stage " << stage << ": max |diff| = " << da << "\n";
+    }
   }
   {
     const std::int64_t rows = kGlobalBatch / 2 / n;

@@ -36,6 +36,7 @@
 #include "grad_clipping.hpp"
 #include "skip_count.hpp"
 #include "sdpa.hpp"
+#include "accumulation.hpp"
 #include "collective.hpp"
 #include "zero.hpp"
 

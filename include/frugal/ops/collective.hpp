@@ -5,6 +5,7 @@
 // (dist/local.hpp: one rank; dist/mpi.hpp: processes under mpirun).
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "../core/tensor.hpp"
@@ -59,11 +60,23 @@ class Communicator {
 
 namespace frugal::ops {
 
-// Inputs (g, sequence) -> g averaged over the ranks: the rank-order sum of
-// Communicator::all_reduce_sum divided by size(), in g's dtype. `sequence`
-// is Communicator::collectives_run(), written in place: the graph orders the
-// collectives as captured, and a writer is never recomputed (a collective
-// run again on one rank would wait forever for the others).
+// A collective's inputs: `data` tensors, the sequence counter, and an
+// optional skip flag.
+inline void expect_collective_inputs(const std::string& op, std::span<const TensorMeta> in, std::size_t data) {
+  if (in.size() != data + 1 && in.size() != data + 2)
+    fail(op, ": expects ", data + 1, " or ", data + 2, " inputs, got ", in.size());
+  expect_scalar(op, "the communicator's collective count", in[data], DType::i64);
+  if (in.size() == data + 2) expect_scalar(op, "the skip flag", in[data + 1], DType::f32);
+}
+
+// Inputs (g, sequence [, skip]) -> g averaged over the ranks: the rank-order
+// sum of Communicator::all_reduce_sum divided by size(), in g's dtype.
+// `sequence` is Communicator::collectives_run(), written in place: the graph
+// orders the collectives as captured, and a writer is never recomputed (a
+// collective run again on one rank would wait forever for the others).
+// `skip`, an f32 scalar every rank computes alike (gradient accumulation's
+// micro-steps): where set, nothing is communicated and the output is not
+// read.
 class AllReduceMean final : public Op {
  public:
   ~AllReduceMean() override;
@@ -75,9 +88,8 @@ class AllReduceMean final : public Op {
   std::string name() const override { return "all_reduce_mean"; }
   bool is_collective() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_arity(name(), in, 2);
+    expect_collective_inputs(name(), in, 1);
     expect_floating(name(), in[0]);
-    expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);
     return {in[0]};
   }
   std::vector<int> mutated_inputs() const override { return {1}; }
@@ -97,11 +109,15 @@ class AllReduceMean final : public Op {
 
 namespace frugal {
 
-// g averaged over the ranks of `comm` (an identity on one rank).
-inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std::string what) {
+// g averaged over the ranks of `comm` (an identity on one rank); skipped
+// where `skip` (an f32 scalar) is set.
+inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std::string what,
+                           std::optional<Var> skip = {}) {
   // A buffer: persistent, written by the step, neither a parameter nor optimizer state.
   Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  return apply1<ops::AllReduceMean>({g, sequence}, comm, std::move(what));
+  std::vector<Var> in{g, sequence};
+  if (skip) in.push_back(*skip);
+  return frugal::apply(std::make_shared<ops::AllReduceMean>(comm, std::move(what)), in)[0];
 }
 
 }  // namespace frugal

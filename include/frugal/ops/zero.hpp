@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "../core/tensor.hpp"
@@ -51,10 +52,10 @@ struct ZeroShard {
 
 namespace frugal::ops {
 
-// Inputs (g, sequence) -> this rank's shard of g averaged over the ranks:
+// Inputs (g, sequence [, skip]) -> this rank's shard of g averaged over the ranks:
 // Communicator::reduce_scatter_sum of g zero-padded to ranks * chunk
-// elements, divided by the rank count in g's dtype. `sequence` as for
-// AllReduceMean (ops/collective.hpp).
+// elements, divided by the rank count in g's dtype. `sequence` and `skip` as
+// for AllReduceMean (ops/collective.hpp).
 class ReduceScatterMean final : public Op {
  public:
   ~ReduceScatterMean() override;
@@ -68,9 +69,8 @@ class ReduceScatterMean final : public Op {
   std::string name() const override { return "reduce_scatter_mean"; }
   bool is_collective() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_arity(name(), in, 2);
+    expect_collective_inputs(name(), in, 1);
     expect_floating(name(), in[0]);
-    expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);
     if (in[0].shape.numel() != shard_.numel)
       fail<ShapeError>(name(), " (", what_, "): the gradient has ", in[0].shape.numel(), " elements, the shard was cut from ",
                        shard_.numel);
@@ -149,9 +149,9 @@ class ShardedUpdate final : public Op {
   ZeroShard shard_;
 };
 
-// Inputs (p, sequence): every rank's shard of p, gathered into p on every
-// rank (Communicator::all_gather of the zero-padded chunks). Writes p and
-// the sequence; no output.
+// Inputs (p, sequence [, skip]): every rank's shard of p, gathered into p on
+// every rank (Communicator::all_gather of the zero-padded chunks). Writes p
+// and the sequence; no output.
 class AllGatherShards final : public Op {
  public:
   ~AllGatherShards() override;
@@ -165,8 +165,7 @@ class AllGatherShards final : public Op {
   std::string name() const override { return "all_gather_shards"; }
   bool is_collective() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_arity(name(), in, 2);
-    expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);
+    expect_collective_inputs(name(), in, 1);
     if (in[0].shape.numel() != shard_.numel)
       fail<ShapeError>(name(), " (", what_, "): the parameter has ", in[0].shape.numel(),
                        " elements, the shard was cut from ", shard_.numel);
@@ -229,17 +228,23 @@ class AllGatherParameter final : public Op {
 namespace frugal {
 
 // This rank's shard of g averaged over the ranks of `comm`.
-inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what) {
+inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
+                               std::optional<Var> skip = {}) {
   Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  return apply1<ops::ReduceScatterMean>({g, sequence}, comm, s, std::move(what));
+  std::vector<Var> in{g, sequence};
+  if (skip) in.push_back(*skip);
+  return frugal::apply(std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what)), in)[0];
 }
 
 inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlice>({x}, s); }
 
 // Gathers every rank's updated shard of the parameter p into p.
-inline void all_gather_shards(Var p, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what) {
+inline void all_gather_shards(Var p, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
+                              std::optional<Var> skip = {}) {
   Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  frugal::apply(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what)), {p, sequence});
+  std::vector<Var> in{p, sequence};
+  if (skip) in.push_back(*skip);
+  frugal::apply(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what)), in);
 }
 
 }  // namespace frugal

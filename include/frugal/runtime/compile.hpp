@@ -104,6 +104,16 @@ struct CompileOptions {
   // skip_non_finite, a loss_scaler or keep_grads (they need whole
   // gradients); auto then stops at 1. Needs a communicator.
   std::optional<int> zero_stage;
+  // Gradient accumulation: each run() is one micro-batch of the inputs'
+  // shapes; its gradients are added into accumulators (persistent buffers,
+  // one per parameter gradient, inside the budget), and every `accumulate`-th
+  // run averages them over the micro-batches and applies the update (after
+  // the communicator's averaging, clipping). The runs between skip the
+  // update and its collectives, and do not count as steps taken (AdamW's
+  // bias correction counts updates). A global batch of accumulate x ranks x
+  // rows. Needs a SkippableOptimizer (AdamW, SGD); not with a loss_scaler or
+  // skip_non_finite yet. Training steps only.
+  int accumulate = 1;
 };
 
 namespace detail {
@@ -326,6 +336,8 @@ inline void refuse_training_options(const CompileOptions& o, const char* fn) {
   if (o.clip_grad_norm != 0 || o.skip_non_finite)
     fail(fn, ": CompileOptions::clip_grad_norm and skip_non_finite apply to training steps (compile)");
   if (o.zero_stage) fail(fn, ": CompileOptions::zero_stage shards an optimizer's state; this step has no optimizer");
+  if (o.accumulate != 1)
+    fail(fn, ": CompileOptions::accumulate spreads one update over several runs; this step has no update");
   if (o.communicator)
     fail(fn, ": CompileOptions::communicator averages a training step's gradients over ranks; this step has no "
          "update to average for (each rank runs it on its own data)");

@@ -49,6 +49,10 @@ inline void reduce_scatter_mean_kernel(const ops::ReduceScatterMean& op, const K
   const ZeroShard& s = op.shard();
   const TensorRef& g = a.in[0];
   const std::size_t es = dtype_size(g.dtype);
+  if (collective_skipped(a, 2)) {
+    std::memset(a.out[0].data, 0, std::size_t(s.length) * es);
+    return;
+  }
   const auto scratch = detail::ReduceScatterScratch::of(op, g.dtype);
   auto* ws = static_cast<unsigned char*>(a.workspace);
   const void* send = g.data;
@@ -91,6 +95,7 @@ inline std::size_t all_gather_shards_workspace(const ops::AllGatherShards& op, s
 }
 
 inline void all_gather_shards_kernel(const ops::AllGatherShards& op, const KernelArgs& a) {
+  if (collective_skipped(a, 2)) return;  // the update it follows was skipped too
   const ZeroShard& s = op.shard();
   const TensorRef& p = a.in[0];
   const std::size_t es = dtype_size(p.dtype);

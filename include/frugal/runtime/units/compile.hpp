@@ -221,6 +221,17 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
            " needs an optimizer whose updates can be skipped "
            "(a SkippableOptimizer: optim::AdamW, optim::SGD)");
   }
+  const int micro_steps = o.accumulate;
+  if (micro_steps < 1) fail("compile: CompileOptions::accumulate is ", micro_steps, " micro-steps per update; give 1 or more");
+  if (micro_steps > 1) {
+    if (scaler)
+      fail("compile: CompileOptions::accumulate with ", non_finite ? "skip_non_finite" : "a loss_scaler",
+           " is not supported yet (both decide through the same guard whether an update runs); use one of them");
+    skippable = dynamic_cast<SkippableOptimizer*>(&opt);
+    if (!skippable)
+      fail("compile: CompileOptions::accumulate skips the update on all but every ", micro_steps,
+           "th run, and needs an optimizer whose updates can be skipped (a SkippableOptimizer: optim::AdamW, optim::SGD)");
+  }
   const int stage = zero_stage_of(o);
   // Under ZeRO 1 and 2, the shard of each parameter this rank updates
   // (none for one too small to give every rank an element).
@@ -235,6 +246,20 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
           s.every_rank_has_elements())
         shard_of[k] = s;
   auto grads = grad(scaler ? scaler->scale_loss(loss) : loss, wrt);
+  // Gradient accumulation: each gradient into its accumulator; on the
+  // k-th run the mean over the micro-batches goes on, to the collectives
+  // and the update, which the other runs skip.
+  std::optional<Var> micro_skip;
+  if (micro_steps > 1) {
+    micro_skip = apply1<ops::MicroStepSkip>({loss}, micro_steps);
+    for (std::size_t k = 0; k < wrt.size(); ++k) {
+      if (!grads[k]) continue;
+      const TensorMeta& m = g.value(grads[k]->id).meta;
+      Var acc = persistent_var(Tensor(m.shape, m.dtype), ValueKind::buffer,
+                               g.value(wrt[k].id).name + ".grad_accumulator");
+      grads[k] = apply1<ops::AccumulateGradient>({*grads[k], acc, *micro_skip}, micro_steps);
+    }
+  }
   if (o.communicator) {
     // In the order the backward completes the gradients (their producers'
     // capture order), not the parameters' order: the collectives run in the
@@ -248,8 +273,9 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     });
     for (std::size_t k : order) {
       std::string what = cat("gradient of '", g.value(wrt[k].id).name, "'");
-      grads[k] = stage >= 2 && shard_of[k] ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what))
-                                           : all_reduce_mean(*grads[k], o.communicator, std::move(what));
+      grads[k] = stage >= 2 && shard_of[k]
+                     ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what), micro_skip)
+                     : all_reduce_mean(*grads[k], o.communicator, std::move(what), micro_skip);
     }
   }
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
@@ -265,6 +291,11 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   Phase previous = g.set_phase(Phase::optimizer);
   std::optional<ops::UpdateGuard> guard;
   if (scaler && !present.empty()) guard = scaler->check_gradients(present);
+  if (micro_skip) {
+    Tensor one(Shape{}, DType::f32);
+    one.data<float>()[0] = 1.0f;
+    guard = ops::UpdateGuard{*micro_skip, constant(one, "accumulation.unit_scale")};
+  }
   if (o.clip_grad_norm != 0 && !present.empty()) {
     Var norm = clip_gradients(grads, present, o.clip_grad_norm);
     p.grad_norm = norm.id;
@@ -303,11 +334,12 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
              "' optimizer's append_update did not apply its update op through Optimizer::apply_update (which runs it "
              "on the shard); apply it that way, or pin CompileOptions::zero_stage = 0");
     }
-    all_gather_shards(wrt[k], o.communicator, s, cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"));
+    all_gather_shards(wrt[k], o.communicator, s,
+                      cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"), micro_skip);
   }
   if (guard) {
     skippable->append_guarded_step_end(*guard);
-    scaler->append_scale_update(*guard);  // last: after every reader of the scale
+    if (scaler) scaler->append_scale_update(*guard);  // last: after every reader of the scale
   }
   if (non_finite) p.skip_stats = non_finite->skip_stats();
   if (p.c.gathered && !p.c.gathered->empty())

@@ -3,6 +3,7 @@
 // optimizer phase's kernels: the fused SGD and AdamW updates, and the
 // gradient all-reduce of data parallelism before them, and ZeRO's sharded
 // update with its reduce-scatter and all-gather.
+#include "../accumulation.hpp"
 #include "../collective.hpp"
 #include "../optimizer.hpp"
 #include "../zero.hpp"
@@ -13,6 +14,8 @@ namespace frugal::cpu {
 void add_optimizer_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::SgdUpdate>(sgd_kernel);
   t.add<ops::AdamWUpdate>(adamw_kernel);
+  t.add<ops::MicroStepSkip>(micro_step_skip_kernel);
+  t.add<ops::AccumulateGradient>(accumulate_gradient_kernel);
   t.add<ops::AllReduceMean>(all_reduce_mean_kernel, all_reduce_mean_workspace);
   t.add<ops::ReduceScatterMean>(reduce_scatter_mean_kernel, reduce_scatter_mean_workspace);
   t.add<ops::ShardSlice>(shard_slice_kernel);
