@@ -55,3 +55,4 @@
 #include "data/text.hpp"
 #include "io/safetensors.hpp"
 #include "io/checkpoint.hpp"
+#include "io/gathered_checkpoint.hpp"

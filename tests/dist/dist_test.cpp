@@ -5,6 +5,8 @@
 //   dist_test zero          ZeRO stages 1, 2 and 3 against stage 0, bit for bit; each rank's parameters
 //                           and optimizer state against ZeRO's accounting; the stage the planner picks
 //                           under a budget; per-rank checkpoints of stage 3
+//   dist_test reshard-save DIR, then reshard-load DIR (reshard_test.cmake): gpt saved at 4 ranks and
+//                           stage 3 as one gathered checkpoint, resumed at 2 ranks and stage 1
 //   dist_test local         one process: dist::local() trains bit for bit as no communicator
 //   dist_test stop|kill     rank 1 stops (SIGSTOP) or dies (SIGKILL) before its first step: rank 0's
 //                           gradient all-reduce fails naming itself within the timeout, and the job ends
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <unistd.h>
 #include <functional>
 #include <optional>
@@ -592,6 +595,99 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
   }
 }
 
+// Resharding (run by reshard_test.cmake): gpt trained at 4 ranks, ZeRO
+// stage 3, saved after 5 steps as one gathered checkpoint; then 2 ranks at
+// stage 1 load it and run steps 5-9 on the same global batches. Their mean
+// losses must follow both the 4-rank run's and one process's (unsharded,
+// no communicator) within 1e-4 relative, the gpt bound derived in train():
+// the rank counts only reassociate each gradient's sum.
+constexpr int kReshardSteps = 10, kReshardAt = 5;
+
+nn::GptConfig reshard_config() { return {.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2}; }
+
+Step reshard_step(nn::Gpt& m, optim::AdamW& opt, std::shared_ptr<Communicator> c, std::int64_t rows, int stage) {
+  CompileOptions o;
+  o.threads = 1;
+  o.communicator = std::move(c);
+  if (o.communicator) o.zero_stage = stage;
+  return compile([&](Var x, Var y) { return m.loss(x, y); },
+                 {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, {}, o);
+}
+
+// The mean over the ranks of this rank's loss.
+float mean_loss(Communicator& c, float mine) {
+  std::vector<float> all(static_cast<std::size_t>(c.size()));
+  c.all_gather(&mine, all.data(), 1, DType::f32, "test: losses");
+  double sum = 0;
+  for (float l : all) sum += l;
+  return float(sum / c.size());
+}
+
+void reshard_save(const std::shared_ptr<dist::Mpi>& c, const std::string& dir) {
+  const int me = c->rank();
+  const std::int64_t rows = kGlobalBatch / 2 / c->size();
+  nn::manual_seed(12);
+  nn::Gpt m(reshard_config());
+  optim::AdamW opt(m.parameters(), {.lr = 3e-3});
+  Step step = reshard_step(m, opt, c, rows, 3);
+  std::vector<float> losses;
+  for (int s = 0; s < kReshardSteps; ++s) {
+    if (s == kReshardAt) io::save_gathered_checkpoint(dir + "/gpt.safetensors", m, opt, s, *c);
+    auto b = gpt_batch(s, me * rows, rows);
+    losses.push_back(mean_loss(*c, step.run(b[0], b[1])));
+  }
+  if (me == 0) {
+    std::ofstream f(dir + "/losses.txt");
+    f.precision(9);
+    for (int s = kReshardAt; s < kReshardSteps; ++s) f << losses[std::size_t(s)] << "\n";
+    check(bool(f), "the 4-rank losses are written");
+  }
+}
+
+void reshard_load(const std::shared_ptr<dist::Mpi>& c, const std::string& dir) {
+  const int me = c->rank();
+  const std::int64_t rows = kGlobalBatch / 2 / c->size();
+  std::vector<float> saved;
+  {
+    std::ifstream f(dir + "/losses.txt");
+    for (float l; f >> l;) saved.push_back(l);
+  }
+  check(saved.size() == std::size_t(kReshardSteps - kReshardAt), cat("the saved run's ", saved.size(), " losses are read"));
+  nn::manual_seed(99);  // other weights: the checkpoint must replace them
+  nn::Gpt m(reshard_config());
+  optim::AdamW opt(m.parameters(), {.lr = 3e-3});
+  Step step = reshard_step(m, opt, c, rows, 1);
+  const auto state = io::load_gathered_checkpoint(dir + "/gpt.safetensors", m, opt, *c);
+  check(state.step == kReshardAt, cat("the checkpoint's step is ", state.step));
+  step.set_steps_run(state.step);
+  step.parameters_changed();
+  // One process, no communicator, the whole batch: the unsharded run.
+  Trained one = train_gpt(nullptr, 0, kGlobalBatch / 2, kReshardSteps);
+  double worst_saved = 0, worst_one = 0;
+  for (int s = kReshardAt; s < kReshardSteps && saved.size() == std::size_t(kReshardSteps - kReshardAt); ++s) {
+    auto b = gpt_batch(s, me * rows, rows);
+    const double l = mean_loss(*c, step.run(b[0], b[1]));
+    const double a = saved[std::size_t(s - kReshardAt)], o = one.losses[std::size_t(s)];
+    worst_saved = std::max(worst_saved, std::abs(l - a) / std::abs(a));
+    worst_one = std::max(worst_one, std::abs(l - o) / std::abs(o));
+  }
+  check(worst_saved <= 1e-4, cat("resumed at 2 ranks, stage 1: the 4-rank run's losses within 1e-4 (", worst_saved, ")"));
+  check(worst_one <= 1e-4, cat("resumed at 2 ranks, stage 1: one process's losses within 1e-4 (", worst_one, ")"));
+  if (me == 0) {
+    std::cout << "resharded 4 -> 2 ranks (stage 3 -> 1): worst relative loss difference " << worst_saved
+              << " against the 4-rank run, " << worst_one << " against one process (bound 1e-4)\n";
+    // The same file in one process without a communicator: io::load_checkpoint.
+    nn::Gpt alone(reshard_config());
+    optim::AdamW alone_opt(alone.parameters(), {.lr = 3e-3});
+    Step alone_step = reshard_step(alone, alone_opt, nullptr, kGlobalBatch / 2, 0);
+    io::load_checkpoint(dir + "/gpt.safetensors", alone, alone_opt);
+    alone_step.set_steps_run(kReshardAt);
+    auto b = gpt_batch(kReshardAt, 0, kGlobalBatch / 2);
+    const double l = alone_step.run(b[0], b[1]), o = one.losses[std::size_t(kReshardAt)];
+    check(std::abs(l - o) / std::abs(o) <= 1e-4, cat("the gathered checkpoint resumes one process too: ", l, " vs ", o));
+  }
+}
+
 void local() {
   Trained none = train_mlp(nullptr, 0, kGlobalBatch, 5);
   Trained one = train_mlp(dist::local(), 0, kGlobalBatch, 5);
@@ -652,6 +748,11 @@ int main(int argc, char** argv) {
   try {
     if (mode == "local") {
       local();
+    } else if ((mode == "reshard-save" || mode == "reshard-load") && argc > 2) {
+      auto c = dist::Mpi::world({.timeout_seconds = 120.0});
+      my_rank = c->rank();
+      if (mode == "reshard-save") reshard_save(c, argv[2]);
+      else reshard_load(c, argv[2]);
     } else if (mode == "collectives" || mode == "train" || mode == "zero" || mode == "stop" || mode == "kill") {
       auto c = dist::Mpi::world({.timeout_seconds = mode == "stop" || mode == "kill" ? 3.0 : 120.0});
       my_rank = c->rank();
@@ -660,7 +761,7 @@ int main(int argc, char** argv) {
       else if (mode == "zero") zero(c);
       else fault(c, mode == "stop" ? SIGSTOP : SIGKILL);
     } else {
-      std::cerr << "usage: dist_test collectives|train|zero|local|stop|kill\n";
+      std::cerr << "usage: dist_test collectives|train|zero|local|stop|kill, or reshard-save|reshard-load DIR\n";
       return 2;
     }
   } catch (const std::exception& e) {

@@ -11,6 +11,8 @@
 // first byte is copied, so a failed load leaves the model and optimizer as
 // they were.
 #include <charconv>
+#include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,12 +40,11 @@ inline std::string shape_and_dtype(const Tensor& t) { return cat(dtype_name(t.dt
 // "optimizer.<param name>.<slot>" (the name of the module's parameter with
 // the same storage), "optimizer.<index>.<slot>" for a parameter the module
 // does not own, "optimizer.<slot>" for optimizer-wide state.
-inline NamedTensors optimizer_tensors(const nn::Module& model, const Optimizer& opt) {
+inline NamedTensors optimizer_tensors(const nn::Module& model, const Optimizer& opt,
+                                      const std::vector<Optimizer::StateTensor>& state) {
   std::unordered_map<const void*, std::string> name_of;
   for (auto& [n, t] : model.named_parameters()) name_of.emplace(t.raw(), n);
   NamedTensors out;
-  auto state = opt.state();
-  for (auto& s : opt.parameter_shards()) state.push_back(s);  // ZeRO stage 3: the parameters trained
   for (auto& s : state) {
     std::string owner;
     if (s.param != Optimizer::kNoParam) {
@@ -54,12 +55,29 @@ inline NamedTensors optimizer_tensors(const nn::Module& model, const Optimizer& 
   }
   return out;
 }
+// The optimizer's state as it lives: its state() and, under ZeRO stage 3,
+// the rank's parameter shards (the parameters it trains).
+inline std::vector<Optimizer::StateTensor> live_state(const Optimizer& opt) {
+  auto state = opt.state();
+  for (auto& s : opt.parameter_shards()) state.push_back(s);
+  return state;
+}
+inline NamedTensors optimizer_tensors(const nn::Module& model, const Optimizer& opt) {
+  return optimizer_tensors(model, opt, live_state(opt));
+}
 
-// One tensor to copy from a file into a live one, checked beforehand.
+// One tensor to copy from a file into a live one, checked beforehand: all
+// of it, or (a ZeRO shard of a whole tensor in the file) dst's bytes from
+// byte `from` on.
 struct Copy {
   Tensor dst;
   const Tensor* src;
+  std::size_t from = 0;
 };
+
+// Where a live tensor whose shape is not the file's takes its elements
+// from (the byte offset of its shard), or nullopt: a mismatch.
+using SliceOf = std::function<std::optional<std::size_t>(const std::string& name, const Tensor& live, const Tensor& file)>;
 
 // Matches `expected` (name -> live tensor) against the file's tensors in
 // `found`: every expected name present with the same shape and dtype, and
@@ -69,7 +87,7 @@ struct Copy {
 template <class MayMiss>
 std::vector<Copy> match(const std::filesystem::path& path, const NamedTensors& expected,
                         const std::vector<const std::pair<std::string, Tensor>*>& found, const char* what,
-                        MayMiss may_miss) {
+                        MayMiss may_miss, const SliceOf& slice_of = {}) {
   std::unordered_map<std::string, const Tensor*> in_file;
   for (auto* nt : found) in_file.emplace(nt->first, &nt->second);
   std::unordered_map<std::string, bool> wanted;
@@ -83,9 +101,15 @@ std::vector<Copy> match(const std::filesystem::path& path, const NamedTensors& e
                       ") is missing from the file");
     }
     const Tensor& t = *it->second;
-    if (t.shape() != live.shape() || t.dtype() != live.dtype())
-      fail<DataError>(path.string(), ": tensor '", name, "' is ", shape_and_dtype(t), " in the file but ",
-                      shape_and_dtype(live), " in the ", what);
+    if (t.shape() != live.shape() || t.dtype() != live.dtype()) {
+      std::optional<std::size_t> from;
+      if (slice_of && t.dtype() == live.dtype()) from = slice_of(name, live, t);
+      if (!from)
+        fail<DataError>(path.string(), ": tensor '", name, "' is ", shape_and_dtype(t), " in the file but ",
+                        shape_and_dtype(live), " in the ", what);
+      copies.push_back({live, &t, *from});
+      continue;
+    }
     copies.push_back({live, &t});
   }
   std::vector<std::string> unexpected;
@@ -106,7 +130,7 @@ std::vector<Copy> match(const std::filesystem::path& path, const NamedTensors& e
 }
 
 inline void apply(const std::vector<Copy>& copies) {
-  for (auto& c : copies) std::memcpy(c.dst.raw(), c.src->raw(), c.src->nbytes());
+  for (auto& c : copies) std::memcpy(c.dst.raw(), static_cast<const char*>(c.src->raw()) + c.from, c.dst.nbytes());
 }
 
 inline std::vector<const std::pair<std::string, Tensor>*> all_of(const SafetensorsFile& f) {
@@ -158,8 +182,12 @@ struct TrainingState {
   NamedTensors extra;  // under their names as saved (without "extra.")
 };
 
-inline void save_checkpoint(const std::filesystem::path& path, const nn::Module& model, const Optimizer& opt,
-                            std::int64_t step, const Metadata& metadata = {}, const NamedTensors& extra = {}) {
+namespace detail {
+// A checkpoint of the model, `optimizer` (its tensors under their
+// checkpoint names) and `extra`, for an optimizer of `kind`.
+inline void write_checkpoint(const std::filesystem::path& path, const nn::Module& model, const std::string& kind,
+                             const NamedTensors& optimizer, std::int64_t step, const Metadata& metadata,
+                             const NamedTensors& extra) {
   if (step < 0) fail(path.string(), ": save_checkpoint: the step counter cannot be negative (got ", step, ")");
   Metadata md = metadata;
   for (const char* key : {"format", "step", "optimizer"})
@@ -168,23 +196,24 @@ inline void save_checkpoint(const std::filesystem::path& path, const nn::Module&
            "' is reserved for the checkpoint itself; name your entry differently");
   md["format"] = kCheckpointFormat;
   md["step"] = std::to_string(step);
-  md["optimizer"] = opt.kind();
+  md["optimizer"] = kind;
   NamedTensors all = detail::model_tensors(model);
-  for (auto& nt : detail::optimizer_tensors(model, opt)) all.push_back(std::move(nt));
+  for (auto& nt : optimizer) all.push_back(nt);
   for (auto& [n, t] : extra) all.emplace_back("extra." + n, t);
   write_safetensors(path, all, md);
 }
+}  // namespace detail
 
-// Loads weights and optimizer state in place and returns the step and the
-// rest. Errors (DataError naming the file, nothing loaded): not a frugal
-// checkpoint, a different optimizer kind, any name/shape/dtype mismatch, an
-// optimizer state tensor that does not exist yet (load after compile()).
-// Sets opt.set_steps(step). Then, on each compiled step that trains on
-// these tensors, call
-//     step.set_steps_run(state.step);   // random ops key their streams by it
-//     step.parameters_changed();        // refetch what a budget kept off the device
-// and training continues the same trajectory, bit for bit.
-inline TrainingState load_checkpoint(const std::filesystem::path& path, nn::Module& model, Optimizer& opt) {
+inline void save_checkpoint(const std::filesystem::path& path, const nn::Module& model, const Optimizer& opt,
+                            std::int64_t step, const Metadata& metadata = {}, const NamedTensors& extra = {}) {
+  detail::write_checkpoint(path, model, opt.kind(), detail::optimizer_tensors(model, opt), step, metadata, extra);
+}
+
+namespace detail {
+// load_checkpoint into the optimizer tensors `state` (its live state, or a
+// part of it), each sliced from the file's where `slice_of` says so.
+inline TrainingState load_checkpoint_into(const std::filesystem::path& path, nn::Module& model, Optimizer& opt,
+                                          const std::vector<Optimizer::StateTensor>& state, const SliceOf& slice_of) {
   const std::string p = path.string();
   SafetensorsFile f = read_safetensors(path);
   auto md = f.metadata;
@@ -216,7 +245,7 @@ inline TrainingState load_checkpoint(const std::filesystem::path& path, nn::Modu
       detail::match(path, detail::model_tensors(model), model_part, "model", [](const std::string&) { return false; });
   // The optimizer's state is created when a step is compiled: before that it
   // has none, and the file's state would have nowhere to go.
-  NamedTensors live = detail::optimizer_tensors(model, opt);
+  NamedTensors live = detail::optimizer_tensors(model, opt, state);
   for (auto* nt : opt_part) {
     bool exists = false;
     for (auto& [n, _] : live) exists = exists || n == nt->first;
@@ -229,7 +258,7 @@ inline TrainingState load_checkpoint(const std::filesystem::path& path, nn::Modu
                       "' optimizer yet: load the checkpoint after compile(): the optimizer creates its state when "
                       "the step is compiled (and its steps_taken counter only under a loss scaler)");
   }
-  auto opt_copies = detail::match(path, live, opt_part, "optimizer", [](const std::string&) { return false; });
+  auto opt_copies = detail::match(path, live, opt_part, "optimizer", [](const std::string&) { return false; }, slice_of);
 
   detail::apply(model_copies);
   detail::apply(opt_copies);
@@ -239,6 +268,23 @@ inline TrainingState load_checkpoint(const std::filesystem::path& path, nn::Modu
   md.erase("optimizer");
   out.metadata = std::move(md);
   return out;
+}
+}  // namespace detail
+
+// Loads weights and optimizer state in place and returns the step and the
+// rest. Errors (DataError naming the file, nothing loaded): not a frugal
+// checkpoint, a different optimizer kind, any name/shape/dtype mismatch, an
+// optimizer state tensor that does not exist yet (load after compile()).
+// Sets opt.set_steps(step). Then, on each compiled step that trains on
+// these tensors, call
+//     step.set_steps_run(state.step);   // random ops key their streams by it
+//     step.parameters_changed();        // refetch what a budget kept off the device
+// and training continues the same trajectory, bit for bit.
+// A ZeRO job's per-rank checkpoint loads back at the same stage and rank
+// count; dist::load_checkpoint (dist/checkpoint.hpp) loads a gathered one
+// at any.
+inline TrainingState load_checkpoint(const std::filesystem::path& path, nn::Module& model, Optimizer& opt) {
+  return detail::load_checkpoint_into(path, model, opt, detail::live_state(opt), {});
 }
 
 }  // namespace frugal::io

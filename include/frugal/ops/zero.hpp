@@ -12,6 +12,8 @@
 // optimizer's own elementwise op run on the shard, so every stage gives the
 // same bits.
 #include <algorithm>
+#include <cstring>
+#include <vector>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,6 +49,18 @@ struct ZeroShard {
   bool every_rank_has_elements() const { return std::int64_t(ranks - 1) * chunk < numel; }
   std::string str() const { return cat("elements [", offset, ", ", offset + length, ") of ", numel); }
 };
+
+// Every rank's shard of a tensor of s.numel elements (`shard`: this rank's
+// s.length) gathered whole into `whole`, outside any step: a collective,
+// which every rank calls in the same order.
+inline void gather_shards(Communicator& comm, const ZeroShard& s, const void* shard, void* whole, DType dtype,
+                          const std::string& what) {
+  const std::size_t es = dtype_size(dtype), chunk = std::size_t(s.chunk);
+  std::vector<unsigned char> send(chunk * es, 0), recv(chunk * std::size_t(s.ranks) * es);
+  std::memcpy(send.data(), shard, std::size_t(s.length) * es);
+  comm.all_gather(send.data(), recv.data(), chunk, dtype, what);
+  std::memcpy(whole, recv.data(), std::size_t(s.numel) * es);
+}
 
 }  // namespace frugal
 

@@ -30,9 +30,10 @@ class Optimizer {
   std::weak_ptr<const void> liveness() const { return alive_; }
   virtual const std::vector<Tensor>& params() const = 0;
   // Appends the update of params()[index] given its gradient. Under ZeRO
-  // sharding (CompileOptions::zero_stage 1 or 2) `grad` is this rank's shard
+  // sharding (CompileOptions::zero_stage 1 to 3) `grad` is this rank's shard
   // of the gradient, state_shape(index) the shard's shape, and the update op
-  // goes through apply_update, which runs it on that shard of `param`.
+  // goes through apply_update, which runs it on that shard of `param` (at
+  // stage 3 `param` is the shard itself).
   virtual void append_update(Var param, Var grad, std::size_t index) = 0;
   // Called once before each step runs (advances step counters).
   virtual void begin_step() = 0;

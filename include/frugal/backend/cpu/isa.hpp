@@ -11,10 +11,17 @@
 
 #include "abi.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(FRUGAL_NO_AVX512)
+// AVX2 wherever x86-64 is compiled by GCC or Clang; AVX-512 too unless the
+// build turns it off (FRUGAL_WITH_AVX512=OFF defines FRUGAL_NO_AVX512).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FRUGAL_CPU_ISA_DISPATCH 1
 #else
 #define FRUGAL_CPU_ISA_DISPATCH 0
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH && !defined(FRUGAL_NO_AVX512)
+#define FRUGAL_CPU_ISA_AVX512 1
+#else
+#define FRUGAL_CPU_ISA_AVX512 0
 #endif
 
 namespace frugal::cpu {
@@ -32,6 +39,9 @@ inline const char* isa_name(CpuIsa i) {
 // The widest this CPU runs.
 inline CpuIsa widest_cpu_isa() {
 #if FRUGAL_CPU_ISA_DISPATCH
+  // What the CPU has, whatever this file was compiled with (so the answer
+  // is the same in every file); a kernel compiled without its AVX-512 loop
+  // runs its AVX2 one there.
   static const CpuIsa widest = __builtin_cpu_supports("avx512f") ? CpuIsa::avx512
                                : __builtin_cpu_supports("avx2")  ? CpuIsa::avx2
                                                                  : CpuIsa::base;

@@ -55,24 +55,30 @@ template <class T, class Math>
 FRUGAL_UPDATE_LOOPS(base, )
 #if FRUGAL_CPU_ISA_DISPATCH
 FRUGAL_UPDATE_LOOPS(avx2, [[gnu::target("avx2")]])
+#endif
+#if FRUGAL_CPU_ISA_AVX512
 FRUGAL_UPDATE_LOOPS(avx512, [[gnu::target("avx512f")]])
 #endif
 #undef FRUGAL_UPDATE_LOOPS
 
 template <class T, class Math>
 void sgd_span(CpuIsa isa, const Math& m, T* p, const T* g, T* buf, std::int64_t n, bool scaled, T inv) {
-#if FRUGAL_CPU_ISA_DISPATCH
+#if FRUGAL_CPU_ISA_AVX512
   if (isa == CpuIsa::avx512) return sgd_avx512(m, p, g, buf, n, scaled, inv);
-  if (isa == CpuIsa::avx2) return sgd_avx2(m, p, g, buf, n, scaled, inv);
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa >= CpuIsa::avx2) return sgd_avx2(m, p, g, buf, n, scaled, inv);
 #endif
   (void)isa;
   sgd_base(m, p, g, buf, n, scaled, inv);
 }
 template <class T, class Math>
 void adamw_span(CpuIsa isa, const Math& m, T* p, const T* g, T* mo, T* v, std::int64_t n, bool scaled, T inv) {
-#if FRUGAL_CPU_ISA_DISPATCH
+#if FRUGAL_CPU_ISA_AVX512
   if (isa == CpuIsa::avx512) return adamw_avx512(m, p, g, mo, v, n, scaled, inv);
-  if (isa == CpuIsa::avx2) return adamw_avx2(m, p, g, mo, v, n, scaled, inv);
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa >= CpuIsa::avx2) return adamw_avx2(m, p, g, mo, v, n, scaled, inv);
 #endif
   (void)isa;
   adamw_base(m, p, g, mo, v, n, scaled, inv);

@@ -162,14 +162,28 @@ static std::function<void()> shards_into_parameters(const std::vector<GatheredPa
   for (const auto& gp : gathered) targets.push_back({opt.parameter_shard(gp.index, gp.s), opt.params()[gp.index], gp.s});
   return [targets, comm] {
     for (const Target& t : targets) {
-      const std::size_t es = dtype_size(t.whole.dtype()), chunk = std::size_t(t.s.chunk);
-      std::vector<unsigned char> send(chunk * es, 0), recv(chunk * std::size_t(t.s.ranks) * es);
-      std::memcpy(send.data(), t.shard.raw(), std::size_t(t.s.length) * es);
-      comm->all_gather(send.data(), recv.data(), chunk, t.whole.dtype(),
-                       cat("Step::gather_parameters: a parameter of ", t.s.numel, " elements"));
-      std::memcpy(t.whole.raw(), recv.data(), std::size_t(t.s.numel) * es);
+      Tensor whole = t.whole;
+      gather_shards(*comm, t.s, t.shard.raw(), whole.raw(), whole.dtype(),
+                    cat("Step::gather_parameters: a parameter of ", t.s.numel, " elements"));
     }
   };
+}
+
+// Gradient accumulation over `micro_steps` runs (CompileOptions::accumulate):
+// each gradient, in `order`, into its accumulator; on the k-th run the mean
+// over the micro-batches goes on to the collectives and the update. Returns
+// the flag that the other runs skip them by (none when micro_steps is 1).
+static std::optional<Var> accumulate_gradients(Graph& g, Var loss, const std::vector<Var>& wrt,
+                                               std::vector<std::optional<Var>>& grads,
+                                               const std::vector<std::size_t>& order, int micro_steps) {
+  if (micro_steps == 1) return std::nullopt;
+  Var skip = apply1<ops::MicroStepSkip>({loss}, micro_steps);
+  for (std::size_t k : order) {
+    const TensorMeta& m = g.value(grads[k]->id).meta;
+    Var acc = persistent_var(Tensor(m.shape, m.dtype), ValueKind::buffer, g.value(wrt[k].id).name + ".grad_accumulator");
+    grads[k] = apply1<ops::AccumulateGradient>({*grads[k], acc, skip}, micro_steps);
+  }
+  return skip;
 }
 
 Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o) {
@@ -233,8 +247,9 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
            "th run, and needs an optimizer whose updates can be skipped (a SkippableOptimizer: optim::AdamW, optim::SGD)");
   }
   const int stage = zero_stage_of(o);
-  // Under ZeRO 1 and 2, the shard of each parameter this rank updates
-  // (none for one too small to give every rank an element).
+  // Under ZeRO 1 to 3, the shard of each parameter this rank updates (none
+  // for one too small to give every rank an element; at stage 3, the shard
+  // it read the parameter gathered from).
   std::vector<std::optional<ZeroShard>> shard_of(wrt.size());
   if (stage == 3)
     for (std::size_t k = 0; k < wrt.size(); ++k) {
@@ -246,31 +261,18 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
           s.every_rank_has_elements())
         shard_of[k] = s;
   auto grads = grad(scaler ? scaler->scale_loss(loss) : loss, wrt);
-  // Gradient accumulation: each gradient into its accumulator; on the
-  // k-th run the mean over the micro-batches goes on, to the collectives
-  // and the update, which the other runs skip.
-  std::optional<Var> micro_skip;
-  if (micro_steps > 1) {
-    micro_skip = apply1<ops::MicroStepSkip>({loss}, micro_steps);
-    for (std::size_t k = 0; k < wrt.size(); ++k) {
-      if (!grads[k]) continue;
-      const TensorMeta& m = g.value(grads[k]->id).meta;
-      Var acc = persistent_var(Tensor(m.shape, m.dtype), ValueKind::buffer,
-                               g.value(wrt[k].id).name + ".grad_accumulator");
-      grads[k] = apply1<ops::AccumulateGradient>({*grads[k], acc, *micro_skip}, micro_steps);
-    }
-  }
+  // The gradients in the order the backward completes them (their
+  // producers' capture order), not the parameters' order: the collectives
+  // run in the order they are captured, and the first parameter's gradient
+  // is the backward's last.
+  std::vector<std::size_t> order;
+  for (std::size_t k = 0; k < wrt.size(); ++k)
+    if (grads[k]) order.push_back(k);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return g.value(grads[a]->id).producer < g.value(grads[b]->id).producer;
+  });
+  const std::optional<Var> micro_skip = accumulate_gradients(g, loss, wrt, grads, order, micro_steps);
   if (o.communicator) {
-    // In the order the backward completes the gradients (their producers'
-    // capture order), not the parameters' order: the collectives run in the
-    // order they are captured, and the first parameter's gradient is the
-    // backward's last.
-    std::vector<std::size_t> order;
-    for (std::size_t k = 0; k < wrt.size(); ++k)
-      if (grads[k]) order.push_back(k);
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return g.value(grads[a]->id).producer < g.value(grads[b]->id).producer;
-    });
     for (std::size_t k : order) {
       std::string what = cat("gradient of '", g.value(wrt[k].id).name, "'");
       grads[k] = stage >= 2 && shard_of[k]
