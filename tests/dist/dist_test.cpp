@@ -445,6 +445,27 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       check(z.param_bytes == params, cat("mlp stage ", stage, ": rank ", me, " keeps ", z.param_bytes,
                                          " bytes of parameters, ZeRO's accounting says ", params));
     }
+    // Each sharded stage at its own smallest feasible budget (where stage 3's
+    // gathered parameters must be swapped or freed like activations, never
+    // gathered again): audited within it, and bit for bit stage 0.
+    for (int stage : {1, 2, 3}) {
+      const std::size_t planned = train_mlp(c, me * rows, rows, 1, {}, false, stage).planned;
+      const std::size_t least = train_mlp(c, me * rows, rows, 1, Budget{.device = planned - 1}, false, stage).least;
+      // Every rank runs at the largest rank's least (the last rank's shards may be smaller).
+      std::vector<double> all(static_cast<std::size_t>(n));
+      const double mine = double(least);
+      c->all_gather(&mine, all.data(), 1, DType::f64, "test: least budgets");
+      const std::size_t budget = std::size_t(*std::max_element(all.begin(), all.end()));
+      Trained tight = train_mlp(c, me * rows, rows, steps, Budget{.device = budget}, true, stage);
+      check(tight.audit.canary_intact && tight.audit.high_water <= budget,
+            cat("mlp stage ", stage, " at its smallest budget ", budget, ": audited high-water ", tight.audit.high_water));
+      Trained free = train_mlp(c, me * rows, rows, steps, {}, true, 0);
+      check(tight.losses == free.losses && same_params(tight.params, free.params),
+            cat("mlp stage ", stage, " at its smallest budget trains bit for bit as stage 0 unconstrained"));
+      if (me == 0)
+        std::cout << "mlp, " << n << " ranks, stage " << stage << ": smallest feasible budget " << budget << " B (unconstrained "
+                  << planned << ")\n";
+    }
     // The budget: stage 1's least, below stage 0's. Left to choose, the
     // planner must take a sharded stage, stay within it (audited), and still
     // train bit for bit.
