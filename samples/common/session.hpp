@@ -19,6 +19,7 @@
 #include "metrics.hpp"
 #include "plot.hpp"
 #include "progress.hpp"
+#include "ranks.hpp"
 
 namespace samples {
 
@@ -46,6 +47,22 @@ class Session {
   Session(std::string sample, CommonArgs& args) : sample_(std::move(sample)), a_(args) {
     out_ = a_.json ? stderr : stdout;
   }
+
+  // Under mpirun: rank 0 prints; the others are quiet.
+  void set_ranks(const Ranks& r) {
+    ranks_ = r;
+    if (!r.leader()) {
+      quiet_ = std::fopen("/dev/null", "w");
+      if (quiet_) out_ = quiet_;
+    }
+  }
+  ~Session() {
+    if (quiet_) std::fclose(quiet_);
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  const Ranks& ranks() const { return ranks_; }
+  bool leader() const { return ranks_.leader(); }
 
   std::FILE* out() const { return out_; }
   const CommonArgs& args() const { return a_; }
@@ -108,7 +125,11 @@ class Session {
                       const std::string& config) {
     config_ = config;
     if (a_.resume.empty()) return 0;
-    frugal::io::TrainingState st = frugal::io::load_checkpoint(a_.resume, model, opt);
+    // Under mpirun the checkpoint holds whole tensors (save below), and each
+    // rank takes its shards, at whatever rank count and ZeRO stage it saved.
+    frugal::io::TrainingState st = ranks_.comm
+                                       ? frugal::io::load_gathered_checkpoint(a_.resume, model, opt, *ranks_.comm)
+                                       : frugal::io::load_checkpoint(a_.resume, model, opt);
     auto it = st.metadata.find("sample");
     if (it == st.metadata.end() || it->second != sample_)
       frugal::fail<frugal::DataError>(a_.resume, ": a checkpoint of '", it == st.metadata.end() ? "?" : it->second,
@@ -146,6 +167,7 @@ class Session {
   // After each training step.
   void step_done(std::int64_t step, float loss, double ms, std::size_t device_bytes, frugal::nn::Module& model,
                  frugal::Optimizer& opt) {
+    loss = float(ranks_.mean(loss));  // the global batch's: the same history on every rank
     if (!std::isfinite(loss))
       frugal::fail("the loss is ", loss, " at step ", step + 1,
                    ": training diverged (lower the learning rate, or check the data)");
@@ -176,8 +198,10 @@ class Session {
     frugal::Tensor vl({std::int64_t(val_values_.size())}, frugal::DType::f64);
     std::copy(val_steps_.begin(), val_steps_.end(), vs.data<std::int64_t>());
     std::copy(val_values_.begin(), val_values_.end(), vl.data<double>());
-    frugal::io::save_checkpoint(a_.checkpoint, model, opt, step, {{"sample", sample_}, {"config", config_}},
-                                {{"train_loss", tl}, {"val_step", vs}, {"val_loss", vl}});
+    const frugal::io::Metadata md{{"sample", sample_}, {"config", config_}};
+    const frugal::io::NamedTensors extra{{"train_loss", tl}, {"val_step", vs}, {"val_loss", vl}};
+    if (ranks_.comm) frugal::io::save_gathered_checkpoint(a_.checkpoint, model, opt, step, *ranks_.comm, md, extra);
+    else frugal::io::save_checkpoint(a_.checkpoint, model, opt, step, md, extra);
   }
 
   double step_ms_median() const {
@@ -215,7 +239,7 @@ class Session {
   void write_plot(const std::string& title, const frugal::Plan& budgeted, const frugal::Plan& unconstrained,
                   std::size_t budget, std::size_t measured, const std::string& val_label,
                   std::optional<std::pair<std::int64_t, double>> final_val = std::nullopt) const {
-    if (a_.plot.empty()) return;
+    if (a_.plot.empty() || !leader()) return;
     LossPlot lp{history_.train, {}, val_label};
     for (std::size_t i = 0; i < val_steps_.size(); ++i) lp.val.push_back({val_steps_[i], val_values_[i]});
     if (final_val && (lp.val.empty() || lp.val.back().first != final_val->first)) lp.val.push_back(*final_val);
@@ -238,6 +262,8 @@ class Session {
   float last_loss_ = std::nanf("");
   std::size_t peak_seen_ = 0;
   mutable std::size_t eval_bytes_ = 0;
+  Ranks ranks_;
+  std::FILE* quiet_ = nullptr;
 };
 
 }  // namespace samples

@@ -4,6 +4,7 @@
 // sampled from the model at the end.
 //
 //   gpt --budget 24MiB --steps 1200
+//   mpirun -np 2 gpt --budget 24MiB --steps 1200 [--zero auto|0|1|2|3]   (each rank: --batch sequences)
 //   gpt --help
 #include <chrono>
 #include <cmath>
@@ -87,6 +88,8 @@ int main(int argc, char** argv) try {
     cli.usage_error("--eval-every and --eval-batches must be positive and --temperature above 0");
   const samples::CommonArgs& a = o.common;
   samples::Session session("gpt", o.common);
+  const samples::Ranks ranks = samples::join_ranks(a);
+  session.set_ranks(ranks);
 
   // Data: the text, its characters, a 90/10 split.
   const fs::path file = fs::path(a.data) / "input.txt";
@@ -107,13 +110,15 @@ int main(int argc, char** argv) try {
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = o.weight_decay});
   const std::int64_t B = o.batch, T = o.context, EB = 8;
   CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions train_opts = copts;  // the evaluation step runs on each rank alone
+  ranks.apply(train_opts);
   auto train_fn = [&](Var x, Var y) { return model.loss(x, y); };
   auto eval_fn = [&](Var x) { return model.forward(x); };
   std::vector<InputSpec> train_in{input<std::int32_t>({B, T}, "tokens"), input<std::int32_t>({B, T}, "targets")};
   std::vector<InputSpec> eval_in{input<std::int32_t>({EB, T}, "tokens")};
 
   // The unconstrained plans, for --budget N% and the comparison in the plot.
-  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
+  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, train_opts);
   model.eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
@@ -123,7 +128,8 @@ int main(int argc, char** argv) try {
       session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
   Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model.train();
-  Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
+  Step step =
+      session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, train_opts); });
 
   const std::int64_t per_epoch = std::max<std::int64_t>(1, std::int64_t(split.train.size()) / (B * T));
   const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs * per_epoch : 1800;
@@ -143,6 +149,7 @@ int main(int argc, char** argv) try {
   // Validation loss over fixed windows of the held-out text.
   Tensor vx({EB, T}, DType::i32), vy({EB, T}, DType::i32);
   auto validation_loss = [&](std::int64_t batches) {
+    step.gather_parameters();  // ZeRO stage 3 trained shards: the evaluation step reads the module's tensors
     double sum = 0;
     for (std::int64_t k = 0; k < batches; ++k) {
       data::random_windows(split.val, 0xE7A1, std::uint64_t(k), vx, vy);
@@ -161,11 +168,12 @@ int main(int argc, char** argv) try {
   };
 
   Tensor x({B, T}, DType::i32), y({B, T}, DType::i32);
-  session.start(first, total, "tok", double(B * T), budget.total);
+  session.start(first, total, "tok", double(B * T * ranks.size), budget.total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
-    data::random_windows(split.train, std::uint64_t(a.seed), std::uint64_t(s), x, y);
+    // Under mpirun each rank draws its own windows of the step's global batch.
+    data::random_windows(split.train, std::uint64_t(a.seed), std::uint64_t(s * ranks.size + ranks.rank), x, y);
     opt.set_lr(lr_at(s));
     auto t0 = std::chrono::steady_clock::now();
     float loss = step.run(x, y);
@@ -215,6 +223,7 @@ int main(int argc, char** argv) try {
   }
 
   const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  if (!session.leader()) return 0;  // rank 0 reports
   if (!a.json) {
     std::printf("validation loss %.4f after %lld steps; median step %.1f ms; device peak %s%s\n", val,
                 static_cast<long long>(s), session.step_ms_median(), format_bytes(peak).c_str(),

@@ -4,6 +4,7 @@
 //
 //   resnet --epochs 12                      # ResNet-20, the full 60k/10k data
 //   resnet --model resnet18 --budget 60%    # ResNet-18 in 60% of its memory
+//   mpirun -np 2 resnet --zero auto         # 2 ranks, each --batch images of every step
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,6 +82,8 @@ int main(int argc, char** argv) try {
     cli.usage_error("--batch and --eval-batch must be positive; --test-images and --warmup non-negative");
   const samples::CommonArgs& a = o.common;
   samples::Session session("resnet", o.common);
+  const samples::Ranks ranks = samples::join_ranks(a);
+  session.set_ranks(ranks);
 
   data::TrainTestImages d;
   const bool real = !data::idx_file(a.data, "train-images-idx3-ubyte").empty();
@@ -111,12 +114,14 @@ int main(int argc, char** argv) try {
                  {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = true});
   const std::int64_t B = o.batch;
   CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions train_opts = copts;  // the evaluation step runs on each rank alone
+  ranks.apply(train_opts);
   auto train_fn = [&](Var x, Var y) { return cross_entropy(model->forward(x), y); };
   auto eval_fn = [&](Var x) { return model->forward(x); };
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images"), input<std::int32_t>({B}, "labels")};
   std::vector<InputSpec> eval_in{input<float>({EB, 1, 28, 28}, "images")};
 
-  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
+  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, train_opts);
   model->eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
@@ -126,9 +131,12 @@ int main(int argc, char** argv) try {
       session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
   Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model->train();
-  Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
+  Step step =
+      session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, train_opts); });
 
-  data::EpochSampler sampler(d.train.size(), B, std::uint64_t(a.seed));
+  // A global batch of B images per rank; rank r trains on its r-th B of them
+  // (batch norm's statistics are each rank's own, as under DDP without SyncBN).
+  data::EpochSampler sampler(d.train.size(), B * ranks.size, std::uint64_t(a.seed));
   const std::int64_t per_epoch = sampler.batches_per_epoch();
   const std::int64_t total = a.steps > 0 ? a.steps : (a.epochs > 0 ? a.epochs : 12) * per_epoch;
   char config[256];
@@ -146,6 +154,7 @@ int main(int argc, char** argv) try {
   // Test loss and accuracy over the first n_test images (whole batches).
   Tensor ex({EB, 1, 28, 28});
   auto evaluate = [&]() {
+    step.gather_parameters();  // ZeRO stage 3 trained shards: the evaluation step reads the module's tensors
     std::int64_t correct = 0, seen = 0;
     double loss = 0;
     for (std::int64_t first_img = 0; first_img + EB <= n_test; first_img += EB) {
@@ -170,16 +179,17 @@ int main(int argc, char** argv) try {
   };
 
   Tensor xb({B, 1, 28, 28}), yb({B}, DType::i32);
-  session.start(first, total, "img", double(B), budget.total);
+  session.start(first, total, "img", double(B * ranks.size), budget.total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
-    const std::int64_t* idx = sampler.batch(s);
+    const std::int64_t* idx = sampler.batch(s) + ranks.rank * B;
     for (std::int64_t r = 0; r < B; ++r) {
       const float* src = d.train.images.data<float>() + idx[r] * 784;
       float* dst = xb.data<float>() + r * 784;
+      const std::uint64_t row = std::uint64_t(ranks.rank * B + r);  // in the global batch
       if (o.no_augment) std::memcpy(dst, src, 784 * sizeof(float));
-      else data::random_crop_flip(dst, src, 1, 28, 28, 2, std::uint64_t(a.seed), std::uint64_t(s), std::uint64_t(r));
+      else data::random_crop_flip(dst, src, 1, 28, 28, 2, std::uint64_t(a.seed), std::uint64_t(s), row);
       yb.data<std::int32_t>()[r] = d.train.labels.data<std::int32_t>()[idx[r]];
     }
     opt.set_lr(lr_at(s));
@@ -199,6 +209,7 @@ int main(int argc, char** argv) try {
   auto [test_loss, accuracy] = evaluate();
 
   const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  if (!session.leader()) return 0;  // rank 0 reports
   if (!a.json)
     std::printf("test accuracy %.2f%% (test loss %.4f) on %lld images after %lld steps; median step %.1f ms; device "
                 "peak %s%s\n",
