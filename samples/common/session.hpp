@@ -231,7 +231,9 @@ class Session {
         .add("swapped_to_host", std::int64_t(train.plan().count(frugal::plan::Choice::host)))
         .add("resumed_from", resumed_from_)
         .add("seed", a_.seed)
-        .add("threads", a_.threads);
+        .add("threads", a_.threads)
+        .add("ranks", ranks_.size)
+        .add("zero_stage", train.plan().zero_stage);
     return j;
   }
 

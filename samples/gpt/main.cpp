@@ -192,7 +192,7 @@ int main(int argc, char** argv) try {
   // A passage, sampled with temperature from the model's next-character
   // distribution; the window slides once the text outgrows the context.
   std::string passage;
-  if (o.sample_chars > 0) {
+  if (o.sample_chars > 0 && session.leader()) {  // rank 0 writes it (the evaluation step is each rank's own)
     std::vector<std::int32_t> ctx;
     for (char c : o.prompt) {
       try {
