@@ -50,16 +50,39 @@ struct ZeroShard {
   std::string str() const { return cat("elements [", offset, ", ", offset + length, ") of ", numel); }
 };
 
-// Every rank's shard of a tensor of s.numel elements (`shard`: this rank's
-// s.length) gathered whole into `whole`, outside any step: a collective,
-// which every rank calls in the same order.
+// Every rank's chunk of a tensor of s.numel elements gathered into `whole`,
+// with `scratch` of gather_scratch_bytes() bytes: this rank's s.length
+// elements at `shard` are sent from the scratch, zero-padded to a whole
+// chunk (from where they are when they are a whole chunk outside `whole`),
+// and the chunks land in `whole` when they fill it exactly, else in the
+// scratch, copied from there. A collective: every rank calls it in the same
+// order. The gathering kernels and Step::gather_parameters share it.
+inline std::size_t gather_scratch_bytes(const ZeroShard& s, DType dtype, bool shard_in_whole) {
+  const std::size_t es = dtype_size(dtype), chunk = std::size_t(s.chunk), all = chunk * std::size_t(s.ranks);
+  const bool padded_send = shard_in_whole || s.length != s.chunk;
+  return (padded_send ? align_up(chunk * es) : 0) + (std::size_t(s.numel) == all ? 0 : all * es);
+}
+inline void gather_chunks(Communicator& comm, const ZeroShard& s, const void* shard, void* whole, DType dtype,
+                          void* scratch, bool shard_in_whole, const std::string& what) {
+  const std::size_t es = dtype_size(dtype), chunk = std::size_t(s.chunk), all = chunk * std::size_t(s.ranks);
+  auto* ws = static_cast<unsigned char*>(scratch);
+  const void* send = shard;
+  std::size_t used = 0;
+  if (shard_in_whole || s.length != s.chunk) {
+    std::memcpy(ws, shard, std::size_t(s.length) * es);
+    std::memset(ws + std::size_t(s.length) * es, 0, (chunk - std::size_t(s.length)) * es);
+    send = ws;
+    used = align_up(chunk * es);
+  }
+  void* recv = std::size_t(s.numel) == all ? whole : static_cast<void*>(ws + used);
+  comm.all_gather(send, recv, chunk, dtype, what);
+  if (recv != whole) std::memcpy(whole, recv, std::size_t(s.numel) * es);
+}
+// gather_chunks outside any step, from a shard held apart from `whole`.
 inline void gather_shards(Communicator& comm, const ZeroShard& s, const void* shard, void* whole, DType dtype,
                           const std::string& what) {
-  const std::size_t es = dtype_size(dtype), chunk = std::size_t(s.chunk);
-  std::vector<unsigned char> send(chunk * es, 0), recv(chunk * std::size_t(s.ranks) * es);
-  std::memcpy(send.data(), shard, std::size_t(s.length) * es);
-  comm.all_gather(send.data(), recv.data(), chunk, dtype, what);
-  std::memcpy(whole, recv.data(), std::size_t(s.numel) * es);
+  std::vector<unsigned char> scratch(gather_scratch_bytes(s, dtype, false));
+  gather_chunks(comm, s, shard, whole, dtype, scratch.data(), false, what);
 }
 
 }  // namespace frugal

@@ -24,6 +24,17 @@ void divide_by_widened(void* data, std::size_t n, int ranks) {  // bf16, f16: in
   T* x = static_cast<T*>(data);
   for (std::size_t i = 0; i < n; ++i) x[i] = T(float(x[i]) / float(ranks));
 }
+// x[i] / ranks in x's dtype: the mean every gradient collective ends with.
+inline void divide_by_ranks(void* data, std::size_t n, DType dtype, int ranks, const char* op) {
+  if (ranks == 1) return;
+  switch (dtype) {
+    case DType::f32: divide_by<float>(data, n, ranks); break;
+    case DType::f64: divide_by<double>(data, n, ranks); break;
+    case DType::bf16: divide_by_widened<BFloat16>(data, n, ranks); break;
+    case DType::f16: divide_by_widened<Half>(data, n, ranks); break;
+    default: fail(op, ": dtype ", dtype_name(dtype), " is not a floating type");
+  }
+}
 }  // namespace detail
 
 // A collective's optional skip flag (input `at`), set on gradient
@@ -45,14 +56,7 @@ inline void all_reduce_mean_kernel(const ops::AllReduceMean& op, const KernelArg
   Communicator& c = op.communicator();
   c.all_reduce_sum(out.data, n, g.dtype, a.workspace,
                    cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
-  const int ranks = c.size();
-  if (ranks > 1) switch (g.dtype) {
-      case DType::f32: detail::divide_by<float>(out.data, n, ranks); break;
-      case DType::f64: detail::divide_by<double>(out.data, n, ranks); break;
-      case DType::bf16: detail::divide_by_widened<BFloat16>(out.data, n, ranks); break;
-      case DType::f16: detail::divide_by_widened<Half>(out.data, n, ranks); break;
-      default: fail("all_reduce_mean: dtype ", dtype_name(g.dtype), " is not a floating type");
-    }
+  detail::divide_by_ranks(out.data, n, g.dtype, c.size(), "all_reduce_mean");
   ++run;
 }
 

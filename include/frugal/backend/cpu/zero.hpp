@@ -14,20 +14,6 @@
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 namespace detail {
-inline std::size_t aligned_part(std::size_t bytes) { return align_up(bytes); }
-
-// x[i] / ranks in x's dtype, as the stage-0 all-reduce divides.
-inline void divide_by_ranks(void* data, std::size_t n, DType dtype, int ranks, const char* op) {
-  if (ranks == 1) return;
-  switch (dtype) {
-    case DType::f32: divide_by<float>(data, n, ranks); break;
-    case DType::f64: divide_by<double>(data, n, ranks); break;
-    case DType::bf16: divide_by_widened<BFloat16>(data, n, ranks); break;
-    case DType::f16: divide_by_widened<Half>(data, n, ranks); break;
-    default: fail(op, ": dtype ", dtype_name(dtype), " is not a floating type");
-  }
-}
-
 // Scratch of reduce_scatter_mean: the gradient padded to ranks * chunk
 // elements (unless it already is that long), the rank's chunk (unless the
 // output is a whole chunk), then the communicator's own.
@@ -37,8 +23,8 @@ struct ReduceScatterScratch {
     const ZeroShard& s = op.shard();
     const std::size_t es = dtype_size(dtype);
     const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
-    return {std::size_t(s.numel) == whole ? 0 : aligned_part(whole * es),
-            s.length == s.chunk ? 0 : aligned_part(std::size_t(s.chunk) * es),
+    return {std::size_t(s.numel) == whole ? 0 : align_up(whole * es),
+            s.length == s.chunk ? 0 : align_up(std::size_t(s.chunk) * es),
             op.communicator().reduce_scatter_workspace(std::size_t(s.chunk), dtype)};
   }
   std::size_t total() const { return padded + chunk + comm; }
@@ -83,65 +69,34 @@ inline void shard_slice_kernel(const ops::ShardSlice& op, const KernelArgs& a) {
               std::size_t(op.shard().length) * es);
 }
 
-// Scratch of all_gather_shards: this rank's chunk, padded to a whole one,
-// then the gathered chunks unless they fit the parameter exactly (then they
-// land in it).
+// The two gathers: every rank's updated shard into the parameter (stages 1
+// and 2; the shard lies inside it), and the parameter from the shards
+// (stage 3), both through gather_chunks (ops/zero.hpp).
 inline std::size_t all_gather_shards_workspace(const ops::AllGatherShards& op, std::span<const TensorMeta> in,
                                                std::span<const TensorMeta>) {
-  const ZeroShard& s = op.shard();
-  const std::size_t es = dtype_size(in[0].dtype);
-  const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
-  return detail::aligned_part(std::size_t(s.chunk) * es) + (std::size_t(s.numel) == whole ? 0 : whole * es);
+  return gather_scratch_bytes(op.shard(), in[0].dtype, true);
 }
 
 inline void all_gather_shards_kernel(const ops::AllGatherShards& op, const KernelArgs& a) {
   if (collective_skipped(a, 2)) return;  // the update it follows was skipped too
   const ZeroShard& s = op.shard();
   const TensorRef& p = a.in[0];
-  const std::size_t es = dtype_size(p.dtype);
-  const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
-  auto* ws = static_cast<unsigned char*>(a.workspace);
-  auto* param = p.as<unsigned char>();
-  std::memcpy(ws, param + std::size_t(s.offset) * es, std::size_t(s.length) * es);
-  std::memset(ws + std::size_t(s.length) * es, 0, std::size_t(s.chunk - s.length) * es);
-  void* recv = std::size_t(s.numel) == whole ? static_cast<void*>(param) : ws + detail::aligned_part(std::size_t(s.chunk) * es);
   std::int64_t& run = *a.in[1].as<std::int64_t>();
-  op.communicator().all_gather(ws, recv, std::size_t(s.chunk), p.dtype,
-                               cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
-  if (recv != param) std::memcpy(param, recv, std::size_t(s.numel) * es);
+  gather_chunks(op.communicator(), s, p.as<unsigned char>() + std::size_t(s.offset) * dtype_size(p.dtype), p.data,
+                p.dtype, a.workspace, true,
+                cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
   ++run;
 }
 
-// Scratch of all_gather_parameter: the shard padded to a whole chunk
-// (unless it is one), then the gathered chunks unless they fill the output
-// exactly (then they land in it).
 inline std::size_t all_gather_parameter_workspace(const ops::AllGatherParameter& op, std::span<const TensorMeta> in,
                                                   std::span<const TensorMeta>) {
-  const ZeroShard& s = op.shard();
-  const std::size_t es = dtype_size(in[0].dtype);
-  const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
-  return (s.length == s.chunk ? 0 : detail::aligned_part(std::size_t(s.chunk) * es)) +
-         (std::size_t(s.numel) == whole ? 0 : whole * es);
+  return gather_scratch_bytes(op.shard(), in[0].dtype, false);
 }
 
 inline void all_gather_parameter_kernel(const ops::AllGatherParameter& op, const KernelArgs& a) {
-  const ZeroShard& s = op.shard();
-  const std::size_t es = dtype_size(a.in[0].dtype);
-  const std::size_t whole = std::size_t(s.chunk) * std::size_t(s.ranks);
-  auto* ws = static_cast<unsigned char*>(a.workspace);
-  const void* send = a.in[0].data;
-  std::size_t used = 0;
-  if (s.length != s.chunk) {
-    std::memcpy(ws, a.in[0].data, std::size_t(s.length) * es);
-    std::memset(ws + std::size_t(s.length) * es, 0, std::size_t(s.chunk - s.length) * es);
-    send = ws;
-    used = detail::aligned_part(std::size_t(s.chunk) * es);
-  }
-  void* recv = std::size_t(s.numel) == whole ? a.out[0].data : static_cast<void*>(ws + used);
   std::int64_t& run = *a.in[1].as<std::int64_t>();
-  op.communicator().all_gather(send, recv, std::size_t(s.chunk), a.in[0].dtype,
-                               cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
-  if (recv != a.out[0].data) std::memcpy(a.out[0].data, recv, std::size_t(s.numel) * es);
+  gather_chunks(op.communicator(), op.shard(), a.in[0].data, a.out[0].data, a.in[0].dtype, a.workspace, false,
+                cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
   ++run;
 }
 

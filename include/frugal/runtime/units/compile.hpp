@@ -161,11 +161,9 @@ static std::function<void()> shards_into_parameters(const std::vector<GatheredPa
   std::vector<Target> targets;
   for (const auto& gp : gathered) targets.push_back({opt.parameter_shard(gp.index, gp.s), opt.params()[gp.index], gp.s});
   return [targets, comm] {
-    for (const Target& t : targets) {
-      Tensor whole = t.whole;
-      gather_shards(*comm, t.s, t.shard.raw(), whole.raw(), whole.dtype(),
+    for (const Target& t : targets)
+      gather_shards(*comm, t.s, t.shard.raw(), t.whole.raw(), t.whole.dtype(),
                     cat("Step::gather_parameters: a parameter of ", t.s.numel, " elements"));
-    }
   };
 }
 
@@ -305,39 +303,30 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   }
   for (std::size_t k = 0; k < wrt.size(); ++k) {
     if (!grads[k]) continue;
-    auto append = [&](Var gk) {
-      if (guard) skippable->append_guarded_update(wrt[k], gk, index[k], *guard);
-      else opt.append_update(wrt[k], gk, index[k]);
+    auto append = [&](Var param, Var gk) {
+      if (guard) skippable->append_guarded_update(param, gk, index[k], *guard);
+      else opt.append_update(param, gk, index[k]);
     };
     if (!shard_of[k]) {
-      append(*grads[k]);
+      append(wrt[k], *grads[k]);
       continue;
     }
-    // This rank's shard: its gradient (stage 2 reduced only that), its
-    // update on the optimizer's shard-sized state, then every rank's
-    // shard gathered into the parameter.
+    // This rank's shard: its gradient (stages 2 and 3 reduced only that),
+    // its update on the optimizer's shard-sized state. At stage 3 the shard
+    // is the parameter, gathered where the next step reads it; at 1 and 2
+    // every rank's updated shard is gathered into the parameter now.
     const ZeroShard& s = *shard_of[k];
-    if (stage == 3) {  // the shard is the parameter: updated as it is, gathered where the next step reads it
-      Optimizer::ShardScope scope(opt, s, false);
-      const Var shard{&g, gathered_of[k]->shard};
-      if (guard) skippable->append_guarded_update(shard, *grads[k], index[k], *guard);
-      else opt.append_update(shard, *grads[k], index[k]);
-      if (scope.applies() == 0)
-        fail("compile: ZeRO stage 3 updates each rank's shard of a parameter, but the '", opt.kind(),
-             "' optimizer's append_update did not apply its update op through Optimizer::apply_update; apply it "
-             "that way, or pin CompileOptions::zero_stage = 0");
-      continue;
-    }
     {
-      Optimizer::ShardScope scope(opt, s);
-      append(stage == 1 ? shard_slice(*grads[k], s) : *grads[k]);
+      Optimizer::ShardScope scope(opt, s, stage != 3);
+      append(stage == 3 ? Var{&g, gathered_of[k]->shard} : wrt[k], stage == 1 ? shard_slice(*grads[k], s) : *grads[k]);
       if (scope.applies() == 0)
         fail("compile: ZeRO stage ", stage, " updates each rank's shard of a parameter, but the '", opt.kind(),
              "' optimizer's append_update did not apply its update op through Optimizer::apply_update (which runs it "
              "on the shard); apply it that way, or pin CompileOptions::zero_stage = 0");
     }
-    all_gather_shards(wrt[k], o.communicator, s,
-                      cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"), micro_skip);
+    if (stage != 3)
+      all_gather_shards(wrt[k], o.communicator, s,
+                        cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"), micro_skip);
   }
   if (guard) {
     skippable->append_guarded_step_end(*guard);
