@@ -606,44 +606,47 @@ TEST_CASE("skip_non_finite and clip_grad_norm say which combinations they do not
 // ---- gradient accumulation (CompileOptions::accumulate) --------------------
 
 namespace {
-struct AccumulationMlp : nn::Module {
-  nn::Linear fc1{12, 24}, fc2{24, 5};
-  AccumulationMlp() {
-    register_module("fc1", fc1);
-    register_module("fc2", fc2);
-  }
-  Var loss(Var x, Var y) { return cross_entropy(fc2(relu(fc1(x))), y); }
-};
-
-// Rows [first, first + rows) of update s's batch of 16.
+// Rows [first, first + rows) of update s's batch of 16, for Net.
 std::pair<Tensor, Tensor> accumulation_rows(int s, std::int64_t first, std::int64_t rows) {
   Rng g(400 + std::uint64_t(s));
-  Tensor x({16, 12}), y({16}, DType::i32);
+  Tensor x({16, 5}), y({16}, DType::i32);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(g.normal());
-  for (std::int64_t i = 0; i < 16; ++i) y.data<std::int32_t>()[i] = std::int32_t(g.below(5));
-  Tensor xs({rows, 12}), ys({rows}, DType::i32);
-  std::memcpy(xs.raw(), x.data<float>() + first * 12, std::size_t(rows * 12) * 4);
+  for (std::int64_t i = 0; i < 16; ++i) y.data<std::int32_t>()[i] = std::int32_t(g.below(3));
+  Tensor xs({rows, 5}), ys({rows}, DType::i32);
+  std::memcpy(xs.raw(), x.data<float>() + first * 5, std::size_t(rows * 5) * 4);
   std::memcpy(ys.raw(), y.data<std::int32_t>() + first, std::size_t(rows) * 4);
   return {xs, ys};
 }
 
-// `updates` updates of a batch of 16, each as `k` micro-batches of 16 / k.
-std::vector<Tensor> train_accumulating(bool adamw, int k, int updates, Budget budget = {}) {
+struct Accumulated {
+  std::vector<Tensor> params;
+  double held_out_loss = 0;  // at the trained parameters, on a batch of 16 no update saw
+};
+
+// `updates` updates of a batch of 16, each as `k` micro-batches of 16 / k;
+// `first_only`: each update from its first micro-batch alone, the mistake
+// accumulation must not make.
+Accumulated train_accumulating(bool adamw, int k, int updates, Budget budget = {}, bool first_only = false) {
   nn::manual_seed(21);
-  AccumulationMlp m;
+  Net m;
   std::unique_ptr<Optimizer> opt;
   if (adamw) opt = std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 1e-2});
   else opt = std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
   const std::int64_t rows = 16 / k;
-  Step step = compile([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({rows, 12}), input<std::int32_t>({rows})},
-                      *opt, budget, {.threads = 1, .accumulate = k});
+  auto loss = [&](Var x, Var y) { return cross_entropy(m.forward(x), y); };
+  Step step = compile(loss, {input<float>({rows, 5}), input<std::int32_t>({rows})}, *opt, budget,
+                      {.threads = 1, .accumulate = first_only ? 1 : k});
   for (int s = 0; s < updates; ++s)
-    for (int micro = 0; micro < k; ++micro) {
+    for (int micro = 0; micro < (first_only ? 1 : k); ++micro) {
       auto [x, y] = accumulation_rows(s, micro * rows, rows);
       step.run(x, y);
     }
-  std::vector<Tensor> out;
-  for (const Tensor& p : m.parameters()) out.push_back(p.clone());
+  Accumulated out;
+  for (const Tensor& p : m.parameters()) out.params.push_back(p.clone());
+  Step held = compile_inference(loss, {input<float>({16, 5}), input<std::int32_t>({16})}, {}, {.threads = 1});
+  auto [x, y] = accumulation_rows(1000, 0, 16);
+  held.run(x, y);
+  out.held_out_loss = held.output().data<float>()[0];
   return out;
 }
 
@@ -657,48 +660,55 @@ double max_param_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b
 }  // namespace
 
 TEST_CASE("accumulate: k micro-batches per update train as one batch of k times the rows", "[loop14][accumulate]") {
-  for (bool adamw : {false, true}) {
-    INFO((adamw ? "AdamW" : "SGD with momentum"));
-    const int updates = 6;
-    const auto whole = train_accumulating(adamw, 1, updates);
-    // One batch's gradient is a mean of 16 rows' terms; four micro-batch
-    // means averaged only reassociate that sum (each element within
-    // 2 * 16 * u of the other, relative to the sum of magnitudes, u = 2^-24,
-    // about 2e-6). Over 6 updates, SGD with momentum 0.9 carries a gradient
-    // difference into the parameters at most lr * sum 0.9^j < 10 lr = 1 per
-    // unit of gradient; AdamW normalises each element, so a relative
-    // gradient difference e moves a parameter by at most lr * e / (1 - beta)
-    // per step, 6 lr * 2e-6 * 10 here. Bound: 1e-5 absolute for both (the
-    // network's gradients are below 1). A step on one micro-batch alone, the
-    // mistake this would miss, moves parameters orders of magnitude more.
+  // One batch's gradient element is a mean of 16 rows' terms; k micro-batch
+  // means averaged only reassociate that sum and add one division, so the
+  // two differ by at most 2 * (16 + 2) * u times the sum of the terms'
+  // magnitudes (u = 2^-24): 2.2e-6 * S. A term of a weight's gradient is an
+  // input (fc1: N(0, 1) draws, below 5 in 80 of them; fc2: tanh, below 1)
+  // times a softmax residual (below 1) over 16, so S <= 5 and the gradients
+  // differ by at most 1.1e-5.
+  const int updates = 6;
+  {
+    // SGD with momentum 0.9 carries a gradient difference into the
+    // parameters at most lr * sum 0.9^j < 10 lr = 1 per unit, each of the 6
+    // updates: 6.6e-5; the net's own response to the parameters it moved
+    // (tanh, unit inputs, 6 steps of lr 0.1) at most doubles that. Bound:
+    // 2e-4 absolute.
+    INFO("SGD with momentum");
+    const auto whole = train_accumulating(false, 1, updates);
     for (int k : {2, 4}) {
       INFO(k << " micro-batches per update");
-      const auto accumulated = train_accumulating(adamw, k, updates);
-      CHECK(max_param_diff(accumulated, whole) <= 1e-5);
+      CHECK(max_param_diff(train_accumulating(false, k, updates).params, whole.params) <= 2e-4);
     }
+    // Non-vacuous: updating on each batch's first micro-batch alone is far off.
+    CHECK(max_param_diff(train_accumulating(false, 4, updates, {}, true).params, whole.params) > 100 * 2e-4);
   }
-  // Non-vacuous: updating on the first micro-batch of each only is far off.
-  nn::manual_seed(21);
-  AccumulationMlp m;
-  optim::SGD opt(m.parameters(), {.lr = 0.1, .momentum = 0.9});
-  Step step = compile([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({4, 12}), input<std::int32_t>({4})}, opt,
-                      {}, {.threads = 1});
-  for (int s = 0; s < 6; ++s) {
-    auto [x, y] = accumulation_rows(s, 0, 4);
-    step.run(x, y);
+  {
+    // AdamW normalises each gradient element, so an element whose terms
+    // nearly cancel can move its parameter by up to lr in one step on a
+    // rounding-level difference: the parameters have no useful bound. The
+    // loss, a mean over every parameter's effect, moves far less: as in the
+    // gpt data-parallel test (tests/dist), its relative difference is
+    // bounded by 1e-4, here on a batch no update saw.
+    INFO("AdamW");
+    const auto whole = train_accumulating(true, 1, updates);
+    for (int k : {2, 4}) {
+      INFO(k << " micro-batches per update");
+      const double held = train_accumulating(true, k, updates).held_out_loss;
+      CHECK(std::abs(held - whole.held_out_loss) / whole.held_out_loss <= 1e-4);
+    }
+    const double mistaken = train_accumulating(true, 4, updates, {}, true).held_out_loss;
+    CHECK(std::abs(mistaken - whole.held_out_loss) / whole.held_out_loss > 100 * 1e-4);
   }
-  std::vector<Tensor> first_only;
-  for (const Tensor& p : m.parameters()) first_only.push_back(p.clone());
-  CHECK(max_param_diff(first_only, train_accumulating(false, 1, 6)) > 100 * 1e-5);
 }
 
 TEST_CASE("accumulate: the runs between updates change no parameter, and only updates count as steps taken",
           "[loop14][accumulate]") {
   nn::manual_seed(21);
-  AccumulationMlp m;
+  Net m;
   optim::AdamW opt(m.parameters(), {.lr = 1e-2});
-  Step step = compile([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({4, 12}), input<std::int32_t>({4})}, opt,
-                      {}, {.threads = 1, .accumulate = 4});
+  Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                      {input<float>({4, 5}), input<std::int32_t>({4})}, opt, {}, {.threads = 1, .accumulate = 4});
   for (int run = 0; run < 8; ++run) {
     std::vector<Tensor> before;
     for (const Tensor& p : m.parameters()) before.push_back(p.clone());
@@ -722,26 +732,25 @@ TEST_CASE("accumulate: the runs between updates change no parameter, and only up
 TEST_CASE("accumulate: under a binding budget (the accumulators inside it), bit for bit the unconstrained run",
           "[loop14][accumulate]") {
   nn::manual_seed(21);
-  AccumulationMlp m;
+  Net m;
   optim::SGD opt(m.parameters(), {.lr = 0.1});
-  const auto free = plan_training([&](Var x, Var y) { return m.loss(x, y); },
-                                  {input<float>({4, 12}), input<std::int32_t>({4})}, opt, {}, {.accumulate = 4});
+  auto fn = [&](Var x, Var y) { return cross_entropy(m.forward(x), y); };
+  const std::vector<InputSpec> in{input<float>({4, 5}), input<std::int32_t>({4})};
+  const auto free = plan_training(fn, in, opt, {}, {.accumulate = 4});
   const std::size_t least =
-      plan_training([&](Var x, Var y) { return m.loss(x, y); }, {input<float>({4, 12}), input<std::int32_t>({4})}, opt,
-                    Budget{.device = free.plan.total_bytes() - 1}, {.accumulate = 4})
-          .plan.min_feasible_bytes;
+      plan_training(fn, in, opt, Budget{.device = free.plan.total_bytes() - 1}, {.accumulate = 4}).plan.min_feasible_bytes;
   REQUIRE(least > 0);
   REQUIRE(least < free.plan.total_bytes());
   const auto tight = train_accumulating(false, 4, 3, Budget{.device = least});
   const auto unconstrained = train_accumulating(false, 4, 3);
-  CHECK(max_param_diff(tight, unconstrained) == 0);
+  CHECK(max_param_diff(tight.params, unconstrained.params) == 0);
 }
 
 TEST_CASE("accumulate: refused where it cannot apply, by name", "[loop14][accumulate]") {
-  AccumulationMlp m;
+  Net m;
   optim::SGD opt(m.parameters(), {.lr = 0.1});
-  auto fn = [&](Var x, Var y) { return m.loss(x, y); };
-  const std::vector<InputSpec> in{input<float>({4, 12}), input<std::int32_t>({4})};
+  auto fn = [&](Var x, Var y) { return cross_entropy(m.forward(x), y); };
+  const std::vector<InputSpec> in{input<float>({4, 5}), input<std::int32_t>({4})};
   CHECK_THROWS_WITH(compile(fn, in, opt, {}, {.accumulate = 0}), Catch::Contains("give 1 or more"));
   CHECK_THROWS_WITH(compile(fn, in, opt, {}, {.skip_non_finite = true, .accumulate = 2}),
                     Catch::Contains("accumulate with skip_non_finite"));
