@@ -3,6 +3,8 @@
 // The bits are checked under mpirun (tests/dist/dist_test.cpp zero).
 #include <catch2/catch.hpp>
 #include <frugal/dist/plan_only.hpp>
+#include <frugal/plan/budget_solve.hpp>
+#include <frugal/plan/verify.hpp>
 #include <frugal/frugal.hpp>
 
 using namespace frugal;
@@ -23,10 +25,12 @@ struct ZeroMlp : nn::Module {
   Var forward(Var x) { return wide(relu(fc2(relu(fc1(x))))); }
 };
 
-PlannedStep plan_rank(ZeroMlp& m, Optimizer& opt, int rank, int ranks, std::optional<int> stage, Budget budget = {}) {
+PlannedStep plan_rank(ZeroMlp& m, Optimizer& opt, int rank, int ranks, std::optional<int> stage, Budget budget = {},
+                      bool overlap = true) {
   CompileOptions o;
   o.communicator = std::make_shared<dist::PlanOnly>(rank, ranks);
   o.zero_stage = stage;
+  o.overlap_collectives = overlap;
   return plan_training([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
 }
 
@@ -35,11 +39,12 @@ std::size_t kind_bytes(const Plan& p, const std::string& kind) {
   return it == p.persistent_by_kind.end() ? 0 : it->second;
 }
 
-// The bytes of the values `op` (by name) produces, workspaces aside.
+// The bytes of the values `op` (by name) produces, workspaces aside, run in
+// place or started beside compute.
 std::size_t produced_bytes(const Graph& g, const std::string& op) {
   std::size_t b = 0;
   for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n)
-    if (g.node(n).op->name() == op)
+    if (g.node(n).op->name() == op || g.node(n).op->name() == op + ".start")
       for (ValueId v : g.node(n).outputs)
         if (!g.value(v).is_workspace) b += g.value(v).meta.nbytes();
   return b;
@@ -109,7 +114,9 @@ TEST_CASE("zero: left to choose, the planner takes the fastest stage that fits a
     nn::manual_seed(3);
     ZeroMlp m;
     optim::AdamW opt(m.parameters(), {});
-    const std::size_t free = plan_rank(m, opt, 0, 4, stage).plan.total_bytes();
+    // Unconstrained with the collectives in place (beside compute they
+    // hold more): a budget below it binds either way.
+    const std::size_t free = plan_rank(m, opt, 0, 4, stage, {}, false).plan.total_bytes();
     return plan_rank(m, opt, 0, 4, stage, Budget{.device = free - 1}).plan.min_feasible_bytes;
   };
   const std::size_t least0 = least(0), least1 = least(1);
@@ -143,4 +150,74 @@ TEST_CASE("zero: compile refuses a communicator that cannot communicate, naming 
   CHECK_THROWS_WITH(compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o),
                     Catch::Contains("cannot communicate"));
   CHECK_THROWS_WITH(dist::PlanOnly(2, 2), Catch::Contains("rank 2 of 2"));
+}
+
+TEST_CASE("zero: gradient collectives run beside the backward, at most the planned number in flight", "[zero][overlap]") {
+  for (int stage : {0, 2}) {
+    INFO("stage " << stage);
+    nn::manual_seed(3);
+    ZeroMlp m;
+    optim::AdamW opt(m.parameters(), {});
+    const PlannedStep ps = plan_rank(m, opt, 0, 4, stage);
+    const Graph& g = *ps.graph;
+    const auto& order = ps.plan.schedule;
+    CHECK_THAT(ps.plan.collectives, Catch::Contains("beside compute"));
+    auto is_start = [&](NodeId n) { return dynamic_cast<const ops::CollectiveStart*>(g.node(n).op.get()) != nullptr; };
+    auto is_done = [&](NodeId n) { return dynamic_cast<const ops::CollectiveDone*>(g.node(n).op.get()) != nullptr; };
+    int started = 0, overlapping = 0, in_flight = 0, most = 0;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (is_done(order[i])) --in_flight;
+      if (!is_start(order[i])) continue;
+      most = std::max(most, ++in_flight);
+      ++started;
+      // Backward compute (not communication, not an update) before its done.
+      for (std::size_t j = i + 1; j < order.size(); ++j) {
+        const Node& n = g.node(order[j]);
+        if (is_done(order[j]) && n.inputs[0] == g.node(order[i]).outputs[0]) break;
+        if (!n.op->is_collective() && !is_done(order[j]) && n.phase == Phase::backward) {
+          ++overlapping;
+          break;
+        }
+      }
+    }
+    // Every parameter's gradient: whole (all-reduce) or sharded (reduce-scatter).
+    CHECK(started == int(m.parameters().size()));
+    // The backward's first gradients overlap what it computes next; the
+    // last ones have no backward left to overlap.
+    CHECK(overlapping >= 2);
+    CHECK(most == PlanOptions{}.collectives_in_flight);
+    CHECK(in_flight == 0);
+    // The overlapped step holds more than the same step in place.
+    CHECK(ps.plan.total_bytes() > plan_rank(m, opt, 0, 4, stage, {}, false).plan.total_bytes());
+
+    // Planned under a budget that binds (compile would run these collectives
+    // in place there; the solver must still never move what a collective in
+    // flight reads or writes): the plan verifies, and no decision's window
+    // meets a start..done span of the value it moves.
+    auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 1));
+    auto solve = [&](std::size_t bytes) {
+      return plan::solve_budget(std::make_shared<Graph>(g), ps.roots, Budget{.device = bytes}, plan::prices_from(cm));
+    };
+    std::size_t least = 0;
+    try {
+      solve(1);
+    } catch (const BudgetError& e) {
+      least = e.smallest_feasible_bytes;
+    }
+    REQUIRE(least > 0);
+    REQUIRE(least < ps.plan.total_bytes());
+    plan::BudgetedPlan bp = solve(least);
+    REQUIRE_FALSE(bp.plan.decisions.empty());
+    CHECK(bp.plan.total_bytes() <= least);
+    CHECK(plan::verify(*bp.graph, bp.plan, ps.roots).ok());
+    std::vector<int> pos(g.num_nodes(), -1);
+    for (std::size_t t = 0; t < order.size(); ++t) pos[std::size_t(order[t])] = int(t);
+    for (const auto& d : bp.plan.decisions)
+      for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n) {
+        if (!is_done(n)) continue;
+        const int s = pos[std::size_t(g.value(g.node(n).inputs[0]).producer)], e = pos[std::size_t(n)];
+        for (ValueId in : g.node(n).inputs)
+          if (in == d.value) CHECK_FALSE((d.from + 1 <= e && d.to - 1 >= s));
+      }
+  }
 }

@@ -178,6 +178,9 @@ struct Trained {
   std::string zero_reason;             // and why
   std::size_t state_bytes = 0;         // the plan's optimizer-state bytes on this rank
   std::size_t param_bytes = 0;         // and its parameter bytes
+  std::string collectives;             // where the plan runs them, and why
+  int started = 0;                     // collectives run beside compute (ops::CollectiveStart)
+  int overlapping = 0;                 // of those, with compute scheduled before their done
 };
 
 void note_plan(const Step& step, Trained& t) {
@@ -185,16 +188,33 @@ void note_plan(const Step& step, Trained& t) {
   t.least = step.plan().min_feasible_bytes;
   t.stage = step.plan().zero_stage;
   t.zero_reason = step.plan().zero_reason;
+  t.collectives = step.plan().collectives;
   const auto& kinds = step.plan().persistent_by_kind;
   auto it = kinds.find("optimizer state");
   t.state_bytes = it == kinds.end() ? 0 : it->second;
   it = kinds.find("parameters");
   t.param_bytes = it == kinds.end() ? 0 : it->second;
+  // Each started collective, and whether an op that is not communication
+  // runs between its start and its done.
+  const Graph& g = step.graph();
+  const auto& order = step.plan().schedule;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (!dynamic_cast<const ops::CollectiveStart*>(g.node(order[i]).op.get())) continue;
+    ++t.started;
+    const ValueId out = g.node(order[i]).outputs[0];
+    bool compute = false;
+    for (std::size_t j = i + 1; j < order.size(); ++j) {
+      const Node& n = g.node(order[j]);
+      if (dynamic_cast<const ops::CollectiveDone*>(n.op.get()) && n.inputs[0] == out) break;
+      compute = compute || (!n.op->is_collective() && !dynamic_cast<const ops::CollectiveDone*>(n.op.get()));
+    }
+    t.overlapping += compute;
+  }
 }
 
 Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps,
                   Budget budget = {}, bool audit_last = false, std::optional<int> zero_stage = {},
-                  const std::function<void()>& compiled = {}) {
+                  bool overlap = true, const std::function<void()>& compiled = {}) {
   nn::manual_seed(11);
   Mlp m;
   optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -202,6 +222,7 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.threads = 1;
   o.communicator = std::move(comm);
   o.zero_stage = zero_stage;
+  o.overlap_collectives = overlap;
   Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
                       {input<float>({rows, 16}), input<std::int32_t>({rows})}, opt, budget, o);
   if (compiled) compiled();
@@ -236,6 +257,7 @@ struct GptRun {
   double clip_grad_norm = 0;
   bool skip_non_finite = false;
   Budget budget;
+  bool overlap_collectives = true;
 };
 
 Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps, GptRun run = {}) {
@@ -248,6 +270,7 @@ Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.zero_stage = run.zero_stage;
   o.clip_grad_norm = run.clip_grad_norm;
   o.skip_non_finite = run.skip_non_finite;
+  o.overlap_collectives = run.overlap_collectives;
   Step step = compile([&](Var x, Var y) { return m.loss(x, y); },
                       {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, run.budget, o);
   Trained t;
@@ -322,8 +345,24 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
                 << d_alone << "\n";
     // Under a binding budget (the all-reduce's scratch is an arena value
     // like any other): within it, audited, and bit for bit the unconstrained run.
-    const std::size_t least = train_mlp(c, me * rows, rows, 1, Budget{.device = dp.planned - 1}).least;
+    // The unconstrained bytes with the collectives in place: the budget
+    // binds below them whichever way they run.
+    const std::size_t in_place = train_mlp(c, me * rows, rows, 1, {}, false, {}, false).planned;
+    const std::size_t least = train_mlp(c, me * rows, rows, 1, Budget{.device = in_place - 1}).least;
     check(least > 0 && least < dp.planned, cat("mlp: a budget below the unconstrained ", dp.planned, " bytes binds (least ", least, ")"));
+    // Collectives beside compute hold gradients and scratch for longer, so
+    // they are used only where the budget does not bind: at the overlapped
+    // step's own bytes they overlap; a byte less, they run in place.
+    {
+      Trained roomy = train_mlp(c, me * rows, rows, 1, Budget{.device = dp.planned});
+      Trained snug = train_mlp(c, me * rows, rows, 1, Budget{.device = dp.planned - 1});
+      check(dp.started > 0 && dp.overlapping > 0 && dp.planned > in_place,
+            cat("mlp: ", dp.overlapping, " of ", dp.started, " collectives overlap compute, for ", dp.planned - in_place,
+                " bytes more than in place"));
+      check(roomy.started == dp.started && snug.started == 0 && snug.collectives.find("budget binds") != std::string::npos,
+            cat("mlp: at ", dp.planned, " bytes ", roomy.started, " collectives run beside compute, at one byte less ",
+                snug.started, " (", snug.collectives, ")"));
+    }
     const Budget tight{.device = least};
     Trained budgeted = train_mlp(c, me * rows, rows, steps, tight, true);
     Trained free = train_mlp(c, me * rows, rows, steps, {}, true);
@@ -449,7 +488,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     // gathered parameters must be swapped or freed like activations, never
     // gathered again): audited within it, and bit for bit stage 0.
     for (int stage : {1, 2, 3}) {
-      const std::size_t planned = train_mlp(c, me * rows, rows, 1, {}, false, stage).planned;
+      const std::size_t planned = train_mlp(c, me * rows, rows, 1, {}, false, stage, false).planned;
       const std::size_t least = train_mlp(c, me * rows, rows, 1, Budget{.device = planned - 1}, false, stage).least;
       // Every rank runs at the largest rank's least (the last rank's shards may be smaller).
       std::vector<double> all(static_cast<std::size_t>(n));
@@ -469,8 +508,9 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     // The budget: stage 1's least, below stage 0's. Left to choose, the
     // planner must take a sharded stage, stay within it (audited), and still
     // train bit for bit.
-    const std::size_t least0 = train_mlp(c, me * rows, rows, 1, Budget{.device = s0.planned - 1}, false, 0).least;
-    Trained probe1 = train_mlp(c, me * rows, rows, 1, {}, false, 1);
+    const std::size_t planned0 = train_mlp(c, me * rows, rows, 1, {}, false, 0, false).planned;
+    const std::size_t least0 = train_mlp(c, me * rows, rows, 1, Budget{.device = planned0 - 1}, false, 0).least;
+    Trained probe1 = train_mlp(c, me * rows, rows, 1, {}, false, 1, false);
     const std::size_t least1 = train_mlp(c, me * rows, rows, 1, Budget{.device = probe1.planned - 1}, false, 1).least;
     check(least1 < least0, cat("mlp: stage 1 needs less than stage 0 (", least1, " < ", least0, " bytes)"));
     // Every rank must be given the same budget: the larger of the ranks'.
@@ -509,12 +549,33 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       base.zero_stage = 0;
       Trained s0 = train_gpt(c, me * rows, rows, steps, base);
       if (!whole_grads) state[0] = s0.state_bytes, param[0] = s0.param_bytes;
+      // The gradients' collectives run beside the backward (each but the
+      // last has backward compute before its done), and give the bits of
+      // collectives run in place on the step's thread.
+      check(s0.started > 0 && s0.overlapping > 0 && s0.overlapping + 1 >= s0.started,
+            cat("gpt", with, ": ", s0.overlapping, " of ", s0.started, " gradient collectives overlap compute"));
+      {
+        GptRun in_place = base;
+        in_place.overlap_collectives = false;
+        Trained sync = train_gpt(c, me * rows, rows, steps, in_place);
+        check(sync.started == 0, "gpt: overlap_collectives = false starts no collective beside compute");
+        check(sync.losses == s0.losses && same_params(sync.params, s0.params),
+              cat("gpt", with, ": collectives beside compute train bit for bit as in place, stage 0"));
+      }
       for (int stage = 1; stage <= (whole_grads ? 1 : 3); ++stage) {
         GptRun r = base;
         r.zero_stage = stage;
         Trained z = train_gpt(c, me * rows, rows, steps, r);
         check(z.losses == s0.losses && same_params(z.params, s0.params),
               cat("gpt", with, ": ZeRO stage ", stage, " trains bit for bit as stage 0 over ", n, " ranks"));
+        check(z.overlapping > 0, cat("gpt", with, " stage ", stage, ": ", z.overlapping, " of ", z.started,
+                                     " gradient collectives overlap compute"));
+        if (stage == 2) {
+          r.overlap_collectives = false;
+          Trained sync = train_gpt(c, me * rows, rows, steps, r);
+          check(sync.losses == z.losses && same_params(sync.params, z.params),
+                cat("gpt", with, ": reduce-scatters beside compute train bit for bit as in place, stage 2"));
+        }
         check(same_on_every_rank(*c, z.params), cat("gpt stage ", stage, with, ": every rank holds the same bits"));
         const std::size_t expect = zero_state_bytes(z.params, 2, me, n, stage);
         check(z.state_bytes == expect + (base.skip_non_finite ? s0.state_bytes - zero_state_bytes(z.params, 2, me, n, 0) : 0),
@@ -753,7 +814,7 @@ void local() {
 // fail in the gradient all-reduce within the timeout, and say so.
 void fault(const std::shared_ptr<dist::Mpi>& c, int signal) {
   try {
-    train_mlp(c, c->rank() * 8, 8, 1, {}, false, {}, [&] {
+    train_mlp(c, c->rank() * 8, 8, 1, {}, false, {}, true, [&] {
       if (c->rank() == 1) raise(signal);
     });
     check(c->rank() != 0, "rank 0's step completed although rank 1 never ran its own");

@@ -52,6 +52,8 @@ class MpiSession {
     return s;
   }
   void mark_broken() { broken_ = true; }
+  // MPI_THREAD_SERIALIZED or more: any thread may call MPI, one at a time.
+  bool serialized() const { return thread_level_ >= MPI_THREAD_SERIALIZED; }
   bool broken() const { return broken_; }
   ~MpiSession() {
     int finalized = 0;
@@ -66,14 +68,20 @@ class MpiSession {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      // Funneled: frugal calls MPI from the thread that runs the step only.
+      // Serialized: a step's collectives run on a thread of its own, the
+      // program's calls (a checkpoint, a mean of the loss) on its thread
+      // between steps, never two at once.
       int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         fail("mpi: MPI_Init_thread failed (run the program under mpirun, or alone as one rank)");
       initialized_here_ = true;
     }
+    // Where the program initialised MPI at a lower level, or the library
+    // gives less, the collectives stay on the step's thread.
+    MPI_Query_thread(&thread_level_);
   }
   bool initialized_here_ = false;
+  int thread_level_ = MPI_THREAD_SINGLE;
   std::atomic<bool> broken_{false};
 };
 
@@ -107,6 +115,7 @@ class Mpi final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   double timeout_seconds() const { return timeout_; }
+  bool serialized_threads() const override { return detail::MpiSession::get().serialized(); }
 
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* workspace, const std::string& what) override {
     if (size_ == 1 || count == 0) return;

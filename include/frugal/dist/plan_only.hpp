@@ -34,6 +34,8 @@ class PlanOnly final : public Communicator {
   void all_gather(const void*, void*, std::size_t, DType, const std::string& what) override { refuse("all_gather", what); }
   void broadcast(void*, std::size_t, DType, int, const std::string& what) override { refuse("broadcast", what); }
   void barrier(const std::string& what) override { refuse("barrier", what); }
+  // As dist::Mpi under mpirun: its plans run the collectives beside compute.
+  bool serialized_threads() const override { return true; }
 
  private:
   [[noreturn]] void refuse(const char* collective, const std::string& what) const {

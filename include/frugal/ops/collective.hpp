@@ -43,6 +43,11 @@ class Communicator {
   // `root`'s `count` elements at `data`, on every rank.
   virtual void broadcast(void* data, std::size_t count, DType dtype, int root, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;
+  // Whether the calls may come from another thread than the one that made
+  // the communicator, one thread at a time (MPI_THREAD_SERIALIZED). Where
+  // they may, a step runs its collectives on a thread of their own, beside
+  // compute (ops::CollectiveStart).
+  virtual bool serialized_threads() const { return false; }
 
   // Collectives run through graph ops (an i64 scalar the ops advance in
   // place). Every collective op of every step writes it, so a graph orders
@@ -105,19 +110,93 @@ class AllReduceMean final : public Op {
   std::string what_;
 };
 
+// A collective run beside compute. The start hands `inner` (a collective
+// op with one output) to the step's communication thread and returns at
+// once; the done waits for it. Compute scheduled between the two overlaps
+// the communication.
+//
+//   start(in...) -> (out [, scratch]);  done(out [, scratch], in...) -> out' (a view of out)
+//   (the done reads the inputs that are not persistent)
+//
+// The done reads everything the thread reads or writes, so liveness keeps
+// the inputs, the output and the scratch in place until the collective has
+// finished, and readers read out', which exists only once it has. The
+// output may take over input 0 in place, as the inner op allows
+// (plan/liveness.hpp does not count the done's read of it as a later use).
+class CollectiveStart final : public Op {
+ public:
+  ~CollectiveStart() override;
+  explicit CollectiveStart(std::shared_ptr<const Op> inner) : inner_(std::move(inner)) {
+    if (!inner_ || !inner_->is_collective()) fail("collective start: needs a collective op to run");
+  }
+  const Op& inner() const { return *inner_; }
+  std::string name() const override { return inner_->name() + ".start"; }
+  bool is_collective() const override { return true; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    auto out = inner_->infer(in);
+    if (out.size() != 1) fail(name(), ": runs collectives with one output, this one has ", out.size());
+    return out;
+  }
+  std::vector<int> mutated_inputs() const override { return inner_->mutated_inputs(); }
+  std::vector<int> inplace_inputs() const override { return inner_->inplace_inputs(); }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override { return inner_->cost(in, out); }
+
+ private:
+  std::shared_ptr<const Op> inner_;
+};
+
+// Inputs (out [, scratch], start's inputs...) -> out, once the collective
+// that start began has finished.
+class CollectiveDone final : public Op {
+ public:
+  ~CollectiveDone() override;
+  explicit CollectiveDone(std::string inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_ + ".done"; }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
+    if (in.empty()) fail(name(), ": expects the started collective's output");
+    return {in[0]};
+  }
+  bool is_view() const override { return true; }
+  Cost cost(std::span<const TensorMeta>, std::span<const TensorMeta>) const override { return {0, 0}; }
+
+ private:
+  std::string inner_;
+};
+
 }  // namespace frugal::ops
 
 namespace frugal {
 
+// The collective `op` on `in`, as a start and a done (ops::CollectiveStart):
+// the output, readable once the collective has finished.
+inline Var start_collective(std::shared_ptr<const Op> op, const std::vector<Var>& in) {
+  Graph& g = *in.at(0).graph;
+  const std::string name = op->name();
+  std::vector<ValueId> ids;
+  for (const Var& v : in) ids.push_back(v.id);
+  g.apply(std::make_shared<ops::CollectiveStart>(std::move(op)), ids);
+  const Node& start = g.node(g.last_node());
+  std::vector<ValueId> done_in = start.outputs;  // the output and the scratch, if any
+  // The inputs in the step's memory; a persistent (the collective counter)
+  // stays put anyway, and a read of it would order the next collective's
+  // start, which writes it, after this done.
+  for (ValueId v : ids)
+    if (!is_persistent(g.value(v).kind)) done_in.push_back(v);
+  return Var{&g, g.apply(std::make_shared<ops::CollectiveDone>(name), std::move(done_in))[0]};
+}
+
 // g averaged over the ranks of `comm` (an identity on one rank); skipped
 // where `skip` (an f32 scalar) is set.
+// `overlap`: run it beside compute (start_collective).
 inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std::string what,
-                           std::optional<Var> skip = {}) {
+                           std::optional<Var> skip = {}, bool overlap = false) {
   // A buffer: persistent, written by the step, neither a parameter nor optimizer state.
   Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
   std::vector<Var> in{g, sequence};
   if (skip) in.push_back(*skip);
-  return frugal::apply(std::make_shared<ops::AllReduceMean>(comm, std::move(what)), in)[0];
+  auto op = std::make_shared<ops::AllReduceMean>(comm, std::move(what));
+  if (overlap) return start_collective(std::move(op), in);
+  return frugal::apply(std::move(op), in)[0];
 }
 
 }  // namespace frugal

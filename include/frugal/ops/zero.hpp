@@ -264,13 +264,16 @@ class AllGatherParameter final : public Op {
 
 namespace frugal {
 
-// This rank's shard of g averaged over the ranks of `comm`.
+// This rank's shard of g averaged over the ranks of `comm`; `overlap`: run
+// beside compute (start_collective).
 inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
-                               std::optional<Var> skip = {}) {
+                               std::optional<Var> skip = {}, bool overlap = false) {
   Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
   std::vector<Var> in{g, sequence};
   if (skip) in.push_back(*skip);
-  return frugal::apply(std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what)), in)[0];
+  auto op = std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what));
+  if (overlap) return start_collective(std::move(op), in);
+  return frugal::apply(std::move(op), in)[0];
 }
 
 inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlice>({x}, s); }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <numeric>
 
+#include "../ops/collective.hpp"
 #include "../ops/transfer.hpp"
 #include "budget.hpp"
 #include "budget_problem.hpp"
@@ -105,6 +106,22 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     for (int mi : n.op->mutated_inputs()) mutated_at[std::size_t(n.inputs[std::size_t(mi)])].push_back(t);
   }
 
+  // Where a value must stay in place because a collective runs on it beside
+  // compute: from its start to its done (ops::CollectiveStart), by root.
+  std::vector<std::vector<std::pair<int, int>>> in_flight(g.num_values());
+  for (int t = 0; t < T; ++t) {
+    const Node& n = g.node(schedule[std::size_t(t)]);
+    if (!dynamic_cast<const ops::CollectiveDone*>(n.op.get())) continue;
+    const int s = pos_of[std::size_t(g.value(n.inputs[0]).producer)];
+    for (ValueId in : n.inputs) in_flight[std::size_t(view_root(g, in))].push_back({s, t});
+  }
+  // Off the device over positions a+1..b-1 meets such a span.
+  auto meets_in_flight = [&](ValueId v, int a, int b) {
+    for (auto [s, d] : in_flight[std::size_t(v)])
+      if (a + 1 <= d && b - 1 >= s) return true;
+    return false;
+  };
+
   // An eviction that starts after position a: where its copy is done, and
   // the time not hidden behind compute.
   auto evict_done = [&](int a, int limit, double ms, double& exposed) {
@@ -172,7 +189,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     p.candidates.push_back(std::move(c));
     for (std::size_t k = 0; k + 1 < u.size(); ++k) {
       int a = u[k], b = u[k + 1];
-      if (b - a < 2) continue;
+      if (b - a < 2 || meets_in_flight(v, a, b)) continue;
       if (std::find(mutated_at[std::size_t(v)].begin(), mutated_at[std::size_t(v)].end(), a) !=
           mutated_at[std::size_t(v)].end())
         continue;  // a dirty copy would need a write back first
@@ -242,7 +259,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     const std::int64_t bytes = std::int64_t(align_up(std::max<std::size_t>(val.meta.nbytes(), 1)));
     for (std::size_t k = 0; k + 1 < at.size(); ++k) {
       int a = at[k], b = at[k + 1];
-      if (b - a < 2) continue;
+      if (b - a < 2 || meets_in_flight(v, a, b)) continue;
       Candidate c{v, std::size_t(bytes), a, b, false, {Option{}}, boundary[std::size_t(v)] != 0};
       // Overlapped (the copies hide behind compute), or just in time (the
       // copies wait, and the window off the device is as long as it gets).

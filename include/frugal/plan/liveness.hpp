@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../graph/graph.hpp"
+#include "../ops/collective.hpp"
 
 namespace frugal::plan {
 
@@ -40,27 +41,42 @@ inline Buffers assign_buffers(const Graph& g, const std::vector<NodeId>& schedul
                               bool inplace = true) {
   const int end = int(schedule.size());
   std::vector<int> last(g.num_values(), -1);
-  for (int pos = 0; pos < end; ++pos)
-    for (ValueId i : g.node(schedule[std::size_t(pos)]).inputs) last[std::size_t(i)] = pos;
-  for (ValueId r : roots) last[std::size_t(r)] = end;  // past the last op: nothing may reuse them
+  // The same, not counting a collective's done (ops::CollectiveDone): a
+  // collective run beside compute may write its output over its input, which
+  // its done reads only to keep it in place while the collective runs.
+  std::vector<int> last_but_done(g.num_values(), -1);
+  for (int pos = 0; pos < end; ++pos) {
+    const Node& node = g.node(schedule[std::size_t(pos)]);
+    const bool done = dynamic_cast<const ops::CollectiveDone*>(node.op.get()) != nullptr;
+    for (ValueId i : node.inputs) {
+      last[std::size_t(i)] = pos;
+      if (!done) last_but_done[std::size_t(i)] = pos;
+    }
+  }
+  for (ValueId r : roots) last[std::size_t(r)] = last_but_done[std::size_t(r)] = end;  // past the last op: nothing may reuse them
 
   Buffers b;
   b.buffer_of.assign(g.num_values(), -1);
+  std::vector<int> buffer_last_but_done;  // by buffer
   auto open = [&](ValueId v, int pos) {
     b.buffer_of[std::size_t(v)] = int(b.intervals.size());
     std::size_t bytes = g.value(v).meta.nbytes();
     b.intervals.push_back({v, align_up(std::max<std::size_t>(bytes, 1)), bytes, pos, std::max(pos, last[std::size_t(v)])});
+    buffer_last_but_done.push_back(std::max(pos, last_but_done[std::size_t(v)]));
   };
   auto join = [&](ValueId v, int buffer) {
     b.buffer_of[std::size_t(v)] = buffer;
     Interval& iv = b.intervals[std::size_t(buffer)];
     iv.last = std::max(iv.last, last[std::size_t(v)]);
+    int& l = buffer_last_but_done[std::size_t(buffer)];
+    l = std::max(l, last_but_done[std::size_t(v)]);
   };
   for (ValueId v : g.values_of_kind(ValueKind::input)) open(v, 0);
 
   for (int pos = 0; pos < end; ++pos) {
     const Node& node = g.node(schedule[std::size_t(pos)]);
     std::vector<int> taken;  // buffers this node's outputs already took over
+    const bool started = dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr;
     for (std::size_t k = 0; k < node.outputs.size(); ++k) {
       ValueId out = node.outputs[k];
       if (!in_arena(g.value(out))) continue;  // a host or NVMe copy
@@ -74,7 +90,8 @@ inline Buffers assign_buffers(const Graph& g, const std::vector<NodeId>& schedul
           int buf = b.buffer_of[std::size_t(in)];
           const TensorMeta& im = g.value(in).meta;
           bool same = im.dtype == om.dtype && im.shape == om.shape;
-          bool dies_here = buf >= 0 && b.intervals[std::size_t(buf)].last == pos;
+          bool dies_here = buf >= 0 && (started ? buffer_last_but_done[std::size_t(buf)]
+                                                : b.intervals[std::size_t(buf)].last) == pos;
           if (same && dies_here && std::find(taken.begin(), taken.end(), buf) == taken.end()) {
             chosen = buf;
             break;

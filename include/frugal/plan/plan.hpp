@@ -23,6 +23,9 @@ struct PlanOptions {
   // replaces (bench/RESULTS.md, "Operator fusion"), so it is on by default;
   // false plans the graph as captured.
   bool fuse = true;
+  // Collectives run beside compute (ops::CollectiveStart) that may be in
+  // flight at once: each holds its gradient and scratch until waited.
+  int collectives_in_flight = 2;
 };
 
 struct Plan {
@@ -83,6 +86,9 @@ struct Plan {
   // stages would need).
   int zero_stage = -1;
   std::string zero_reason;
+  // Where the gradients' collectives run: beside compute or in place, and
+  // why ("" without a communicator).
+  std::string collectives;
   std::size_t count(plan::Choice c) const {
     std::size_t n = 0;
     for (auto& d : decisions) n += d.choice == c;
@@ -98,7 +104,7 @@ struct Plan {
 // as soon as it can run. Nodes nothing live depends on are left out.
 inline std::vector<NodeId> schedule_of(const Graph& g, std::span<const ValueId> roots, PlanOptions o = {}) {
   std::vector<bool> live = g.live_nodes(roots);
-  if (o.reorder) return plan::schedule(g, live);
+  if (o.reorder) return plan::schedule(g, live, o.collectives_in_flight);
   std::vector<NodeId> s;
   for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n)
     if (live[std::size_t(n)]) s.push_back(n);

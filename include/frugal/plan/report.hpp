@@ -78,6 +78,7 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
      << "), predicted " << ms << " ms per step\n";
   if (!p.priced_with.empty()) os << "  priced with " << p.priced_with << "\n";
   if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
+  if (!p.collectives.empty()) os << "  collectives: " << p.collectives << "\n";
   if (p.decisions.empty()) return os.str();
   os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
      << p.count(Choice::nvme) << " spill to NVMe";
@@ -127,7 +128,10 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
   }
   if (b.live.size() > show_live) os << "    ... and " << b.live.size() - show_live << " more\n";
   if (p.budget_bytes) os << budget_summary(g, p);
-  else if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
+  else {
+    if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
+    if (!p.collectives.empty()) os << "  collectives: " << p.collectives << "\n";
+  }
   return os.str();
 }
 
@@ -154,6 +158,7 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
   os << "],\"fused_chains\":" << p.fused_chains << ",\"fused_away_bytes\":" << p.fused_away_bytes;
   if (p.zero_stage >= 0)
     os << ",\"zero_stage\":" << p.zero_stage << ",\"zero_reason\":\"" << json_escape(p.zero_reason) << "\"";
+  if (!p.collectives.empty()) os << ",\"collectives\":\"" << json_escape(p.collectives) << "\"";
   if (p.budget_bytes) {
     os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":"  // null: not searched (the budget does not bind)
        << (p.min_feasible_bytes ? std::to_string(p.min_feasible_bytes) : std::string("null"))

@@ -127,9 +127,18 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
     if (g.value(v).kind == ValueKind::input) write(v, nullptr, -1);
   for (int t = 0; t < end; ++t) {
     const Node& node = g.node(p.schedule[std::size_t(t)]);
+    // A collective's done reads the input its start wrote over in place
+    // (plan/liveness.hpp): only to keep it in place until the collective ends.
+    const bool done = dynamic_cast<const ops::CollectiveDone*>(node.op.get()) != nullptr;
+    auto taken_by_start = [&](ValueId in) {
+      const ValueId by = clobbered_by[std::size_t(in)];
+      return done && by == node.inputs[0] && same_range(by, in) &&
+             std::find(node.inputs.begin(), node.inputs.end(), by) != node.inputs.end() &&
+             std::find(holding.begin(), holding.end(), by) != holding.end();
+    };
     for (ValueId in : node.inputs) {
       if (!arena(in)) continue;
-      if (std::find(holding.begin(), holding.end(), in) == holding.end())
+      if (std::find(holding.begin(), holding.end(), in) == holding.end() && !taken_by_start(in))
         err(node.op->name(), " at position ", t, " reads ", label(in),
             written[std::size_t(in)] ? cat(" after ", label(clobbered_by[std::size_t(in)]), " overwrote it")
                                      : std::string(" that was never written"));

@@ -114,6 +114,15 @@ struct CompileOptions {
   // rows. Needs a SkippableOptimizer (AdamW, SGD); not with a loss_scaler or
   // skip_non_finite yet. Training steps only.
   int accumulate = 1;
+  // Data parallelism: each gradient's collective starts as soon as the
+  // backward completes the gradient and runs on a thread of the step's own
+  // while the backward goes on (at most PlanOptions::collectives_in_flight
+  // at once, their buffers inside the budget); the update waits for it.
+  // Needs a communicator that may be called from that thread
+  // (Communicator::serialized_threads: dist::Mpi under
+  // MPI_THREAD_SERIALIZED). false: each collective runs where it is
+  // scheduled, on the step's thread. The same bits either way.
+  bool overlap_collectives = true;
 };
 
 namespace detail {

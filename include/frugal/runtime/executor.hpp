@@ -12,9 +12,11 @@
 #include <chrono>
 
 #include "../plan/cost_model.hpp"
+#include "../ops/collective.hpp"
 #include "../plan/plan.hpp"
 #include "arena.hpp"
 #include "backend.hpp"
+#include "comm_engine.hpp"
 #include "copy_engine.hpp"
 #include "host_pool.hpp"
 #include "nvme_store.hpp"
@@ -106,6 +108,7 @@ class Executor {
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     if (copies_) copies_->reset_error();
+    if (comms_) comms_->reset();
     // This step's early fetches were issued by its last run, and each still
     // holds what it copied only if nothing wrote its source since: another
     // step (an evaluation step, a second model sharing weights) may have
@@ -119,7 +122,8 @@ class Executor {
         const Bound& b = bound_[i];
         auto t0 = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
         journal_.before(i, backend_);
-        if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
+        if (b.comm != Bound::Comm::none) run_collective(b, step);
+        else if (b.kernel) (*b.kernel)(*b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
         else if (!(fetched && early_[i] && still_fetched(i))) transfer(b.move);
         for (WriteGenerations::Counter* c : b.writes) c->fetch_add(1, std::memory_order_acq_rel);
         if (times) {
@@ -136,6 +140,7 @@ class Executor {
         if (copies_) copies_->drain();  // nothing may still be copying into memory the caller reuses
       } catch (...) {
       }
+      if (comms_) comms_->reset();  // nor communicating into it
       journal_.undo(backend_);  // the persistents as they were before this step
       written_changed();        // a write may have been cut short
       for (Mirror& m : mirrors_) m.loaded = kStale;  // the tensors still hold the state before the step
@@ -209,6 +214,18 @@ class Executor {
            "' but is run on '", backend_.name(), "'; capture it through compile() with that backend");
     if (plan.transfer_slots > 0)
       copies_.emplace(std::size_t(plan.transfer_slots), &backend_);  // a copy thread only if it has work
+    // A communication thread only if a collective runs beside compute; then
+    // every collective of the step runs there, in schedule order.
+    std::size_t collectives = 0;
+    bool overlapped = false;
+    for (NodeId n : plan.schedule) {
+      const Op& op = *graph_->node(n).op;
+      collectives += op.is_collective();
+      overlapped = overlapped || dynamic_cast<const ops::CollectiveStart*>(&op);
+    }
+    comms_.reset();
+    if (overlapped) comms_.emplace(collectives);
+    std::map<NodeId, std::size_t> comm_slot_of;  // a start's node -> its slot
     arena_ = m.arena.data();
     arena_bytes_ = plan.arena_bytes;
     nvme_ = m.nvme.get();
@@ -247,6 +264,19 @@ class Executor {
         ValueId w = node.outputs.back();
         b.workspace = ref(w).data;
         b.workspace_bytes = graph_->value(w).meta.nbytes();
+      }
+      if (comms_) {
+        if (dynamic_cast<const ops::CollectiveDone*>(node.op.get())) {
+          auto it = comm_slot_of.find(graph_->value(node.inputs[0]).producer);
+          if (it == comm_slot_of.end()) fail("internal error: ", node.op->name(), " waits for a collective never started");
+          b.comm = Bound::Comm::done;
+          b.comm_slot = it->second;
+        } else if (node.op->is_collective()) {
+          const bool started = dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr;
+          b.comm = started ? Bound::Comm::start : Bound::Comm::now;
+          b.comm_slot = comm_slot_of.size();
+          comm_slot_of[n] = b.comm_slot;
+        }
       }
       bound_.push_back(std::move(b));
     }
@@ -323,6 +353,10 @@ class Executor {
     std::size_t workspace_bytes;
     Move move{};
     NodeId node = -1;
+    // A collective on the communication thread: started there and waited
+    // at its done, or run there at once.
+    enum class Comm : std::uint8_t { none, start, done, now } comm = Comm::none;
+    std::size_t comm_slot = 0;
     std::vector<WriteGenerations::Counter*> writes;  // host-resident storage written once this has run
     WriteGenerations::Counter* source = nullptr;     // a fetch's host-resident source, if shared
   };
@@ -373,6 +407,13 @@ class Executor {
       case Move::nvme_read: return copies_->read_nvme(m.slot, *nvme_, m.nvme_offset, m.dst, m.bytes);
     }
   }
+  void run_collective(const Bound& b, std::uint64_t step) {
+    if (b.comm == Bound::Comm::done) return comms_->wait(b.comm_slot);
+    // The kernel reads what compute wrote before it (a GPU's stream).
+    backend_.synchronize();
+    comms_->start(b.comm_slot, *b.kernel, *b.op, KernelArgs{b.in, b.out, step, b.workspace, b.workspace_bytes});
+    if (b.comm == Bound::Comm::now) comms_->wait(b.comm_slot);
+  }
   TensorRef ref(ValueId v) const {
     const Value& val = graph_->value(v);
     if (!address_[std::size_t(v)]) fail("internal: value ", v, " (", val.meta.str(), ") has no storage in the plan");
@@ -384,6 +425,7 @@ class Executor {
   Memory memory_;
   unsigned char filled_with_ = kWatermark;
   std::optional<CopyEngine> copies_;  // after memory_: destroyed first, so no copy outlives what it copies into
+  std::optional<CommEngine> comms_;   // likewise
   NvmeStore* nvme_ = nullptr;         // memory_.nvme's
   std::byte* arena_ = nullptr;        // memory_.arena's: the plan's arena_bytes_, then the canary
   std::size_t arena_bytes_ = 0;

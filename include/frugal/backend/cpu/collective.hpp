@@ -65,4 +65,25 @@ inline std::size_t all_reduce_mean_workspace(const ops::AllReduceMean& op, std::
   return op.communicator().all_reduce_workspace(std::size_t(in[0].shape.numel()), in[0].dtype);
 }
 
+// ops::CollectiveStart and CollectiveDone for a table. The start's kernel
+// is the table's kernel for the inner collective, with its scratch and
+// in-place choices; the executor runs it on the step's communication
+// thread. The done's is nothing: the executor waits for the start there,
+// and its output is a view. `t` lives as long as its backend.
+inline void add_collective_start(KernelTable& t) {
+  const KernelTable* table = &t;
+  auto inner_entry = [table](const ops::CollectiveStart& op) -> const KernelEntry& {
+    const KernelEntry* e = table->find(op.inner());
+    if (!e) fail("collective start: this backend has no kernel for ", op.inner().name());
+    return *e;
+  };
+  t.add<ops::CollectiveStart>(
+      [inner_entry](const ops::CollectiveStart& op, const KernelArgs& a) { inner_entry(op).run(op.inner(), a); },
+      [inner_entry](const ops::CollectiveStart& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+        const KernelEntry& ie = inner_entry(op);
+        return ie.workspace ? ie.workspace(op.inner(), in, out) : std::size_t(0);
+      });
+  t.add<ops::CollectiveDone>([](const ops::CollectiveDone&, const KernelArgs&) {});
+}
+
 }  // namespace frugal::cpu

@@ -271,12 +271,17 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   });
   const std::optional<Var> micro_skip = accumulate_gradients(g, loss, wrt, grads, order, micro_steps);
   if (o.communicator) {
+    // Beside compute where the communicator may be called from a thread of
+    // the step's own (CompileOptions::overlap_collectives).
+    const bool overlap = o.overlap_collectives && o.communicator->size() > 1 && o.communicator->serialized_threads();
+    const Phase before = g.set_phase(Phase::backward);  // the backward's last work on each gradient
     for (std::size_t k : order) {
       std::string what = cat("gradient of '", g.value(wrt[k].id).name, "'");
       grads[k] = stage >= 2 && shard_of[k]
-                     ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what), micro_skip)
-                     : all_reduce_mean(*grads[k], o.communicator, std::move(what), micro_skip);
+                     ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what), micro_skip, overlap)
+                     : all_reduce_mean(*grads[k], o.communicator, std::move(what), micro_skip, overlap);
     }
+    g.set_phase(before);
   }
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
@@ -402,11 +407,40 @@ struct PlannedPrepared {
   std::shared_ptr<Graph> captured;
   ops::FusionReport fused;
 };
-static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const CompileOptions& o) {
+// Gradient collectives run beside compute (ops::CollectiveStart), and how many.
+static int started_collectives(const Graph& g) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr;
+  return n;
+}
+
+// `prepare`, for a training step over ranks: run the collectives beside
+// compute only where the budget does not bind. A collective in flight holds
+// its gradient and scratch until its done, which would raise the least the
+// step can run in; under a budget that binds, memory comes first.
+static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const CompileOptions& o,
+                                  const PrepareTraining* prepare = nullptr) {
   const ops::FusionReport fused = fuse_prepared(p, o);
+  const int started = started_collectives(*p.c.graph);
+  if (prepare && started > 0 && budget.device > 0 &&
+      plan::plan_unconstrained(*p.c.graph, p.roots, o.plan).plan.total_bytes() > budget.device) {
+    CompileOptions in_place = o;
+    in_place.overlap_collectives = false;
+    PlannedPrepared pp = plan_fused((*prepare)(in_place), budget, in_place);
+    pp.plan.collectives = cat("in place, on the step's thread: the device budget binds, and collectives beside "
+                              "compute would hold their gradients and scratch longer");
+    return pp;
+  }
   std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
   note_fusion(plan, fused);
+  if (started > 0)
+    plan.collectives = cat(started, " gradient collectives beside compute, on a thread of their own, at most ",
+                           o.plan.collectives_in_flight, " in flight");
+  else if (o.communicator && o.communicator->size() > 1)
+    plan.collectives = !o.overlap_collectives ? "in place, on the step's thread (CompileOptions::overlap_collectives = false)"
+                                              : "in place, on the step's thread: the communicator must be called from "
+                                                "one thread only (MPI initialised below MPI_THREAD_SERIALIZED)";
   return {std::move(p), std::move(plan), std::move(captured), fused};
 }
 
@@ -441,7 +475,7 @@ static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, co
   if (!o.communicator) return plan_fused(prepare(o), budget, o);
   Communicator& comm = *o.communicator;
   if (o.zero_stage) {
-    PlannedPrepared pp = plan_fused(prepare(o), budget, o);
+    PlannedPrepared pp = plan_fused(prepare(o), budget, o, &prepare);
     pp.plan.zero_stage = *o.zero_stage;
     pp.plan.zero_reason = cat("pinned by CompileOptions::zero_stage, over ", comm.size(), " ranks");
     if (agree) check_ranks_agree(comm, pp.plan.zero_stage);
@@ -462,7 +496,7 @@ static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, co
     CompileOptions os = o;
     os.zero_stage = stage;
     try {
-      PlannedPrepared pp = plan_fused(prepare(os), budget, os);
+      PlannedPrepared pp = plan_fused(prepare(os), budget, os, &prepare);
       pp.plan.zero_stage = stage;
       char ms[32];
       std::snprintf(ms, sizeof ms, "%.2f", pp.plan.predicted_step_ms);

@@ -18,6 +18,7 @@ void add_optimizer_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::AccumulateGradient>(accumulate_gradient_kernel);
   t.add<ops::AllReduceMean>(all_reduce_mean_kernel, all_reduce_mean_workspace);
   t.add<ops::ReduceScatterMean>(reduce_scatter_mean_kernel, reduce_scatter_mean_workspace);
+  add_collective_start(t);
   t.add<ops::ShardSlice>(shard_slice_kernel);
   t.add<ops::AllGatherShards>(all_gather_shards_kernel, all_gather_shards_workspace);
   t.add<ops::AllGatherParameter>(all_gather_parameter_kernel, all_gather_parameter_workspace);
