@@ -3,6 +3,9 @@
 // ../shared/peer/torch_ddp_bench.py has them: same shapes, optimizers and
 // global batch, split evenly over the ranks), run under
 //   mpirun -np N dp_bench --workload mlp|resnet|gpt [--threads T] [--steps S] [--warmup W] [--zero 0|1|2|3]
+//                         [--overlap auto|0|1]
+// (--overlap: CompileOptions::overlap_collectives; auto, the default, runs
+// the collectives beside compute where a core is free for them.)
 // Prints one line on rank 0: RESULT {json} with the keys the peer's
 // run-ddp-peer prints (ms_step_median on rank 0, ms_step_median_slowest,
 // peak_rss_mib_per_rank, optimizer_state_bytes_per_rank, loss_first,
@@ -34,6 +37,7 @@ struct Arguments {
   std::string workload = "gpt";
   int threads = 1, steps = 0, warmup = -1;
   std::optional<int> zero;  // ZeRO stage; unset: the planner's choice (stage 0 without a budget)
+  std::optional<bool> overlap;  // unset: the planner's choice
 };
 
 }  // namespace
@@ -47,6 +51,9 @@ int main(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--zero") a.zero = std::stoi(v);
+    else if (k == "--overlap") {
+      if (v != "auto") a.overlap = std::stoi(v) != 0;
+    }
     else {
       std::cerr << "dp_bench: unknown option " << k << "\n";
       return 2;
@@ -56,6 +63,7 @@ int main(int argc, char** argv) {
     auto comm = dist::Mpi::world();
     const int n = comm->size(), me = comm->rank();
     std::unique_ptr<bench::Workload> w = bench::make_workload(a.workload, a.threads, {me, n, comm, a.zero});
+    w->plan_options().overlap_collectives = a.overlap;
     w->compile({});
     int steps = w->default_steps, warmup = w->default_warmup;
     if (a.steps > 0) steps = a.steps;
@@ -72,29 +80,37 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
-    // Per rank: median, peak RSS, optimizer state; gathered to every rank.
-    double mine[3] = {median, double(peak_rss_bytes()) / (1 << 20), state_bytes(w->optimizer())};
-    std::vector<double> all(std::size_t(3 * n));
-    comm->all_gather(mine, all.data(), 3, DType::f64, "dp_bench: results");
+    // Per rank: median, peak RSS, optimizer state, and the communication
+    // time per step (on its thread, and waited for); gathered to every rank.
+    const Step::CommunicationTime ct = w->compiled().communication_time();
+    const double runs = double(warmup + steps);
+    double mine[5] = {median, double(peak_rss_bytes()) / (1 << 20), state_bytes(w->optimizer()),
+                      1e3 * ct.communicating / runs, 1e3 * ct.waited / runs};
+    std::vector<double> all(std::size_t(5 * n));
+    comm->all_gather(mine, all.data(), 5, DType::f64, "dp_bench: results");
     float ends[2] = {losses.front(), losses.back()};
     std::vector<float> all_ends(std::size_t(2 * n));
     comm->all_gather(ends, all_ends.data(), 2, DType::f32, "dp_bench: losses");
     if (me == 0) {
       double slowest = 0, first = 0, last = 0;
       std::string rss = "[", opt_bytes = "[";
+      double comm_ms = 0, waited_ms = 0;  // means over ranks
       for (int k = 0; k < n; ++k) {
-        slowest = std::max(slowest, all[std::size_t(3 * k)]);
-        rss += cat(k ? "," : "", all[std::size_t(3 * k + 1)]);
-        opt_bytes += cat(k ? "," : "", std::int64_t(all[std::size_t(3 * k + 2)]));
+        slowest = std::max(slowest, all[std::size_t(5 * k)]);
+        rss += cat(k ? "," : "", all[std::size_t(5 * k + 1)]);
+        opt_bytes += cat(k ? "," : "", std::int64_t(all[std::size_t(5 * k + 2)]));
+        comm_ms += all[std::size_t(5 * k + 3)] / n;
+        waited_ms += all[std::size_t(5 * k + 4)] / n;
         first += all_ends[std::size_t(2 * k)] / n;
         last += all_ends[std::size_t(2 * k + 1)] / n;
       }
       std::printf("RESULT {\"workload\":\"%s\",\"world\":%d,\"threads\":%d,\"ms_step_median\":%.3f,"
                   "\"ms_step_median_slowest\":%.3f,\"peak_rss_mib_per_rank\":%s],"
                   "\"optimizer_state_bytes_per_rank\":%s],\"loss_first\":%.6f,\"loss_last\":%.6f,\"steps\":%d,"
-                  "\"zero_stage\":%d}\n",
+                  "\"zero_stage\":%d,\"overlap\":%s,\"comm_thread_ms_per_step\":%.3f,\"comm_waited_ms_per_step\":%.3f}\n",
                   a.workload.c_str(), n, a.threads, median, slowest, rss.c_str(), opt_bytes.c_str(), first, last, steps,
-                  w->compiled().plan().zero_stage);
+                  w->compiled().plan().zero_stage, w->compiled().plan().collectives.find("beside") != std::string::npos ? "true" : "false",
+                  comm_ms, waited_ms);
     }
   } catch (const std::exception& e) {
     std::cerr << "dp_bench: " << e.what() << "\n";

@@ -2,6 +2,7 @@
 // planned with dist::PlanOnly (the rank and the rank count, no transport).
 // The bits are checked under mpirun (tests/dist/dist_test.cpp zero).
 #include <catch2/catch.hpp>
+#include <omp.h>
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/plan/budget_solve.hpp>
 #include <frugal/plan/verify.hpp>
@@ -31,6 +32,7 @@ PlannedStep plan_rank(ZeroMlp& m, Optimizer& opt, int rank, int ranks, std::opti
   o.communicator = std::make_shared<dist::PlanOnly>(rank, ranks);
   o.zero_stage = stage;
   o.overlap_collectives = overlap;
+  o.bucket_bytes = 0;  // a collective per gradient
   return plan_training([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
 }
 
@@ -220,4 +222,27 @@ TEST_CASE("zero: gradient collectives run beside the backward, at most the plann
           if (in == d.value) CHECK_FALSE((d.from + 1 <= e && d.to - 1 >= s));
       }
   }
+}
+
+TEST_CASE("zero: left to choose, collectives run beside compute only with a core free for them, and the plan says so", "[zero][overlap]") {
+  nn::manual_seed(3);
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(0, 4);  // 4 ranks on this machine, as under mpirun here
+  o.threads = 1;
+  o.bucket_bytes = 0;
+  const PlannedStep ps = plan_training([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  int started = 0;
+  for (NodeId n : ps.plan.schedule) started += dynamic_cast<const ops::CollectiveStart*>(ps.graph->node(n).op.get()) != nullptr;
+  INFO(ps.plan.collectives);
+  if (started > 0) {
+    CHECK_THAT(ps.plan.collectives, Catch::Contains("beside compute") && Catch::Contains("a core is free"));
+  } else {
+    CHECK_THAT(ps.plan.collectives, Catch::Contains("in place") && Catch::Contains("cores"));
+  }
+  // More compute threads than the machine has cores: never beside compute.
+  o.threads = 4 * omp_get_num_procs();
+  const PlannedStep busy = plan_training([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  CHECK_THAT(busy.plan.collectives, Catch::Contains("in place") && Catch::Contains("would slow the backward down"));
 }

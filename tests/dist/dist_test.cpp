@@ -223,6 +223,7 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.communicator = std::move(comm);
   o.zero_stage = zero_stage;
   o.overlap_collectives = overlap;
+  o.bucket_bytes = 0;  // a collective per gradient: 4 to overlap, not one bucket at the end
   Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
                       {input<float>({rows, 16}), input<std::int32_t>({rows})}, opt, budget, o);
   if (compiled) compiled();
@@ -258,6 +259,7 @@ struct GptRun {
   bool skip_non_finite = false;
   Budget budget;
   bool overlap_collectives = true;
+  std::size_t bucket_bytes = 1024;  // buckets of a few of its 29 gradients
 };
 
 Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps, GptRun run = {}) {
@@ -271,6 +273,7 @@ Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.clip_grad_norm = run.clip_grad_norm;
   o.skip_non_finite = run.skip_non_finite;
   o.overlap_collectives = run.overlap_collectives;
+  o.bucket_bytes = run.bucket_bytes;
   Step step = compile([&](Var x, Var y) { return m.loss(x, y); },
                       {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, run.budget, o);
   Trained t;
@@ -561,6 +564,16 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         check(sync.started == 0, "gpt: overlap_collectives = false starts no collective beside compute");
         check(sync.losses == s0.losses && same_params(sync.params, s0.params),
               cat("gpt", with, ": collectives beside compute train bit for bit as in place, stage 0"));
+        // Buckets: one per gradient, and all 29 in one, give the same bits.
+        for (std::size_t bytes : {std::size_t(0), std::size_t(1) << 20}) {
+          GptRun r = base;
+          r.bucket_bytes = bytes;
+          Trained b = train_gpt(c, me * rows, rows, steps, r);
+          check(b.started == (bytes ? 1 : 29) && s0.started > 1 && s0.started < 29,
+                cat("gpt: buckets of ", bytes, " bytes make ", b.started, " collectives (1024: ", s0.started, ")"));
+          check(b.losses == s0.losses && same_params(b.params, s0.params),
+                cat("gpt", with, ": buckets of ", bytes, " bytes train bit for bit as of 1024"));
+        }
       }
       for (int stage = 1; stage <= (whole_grads ? 1 : 3); ++stage) {
         GptRun r = base;

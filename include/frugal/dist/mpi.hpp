@@ -116,6 +116,7 @@ class Mpi final : public Communicator {
   int size() const override { return size_; }
   double timeout_seconds() const { return timeout_; }
   bool serialized_threads() const override { return detail::MpiSession::get().serialized(); }
+  int ranks_on_this_machine() const override { return local_size_; }
 
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* workspace, const std::string& what) override {
     if (size_ == 1 || count == 0) return;
@@ -191,6 +192,10 @@ class Mpi final : public Communicator {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Comm local;  // the ranks that share memory with this one: this machine's
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &local_size_);
+    MPI_Comm_free(&local);
   }
 
   // Chunk r of a reduction of `count` elements starts here (the chunks
@@ -242,7 +247,7 @@ class Mpi final : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1;
   double timeout_;
   std::vector<std::pair<std::size_t, MPI_Datatype>> types_;
 };

@@ -48,6 +48,8 @@ class Communicator {
   // they may, a step runs its collectives on a thread of their own, beside
   // compute (ops::CollectiveStart).
   virtual bool serialized_threads() const { return false; }
+  // The ranks that share this machine's cores (this one included).
+  virtual int ranks_on_this_machine() const { return size(); }
 
   // Collectives run through graph ops (an i64 scalar the ops advance in
   // place). Every collective op of every step writes it, so a graph orders
@@ -74,55 +76,78 @@ inline void expect_collective_inputs(const std::string& op, std::span<const Tens
   if (in.size() == data + 2) expect_scalar(op, "the skip flag", in[data + 1], DType::f32);
 }
 
-// Inputs (g, sequence [, skip]) -> g averaged over the ranks: the rank-order
-// sum of Communicator::all_reduce_sum divided by size(), in g's dtype.
-// `sequence` is Communicator::collectives_run(), written in place: the graph
-// orders the collectives as captured, and a writer is never recomputed (a
-// collective run again on one rank would wait forever for the others).
-// `skip`, an f32 scalar every rank computes alike (gradient accumulation's
-// micro-steps): where set, nothing is communicated and the output is not
-// read.
+// Inputs (g1..gk, sequence [, skip]) -> each g averaged over the ranks:
+// the rank-order sum of Communicator::all_reduce_sum divided by size(), in
+// g's dtype. A bucket (k > 1) of gradients of one dtype is one collective:
+// the kernel packs them into its scratch, reduces that, and unpacks, so one
+// message carries them all and each element's sum is the one it would get
+// alone. `sequence` is Communicator::collectives_run(), written in place:
+// the graph orders the collectives as captured, and a writer is never
+// recomputed (a collective run again on one rank would wait forever for the
+// others). `skip`, an f32 scalar every rank computes alike (gradient
+// accumulation's micro-steps): where set, nothing is communicated and the
+// outputs are not read.
 class AllReduceMean final : public Op {
  public:
   ~AllReduceMean() override;
-  AllReduceMean(std::shared_ptr<Communicator> c, std::string what) : comm_(std::move(c)), what_(std::move(what)) {
+  AllReduceMean(std::shared_ptr<Communicator> c, std::string what, int tensors = 1)
+      : comm_(std::move(c)), what_(std::move(what)), tensors_(tensors) {
     if (!comm_) fail("all_reduce_mean: no communicator");
+    if (tensors_ < 1) fail("all_reduce_mean: a bucket of ", tensors_, " gradients");
   }
   Communicator& communicator() const { return *comm_; }
   const std::string& what() const { return what_; }
+  int tensors() const { return tensors_; }
   std::string name() const override { return "all_reduce_mean"; }
   bool is_collective() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_collective_inputs(name(), in, 1);
-    expect_floating(name(), in[0]);
-    return {in[0]};
+    const std::size_t k = std::size_t(tensors_);
+    expect_collective_inputs(name(), in, k);
+    for (std::size_t i = 0; i < k; ++i) {
+      expect_floating(name(), in[i]);
+      if (in[i].dtype != in[0].dtype)
+        fail(name(), " (", what_, "): a bucket's gradients share one dtype; gradient ", i, " is ", dtype_name(in[i].dtype),
+             ", gradient 0 ", dtype_name(in[0].dtype));
+    }
+    return {in.begin(), in.begin() + std::ptrdiff_t(k)};
   }
-  std::vector<int> mutated_inputs() const override { return {1}; }
-  std::vector<int> inplace_inputs() const override { return {0}; }
+  std::vector<int> mutated_inputs() const override { return {tensors_}; }
+  // A bucket reads every gradient before it writes any output.
+  std::vector<int> inplace_inputs() const override {
+    std::vector<int> v(static_cast<std::size_t>(tensors_), 0);
+    for (int i = 0; i < tensors_; ++i) v[std::size_t(i)] = i;
+    return v;
+  }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta>) const override {
     // A ring's traffic: each element leaves and arrives 2 (n - 1) / n times.
     const double n = double(comm_->size());
-    return {double(in[0].shape.numel()) * (n - 1), 2 * (n - 1) / n * double(in[0].nbytes()) * 2};
+    double elements = 0, bytes = 0;
+    for (int i = 0; i < tensors_; ++i) {
+      elements += double(in[std::size_t(i)].shape.numel());
+      bytes += double(in[std::size_t(i)].nbytes());
+    }
+    return {elements * (n - 1), 2 * (n - 1) / n * bytes * 2};
   }
 
  private:
   std::shared_ptr<Communicator> comm_;
   std::string what_;
+  int tensors_;
 };
 
 // A collective run beside compute. The start hands `inner` (a collective
-// op with one output) to the step's communication thread and returns at
-// once; the done waits for it. Compute scheduled between the two overlaps
-// the communication.
+// op) to the step's communication thread and returns at once; a done per
+// output waits for it (the first to run waits, the others find it
+// finished). Compute scheduled between the two overlaps the communication.
 //
-//   start(in...) -> (out [, scratch]);  done(out [, scratch], in...) -> out' (a view of out)
-//   (the done reads the inputs that are not persistent)
+//   start(in...) -> (out1..outk [, scratch]);  done_j(out_j [, scratch], in...) -> out_j' (a view of out_j)
+//   (the dones read the inputs that are not persistent)
 //
-// The done reads everything the thread reads or writes, so liveness keeps
-// the inputs, the output and the scratch in place until the collective has
-// finished, and readers read out', which exists only once it has. The
-// output may take over input 0 in place, as the inner op allows
-// (plan/liveness.hpp does not count the done's read of it as a later use).
+// The dones read everything the thread reads or writes, so liveness keeps
+// the inputs, the outputs and the scratch in place until the collective has
+// finished, and readers read out_j', which exists only once it has. An
+// output may take over an input in place, as the inner op allows
+// (plan/liveness.hpp does not count a done's read of it as a later use).
 class CollectiveStart final : public Op {
  public:
   ~CollectiveStart() override;
@@ -132,11 +157,7 @@ class CollectiveStart final : public Op {
   const Op& inner() const { return *inner_; }
   std::string name() const override { return inner_->name() + ".start"; }
   bool is_collective() const override { return true; }
-  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    auto out = inner_->infer(in);
-    if (out.size() != 1) fail(name(), ": runs collectives with one output, this one has ", out.size());
-    return out;
-  }
+  std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override { return inner_->infer(in); }
   std::vector<int> mutated_inputs() const override { return inner_->mutated_inputs(); }
   std::vector<int> inplace_inputs() const override { return inner_->inplace_inputs(); }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override { return inner_->cost(in, out); }
@@ -145,8 +166,8 @@ class CollectiveStart final : public Op {
   std::shared_ptr<const Op> inner_;
 };
 
-// Inputs (out [, scratch], start's inputs...) -> out, once the collective
-// that start began has finished.
+// Inputs (out_j [, scratch], start's inputs...) -> out_j, once the
+// collective that start began has finished.
 class CollectiveDone final : public Op {
  public:
   ~CollectiveDone() override;
@@ -167,22 +188,30 @@ class CollectiveDone final : public Op {
 
 namespace frugal {
 
-// The collective `op` on `in`, as a start and a done (ops::CollectiveStart):
-// the output, readable once the collective has finished.
-inline Var start_collective(std::shared_ptr<const Op> op, const std::vector<Var>& in) {
+// The collective `op` on `in`, as a start and its dones
+// (ops::CollectiveStart): the outputs, readable once it has finished.
+inline std::vector<Var> start_collective(std::shared_ptr<const Op> op, const std::vector<Var>& in) {
   Graph& g = *in.at(0).graph;
   const std::string name = op->name();
   std::vector<ValueId> ids;
   for (const Var& v : in) ids.push_back(v.id);
   g.apply(std::make_shared<ops::CollectiveStart>(std::move(op)), ids);
   const Node& start = g.node(g.last_node());
-  std::vector<ValueId> done_in = start.outputs;  // the output and the scratch, if any
-  // The inputs in the step's memory; a persistent (the collective counter)
-  // stays put anyway, and a read of it would order the next collective's
-  // start, which writes it, after this done.
+  const std::vector<ValueId> outs(start.results().begin(), start.results().end());
+  std::vector<ValueId> rest;  // the scratch, if any, and the inputs in the step's memory
+  if (start.has_workspace) rest.push_back(start.outputs.back());
+  // A persistent (the collective counter) stays put anyway, and a read of it
+  // would order the next collective's start, which writes it, after this done.
   for (ValueId v : ids)
-    if (!is_persistent(g.value(v).kind)) done_in.push_back(v);
-  return Var{&g, g.apply(std::make_shared<ops::CollectiveDone>(name), std::move(done_in))[0]};
+    if (!is_persistent(g.value(v).kind)) rest.push_back(v);
+  auto done = std::make_shared<ops::CollectiveDone>(name);
+  std::vector<Var> result;
+  for (ValueId o : outs) {
+    std::vector<ValueId> done_in{o};
+    done_in.insert(done_in.end(), rest.begin(), rest.end());
+    result.push_back(Var{&g, g.apply(done, std::move(done_in))[0]});
+  }
+  return result;
 }
 
 // g averaged over the ranks of `comm` (an identity on one rank); skipped
@@ -195,8 +224,22 @@ inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std
   std::vector<Var> in{g, sequence};
   if (skip) in.push_back(*skip);
   auto op = std::make_shared<ops::AllReduceMean>(comm, std::move(what));
-  if (overlap) return start_collective(std::move(op), in);
+  if (overlap) return start_collective(std::move(op), in)[0];
   return frugal::apply(std::move(op), in)[0];
+}
+
+// A bucket of gradients of one dtype averaged over the ranks of `comm` in
+// one collective (ops::AllReduceMean); `overlap` as for all_reduce_mean.
+inline std::vector<Var> all_reduce_mean(const std::vector<Var>& bucket, const std::shared_ptr<Communicator>& comm,
+                                        std::string what, std::optional<Var> skip = {}, bool overlap = false) {
+  if (bucket.size() == 1) return {all_reduce_mean(bucket[0], comm, std::move(what), skip, overlap)};
+  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
+  std::vector<Var> in = bucket;
+  in.push_back(sequence);
+  if (skip) in.push_back(*skip);
+  auto op = std::make_shared<ops::AllReduceMean>(comm, std::move(what), int(bucket.size()));
+  if (overlap) return start_collective(std::move(op), in);
+  return frugal::apply(std::move(op), in);
 }
 
 }  // namespace frugal

@@ -272,7 +272,7 @@ inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm,
   std::vector<Var> in{g, sequence};
   if (skip) in.push_back(*skip);
   auto op = std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what));
-  if (overlap) return start_collective(std::move(op), in);
+  if (overlap) return start_collective(std::move(op), in)[0];
   return frugal::apply(std::move(op), in)[0];
 }
 

@@ -5,13 +5,14 @@
 // gradients die one by one instead of all living until the end of backward.
 //
 // A gradient's collective likewise runs as soon as the gradient is complete.
-// Where it runs beside compute (ops::CollectiveStart), its done is held back
-// until `in_flight` collectives have started since, or nothing else can
-// run: the backward computes the next gradients while it communicates, and
-// at most `in_flight` gradients and scratch buffers wait on the
-// communication at once.
+// Where it runs beside compute (ops::CollectiveStart), its dones are held
+// back until starting another would put more than `most_in_flight`
+// collectives in flight, or nothing else can run: the backward computes the
+// next gradients while it communicates, and at most `most_in_flight`
+// buckets of gradients (and their scratch) wait on the communication.
 #include <deque>
 #include <queue>
+#include <utility>
 #include <vector>
 
 #include "../graph/graph.hpp"
@@ -19,7 +20,7 @@
 
 namespace frugal::plan {
 
-inline std::vector<NodeId> schedule(const Graph& g, const std::vector<bool>& live, int in_flight = 2) {
+inline std::vector<NodeId> schedule(const Graph& g, const std::vector<bool>& live, int most_in_flight = 2) {
   const NodeId n = NodeId(g.num_nodes());
   std::vector<int> pending(static_cast<std::size_t>(n), 0);
   std::vector<std::vector<NodeId>> succ(static_cast<std::size_t>(n));
@@ -46,37 +47,38 @@ inline std::vector<NodeId> schedule(const Graph& g, const std::vector<bool>& liv
   auto key = [&](NodeId v) { return std::pair{urgent(v) ? 0 : 1, v}; };
   auto later = [&](NodeId a, NodeId b) { return key(a) > key(b); };
   auto is_done = [&](NodeId v) { return dynamic_cast<const ops::CollectiveDone*>(g.node(v).op.get()) != nullptr; };
+  auto is_start = [&](NodeId v) { return dynamic_cast<const ops::CollectiveStart*>(g.node(v).op.get()) != nullptr; };
   std::priority_queue<NodeId, std::vector<NodeId>, decltype(later)> ready(later);
-  std::deque<NodeId> held;  // dones of collectives in flight, in the order they started
+  std::deque<NodeId> in_flight;                  // collectives started, not yet waited, in the order they started
+  std::vector<std::vector<NodeId>> dones_of(static_cast<std::size_t>(n));  // by start: its dones, held back
   std::vector<NodeId> order;
   auto run = [&](NodeId v) {
     order.push_back(v);
+    if (is_start(v)) in_flight.push_back(v);
     for (NodeId s : succ[std::size_t(v)])
       if (--pending[std::size_t(s)] == 0) {
-        if (is_done(s)) held.push_back(s);
+        if (is_done(s)) dones_of[std::size_t(g.value(g.node(s).inputs[0]).producer)].push_back(s);
         else ready.push(s);
       }
   };
+  auto wait_oldest = [&] {
+    const NodeId s = in_flight.front();
+    in_flight.pop_front();
+    for (NodeId d : std::exchange(dones_of[std::size_t(s)], {})) run(d);
+  };
   for (NodeId v = 0; v < n; ++v)
     if (live[std::size_t(v)] && pending[std::size_t(v)] == 0) ready.push(v);
-  while (!ready.empty() || !held.empty()) {
+  while (!ready.empty() || !in_flight.empty()) {
     if (ready.empty()) {
-      const NodeId d = held.front();
-      held.pop_front();
-      run(d);
+      wait_oldest();
       continue;
     }
     const NodeId v = ready.top();
     ready.pop();
     if (g.node(v).op->is_collective()) {
       // One run at once waits for every collective before it anyway.
-      const bool started = dynamic_cast<const ops::CollectiveStart*>(g.node(v).op.get()) != nullptr;
-      const std::size_t keep = started ? std::size_t(std::max(in_flight, 1) - 1) : 0;
-      while (held.size() > keep) {
-        const NodeId d = held.front();
-        held.pop_front();
-        run(d);
-      }
+      const std::size_t keep = is_start(v) ? std::size_t(std::max(most_in_flight, 1) - 1) : 0;
+      while (in_flight.size() > keep) wait_oldest();
     }
     run(v);
   }

@@ -127,14 +127,13 @@ inline VerifyReport verify(const Graph& g, const Plan& p, std::span<const ValueI
     if (g.value(v).kind == ValueKind::input) write(v, nullptr, -1);
   for (int t = 0; t < end; ++t) {
     const Node& node = g.node(p.schedule[std::size_t(t)]);
-    // A collective's done reads the input its start wrote over in place
-    // (plan/liveness.hpp): only to keep it in place until the collective ends.
+    // A collective's done reads the inputs its start wrote outputs over in
+    // place (plan/liveness.hpp): only to keep them until the collective ends.
     const bool done = dynamic_cast<const ops::CollectiveDone*>(node.op.get()) != nullptr;
     auto taken_by_start = [&](ValueId in) {
       const ValueId by = clobbered_by[std::size_t(in)];
-      return done && by == node.inputs[0] && same_range(by, in) &&
-             std::find(node.inputs.begin(), node.inputs.end(), by) != node.inputs.end() &&
-             std::find(holding.begin(), holding.end(), by) != holding.end();
+      if (!done || by == kNoValue || g.value(by).producer != g.value(node.inputs[0]).producer) return false;
+      return same_range(by, in);
     };
     for (ValueId in : node.inputs) {
       if (!arena(in)) continue;

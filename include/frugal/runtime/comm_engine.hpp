@@ -7,6 +7,7 @@
 // queues behind the ones in flight and the communicator is never called
 // from two threads together. Between steps the thread is idle, so the
 // program may call the communicator itself.
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -60,7 +61,11 @@ class CommEngine {
   void wait(std::size_t slot) {
     std::unique_lock lk(mutex_);
     check_slot(slot);
-    finished_.wait(lk, [&] { return state_[slot] != State::pending; });
+    if (state_[slot] == State::pending) {
+      const auto t0 = std::chrono::steady_clock::now();
+      finished_.wait(lk, [&] { return state_[slot] != State::pending; });
+      waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     const State s = std::exchange(state_[slot], State::idle);
     if (s == State::failed) std::rethrow_exception(error_);
   }
@@ -76,6 +81,17 @@ class CommEngine {
   }
 
   std::size_t slots() const { return jobs_.size(); }
+  // Seconds the thread spent running collectives, and seconds the caller
+  // spent blocked in wait(): the difference is communication hidden behind
+  // what the caller did meanwhile.
+  double busy_seconds() const {
+    std::lock_guard lk(mutex_);
+    return busy_;
+  }
+  double waited_seconds() const {
+    std::lock_guard lk(mutex_);
+    return waited_;
+  }
 
  private:
   enum class State : unsigned char { idle, pending, done, failed };
@@ -104,6 +120,7 @@ class CommEngine {
       const Job job = jobs_[slot];
       lk.unlock();
       std::exception_ptr error;
+      const auto t0 = std::chrono::steady_clock::now();
       if (!skip) {
         try {
           (*job.kernel)(*job.op, job.args);
@@ -111,7 +128,9 @@ class CommEngine {
           error = std::current_exception();
         }
       }
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       lk.lock();
+      busy_ += took;
       running_ = false;
       if (error && !failed_) {
         failed_ = true;
@@ -128,8 +147,9 @@ class CommEngine {
   std::vector<std::size_t> queue_;  // a ring: each pending slot holds one entry
   std::size_t head_ = 0, queued_ = 0;
   bool running_ = false, stop_ = false, failed_ = false;
+  double busy_ = 0, waited_ = 0;
   std::exception_ptr error_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable work_ready_, finished_, idle_;
   std::thread worker_;
 };

@@ -120,9 +120,19 @@ struct CompileOptions {
   // at once, their buffers inside the budget); the update waits for it.
   // Needs a communicator that may be called from that thread
   // (Communicator::serialized_threads: dist::Mpi under
-  // MPI_THREAD_SERIALIZED). false: each collective runs where it is
-  // scheduled, on the step's thread. The same bits either way.
-  bool overlap_collectives = true;
+  // MPI_THREAD_SERIALIZED), and a budget that does not bind (in flight,
+  // gradients live longer). Unset: beside compute where that thread has a
+  // core of its own, which the ranks' compute threads leave free (on the
+  // CPU, the communication is CPU work too: sharing a core, it only slows
+  // the backward down). false: each collective runs where it is scheduled,
+  // on the step's thread. The same bits either way; the plan says which
+  // and why (Plan::collectives).
+  std::optional<bool> overlap_collectives;
+  // Beside compute, whole gradients are all-reduced in buckets: consecutive
+  // gradients (in the order the backward completes them, one dtype) until a
+  // bucket holds at least this many bytes. One collective per bucket: fewer
+  // messages; a bucket waits for its last gradient. 0: one per gradient.
+  std::size_t bucket_bytes = std::size_t(1) << 20;
 };
 
 namespace detail {

@@ -168,6 +168,11 @@ class Executor {
   // Fetches into the arena performed so far (early ones included): what a
   // still-valid early fetch saves.
   std::uint64_t fetches() const { return fetches_; }
+  // Collectives run beside compute: seconds communicating, and seconds the
+  // step waited for them ({0, 0} where they run in place).
+  std::pair<double, double> communication_seconds() const {
+    return comms_ ? std::pair{comms_->busy_seconds(), comms_->waited_seconds()} : std::pair{0.0, 0.0};
+  }
 
   void* address(ValueId v) const { return address_.at(std::size_t(v)); }
   std::size_t arena_bytes() const { return arena_bytes_; }

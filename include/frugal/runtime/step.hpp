@@ -142,6 +142,15 @@ class Step {
   // some updates ran) is undone: it leaves parameters, optimizer state and
   // counters as they were. Zero unless the plan touches NVMe after an update.
   std::size_t undo_journal_bytes() const;
+  // Where the gradients' collectives run beside compute (Plan::collectives):
+  // the seconds the communication thread spent in them, and the seconds the
+  // step waited for them, over the runs since compile (or the last re-plan).
+  // Their difference is communication hidden behind the backward.
+  struct CommunicationTime {
+    double communicating = 0;
+    double waited = 0;
+  };
+  CommunicationTime communication_time() const;
 
  private:
   void check_alive_and_modes() const;

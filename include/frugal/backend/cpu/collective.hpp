@@ -44,25 +44,49 @@ inline bool collective_skipped(const KernelArgs& a, std::size_t at) {
 }
 
 inline void all_reduce_mean_kernel(const ops::AllReduceMean& op, const KernelArgs& a) {
-  const TensorRef& g = a.in[0];
-  const TensorRef& out = a.out[0];
-  const std::size_t n = std::size_t(g.numel());
-  if (collective_skipped(a, 2)) {  // nothing reads the output: zeros, not stale bytes
-    std::memset(out.data, 0, n * dtype_size(g.dtype));
+  const std::size_t k = std::size_t(op.tensors()), es = dtype_size(a.in[0].dtype);
+  const DType dtype = a.in[0].dtype;
+  if (collective_skipped(a, k + 1)) {  // nothing reads the outputs: zeros, not stale bytes
+    for (std::size_t i = 0; i < k; ++i) std::memset(a.out[i].data, 0, std::size_t(a.out[i].numel()) * es);
     return;
   }
-  if (out.data != g.data) std::memcpy(out.data, g.data, n * dtype_size(g.dtype));
-  std::int64_t& run = *a.in[1].as<std::int64_t>();
+  std::int64_t& run = *a.in[k].as<std::int64_t>();
   Communicator& c = op.communicator();
-  c.all_reduce_sum(out.data, n, g.dtype, a.workspace,
-                   cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
-  detail::divide_by_ranks(out.data, n, g.dtype, c.size(), "all_reduce_mean");
+  const std::string what = cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator");
+  if (k == 1) {
+    const std::size_t n = std::size_t(a.in[0].numel());
+    if (a.out[0].data != a.in[0].data) std::memcpy(a.out[0].data, a.in[0].data, n * es);
+    c.all_reduce_sum(a.out[0].data, n, dtype, a.workspace, what);
+    detail::divide_by_ranks(a.out[0].data, n, dtype, c.size(), "all_reduce_mean");
+  } else {
+    // A bucket: every gradient packed before any output is written (an
+    // output may lie over another gradient), reduced as one, unpacked.
+    auto* packed = static_cast<unsigned char*>(a.workspace);
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::size_t b = std::size_t(a.in[i].numel()) * es;
+      std::memcpy(packed + n * es, a.in[i].data, b);
+      n += std::size_t(a.in[i].numel());
+    }
+    c.all_reduce_sum(packed, n, dtype, packed + align_up(n * es), what);
+    detail::divide_by_ranks(packed, n, dtype, c.size(), "all_reduce_mean");
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::size_t b = std::size_t(a.out[i].numel()) * es;
+      std::memcpy(a.out[i].data, packed + at, b);
+      at += b;
+    }
+  }
   ++run;
 }
 
+// A bucket's scratch: the packed gradients, then the reduction's.
 inline std::size_t all_reduce_mean_workspace(const ops::AllReduceMean& op, std::span<const TensorMeta> in,
                                              std::span<const TensorMeta>) {
-  return op.communicator().all_reduce_workspace(std::size_t(in[0].shape.numel()), in[0].dtype);
+  std::size_t n = 0;
+  for (int i = 0; i < op.tensors(); ++i) n += std::size_t(in[std::size_t(i)].shape.numel());
+  const std::size_t reduce = op.communicator().all_reduce_workspace(n, in[0].dtype);
+  return op.tensors() == 1 ? reduce : align_up(n * dtype_size(in[0].dtype)) + reduce;
 }
 
 // ops::CollectiveStart and CollectiveDone for a table. The start's kernel

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <omp.h>
+#include <thread>
 
 #include "../../ops/all.hpp"
 #include "../../ops/fusion.hpp"
@@ -184,6 +185,33 @@ static std::optional<Var> accumulate_gradients(Graph& g, Var loss, const std::ve
   return skip;
 }
 
+// Whether the gradients' collectives run beside compute
+// (CompileOptions::overlap_collectives), and why, for Plan::collectives.
+static std::pair<bool, std::string> overlap_choice(const CompileOptions& o, const std::string& backend) {
+  Communicator& c = *o.communicator;
+  if (c.size() == 1) return {false, ""};
+  if (o.overlap_collectives == false) return {false, "in place, on the step's thread (CompileOptions::overlap_collectives = false)"};
+  if (!c.serialized_threads())
+    return {false, "in place, on the step's thread: the communicator must be called from one thread only "
+                   "(MPI initialised below MPI_THREAD_SERIALIZED)"};
+  if (o.overlap_collectives == true) return {true, "pinned by CompileOptions::overlap_collectives"};
+  if (backend != "cpu") return {true, "the communication leaves the device's compute alone"};
+  // On the CPU the communication is CPU work. A process bound to fewer
+  // cores than the machine has is taken to have them to itself; else the
+  // machine's cores are shared by every rank on it.
+  const int procs = omp_get_num_procs(), threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const bool bound = procs < int(std::thread::hardware_concurrency());
+  const int sharing = bound ? 1 : c.ranks_on_this_machine();
+  const int busy = sharing * threads;
+  if (procs > busy)
+    return {true, cat(procs, " cores for ", sharing, " rank", sharing == 1 ? "" : "s", " of ", threads,
+                      " compute thread", threads == 1 ? "" : "s", ": a core is free to communicate")};
+  return {false, cat("in place, on the step's thread: ", sharing, " rank", sharing == 1 ? "" : "s", " of ", threads,
+                     " compute thread", threads == 1 ? "" : "s", " use all ", procs,
+                     " cores, so a communication thread would slow the backward down "
+                     "(CompileOptions::overlap_collectives = true runs them beside compute anyway)")};
+}
+
 Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimizer& opt, const CompileOptions& o) {
   Var loss = training_loss(c);
   Graph& g = *c.graph;
@@ -271,16 +299,40 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
   });
   const std::optional<Var> micro_skip = accumulate_gradients(g, loss, wrt, grads, order, micro_steps);
   if (o.communicator) {
-    // Beside compute where the communicator may be called from a thread of
-    // the step's own (CompileOptions::overlap_collectives).
-    const bool overlap = o.overlap_collectives && o.communicator->size() > 1 && o.communicator->serialized_threads();
+    const bool overlap = overlap_choice(o, backend->name()).first;
     const Phase before = g.set_phase(Phase::backward);  // the backward's last work on each gradient
+    auto name_of = [&](std::size_t k) { return g.value(wrt[k].id).name; };
+    // Beside compute, whole gradients are all-reduced in buckets of at
+    // least CompileOptions::bucket_bytes, in the order the backward
+    // completes them: fewer, larger messages. In place, one by one: a
+    // bucket would hold its gradients until its last is complete.
+    std::vector<std::size_t> bucket;
+    std::size_t bucket_bytes = 0;
+    auto reduce_bucket = [&] {
+      if (bucket.empty()) return;
+      std::vector<Var> in;
+      for (std::size_t k : bucket) in.push_back(*grads[k]);
+      std::string what = bucket.size() == 1 ? cat("gradient of '", name_of(bucket[0]), "'")
+                                            : cat("bucket of ", bucket.size(), " gradients, '", name_of(bucket.front()),
+                                                  "' to '", name_of(bucket.back()), "'");
+      std::vector<Var> out = all_reduce_mean(in, o.communicator, std::move(what), micro_skip, overlap);
+      for (std::size_t i = 0; i < bucket.size(); ++i) grads[bucket[i]] = out[i];
+      bucket.clear();
+      bucket_bytes = 0;
+    };
     for (std::size_t k : order) {
-      std::string what = cat("gradient of '", g.value(wrt[k].id).name, "'");
-      grads[k] = stage >= 2 && shard_of[k]
-                     ? reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], std::move(what), micro_skip, overlap)
-                     : all_reduce_mean(*grads[k], o.communicator, std::move(what), micro_skip, overlap);
+      if (stage >= 2 && shard_of[k]) {
+        grads[k] = reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], cat("gradient of '", name_of(k), "'"),
+                                       micro_skip, overlap);
+        continue;
+      }
+      const TensorMeta& m = g.value(grads[k]->id).meta;
+      if (!bucket.empty() && m.dtype != g.value(grads[bucket[0]]->id).meta.dtype) reduce_bucket();
+      bucket.push_back(k);
+      bucket_bytes += m.nbytes();
+      if (!overlap || bucket_bytes >= o.bucket_bytes) reduce_bucket();
     }
+    reduce_bucket();
     g.set_phase(before);
   }
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
@@ -434,13 +486,12 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
   std::shared_ptr<Graph> captured = p.c.graph;
   Plan plan = plan_prepared(p, budget, o);
   note_fusion(plan, fused);
-  if (started > 0)
-    plan.collectives = cat(started, " gradient collectives beside compute, on a thread of their own, at most ",
-                           o.plan.collectives_in_flight, " in flight");
-  else if (o.communicator && o.communicator->size() > 1)
-    plan.collectives = !o.overlap_collectives ? "in place, on the step's thread (CompileOptions::overlap_collectives = false)"
-                                              : "in place, on the step's thread: the communicator must be called from "
-                                                "one thread only (MPI initialised below MPI_THREAD_SERIALIZED)";
+  if (o.communicator && o.communicator->size() > 1) {
+    const std::string why = overlap_choice(o, p.backend->name()).second;
+    plan.collectives = started == 0 ? why
+                                    : cat(started, " gradient collectives beside compute, on a thread of their own, at most ",
+                                          o.plan.collectives_in_flight, " in flight (", why, ")");
+  }
   return {std::move(p), std::move(plan), std::move(captured), fused};
 }
 

@@ -192,5 +192,9 @@ std::size_t Step::measured_device_bytes() const {
 void Step::parameters_changed() { executor_->storage_changed(); }
 std::uint64_t Step::fetches_performed() const { return executor_->fetches(); }
 std::size_t Step::undo_journal_bytes() const { return executor_->journal_bytes(); }
+Step::CommunicationTime Step::communication_time() const {
+  const auto [busy, waited] = executor_->communication_seconds();
+  return {busy, waited};
+}
 
 }  // namespace frugal
