@@ -12,11 +12,12 @@
 //    plan is the fallback, so every such budget compiles on every machine.
 // 3. Solve for the budget with the prices (exactly on small steps, greedily
 //    otherwise), rewrite, plan, and check the real arena (offsets leave gaps
-//    the abstract problem does not see); tighten the target by the overshoot
-//    and retry a few times (a greedy answer made cheaper by cheapen). Else
-//    take the least-memory plan with every eviction the budget does not
-//    need undone, dearest first, and the rest at their cheapest options
-//    that fit (budget_cheapen.hpp); else the least-memory plan itself.
+//    the abstract problem does not see); tighten the target to the
+//    solution's own peak less the overshoot and retry a few times (a greedy
+//    answer made cheaper by cheapen). Else take the least-memory plan with
+//    every eviction the budget does not need undone, dearest first, and the
+//    rest at their cheapest options that fit (budget_cheapen.hpp); else the
+//    least-memory plan itself.
 //    Prices choose among plans that fit; they never decide whether one
 //    exists.
 #include <numeric>
@@ -153,7 +154,14 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
       bp.plan.min_feasible_bytes = min_feasible;
       return bp;
     }
-    target -= std::int64_t(bp.plan.total_bytes() - budget.device) + std::int64_t(kAlignment);
+    // The abstract problem counts live bytes (its peak is the realized
+    // plan's live-bytes lower bound plus its persistents, exactly); the arena
+    // adds the gaps its offsets leave. Tighten below what this solution
+    // reached, not below the target: a solution with room under the target
+    // (its evictions come in whole tensors) is otherwise found again and
+    // again, its overshoot unchanged, until the attempts run out.
+    const std::int64_t overshoot = std::int64_t(bp.plan.total_bytes() - budget.device);
+    target = std::min(target, s.eval.device_peak) - overshoot - std::int64_t(kAlignment);
   }
   // The priced solves found nothing that fits: the least-memory plan with
   // what this budget does not need undone (dearest first) and each
@@ -172,9 +180,11 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     BudgetedPlan bp = realize(relaxed);
     if (bp.plan.total_bytes() <= budget.device) {
       bp.plan.min_feasible_bytes = min_feasible;
+      bp.plan.least_memory_fallback = true;
       return bp;
     }
   }
+  least.plan.least_memory_fallback = true;
   return least;
 }
 

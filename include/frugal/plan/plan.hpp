@@ -80,6 +80,9 @@ struct Plan {
   std::size_t min_feasible_bytes = 0;  // the least device budget this planner meets for the step; 0: not searched (the budget does not bind)
   std::size_t unconstrained_bytes = 0; // the device bytes without any eviction
   double predicted_step_ms = 0;        // the cost model's step time
+  // The priced solves found nothing that fits the budget: this is the
+  // least-memory plan, less the evictions the budget does not need.
+  bool least_memory_fallback = false;
   std::string priced_with;             // whose rates priced the budget's choices (said in the summary)
   // Data parallelism: the ZeRO stage the step runs at (-1: no communicator),
   // and why that one (pinned, or the first that fits and what the lower

@@ -77,6 +77,8 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
                               : std::string("the budget does not bind, so the smallest feasible budget was not searched for"))
      << "), predicted " << ms << " ms per step\n";
   if (!p.priced_with.empty()) os << "  priced with " << p.priced_with << "\n";
+  if (p.least_memory_fallback)
+    os << "  no priced plan fit the budget: the least-memory plan, less the evictions the budget does not need\n";
   if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
   if (!p.collectives.empty()) os << "  collectives: " << p.collectives << "\n";
   if (p.decisions.empty()) return os.str();
