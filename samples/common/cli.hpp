@@ -119,6 +119,7 @@ struct CommonArgs {
   std::int64_t threads = 2;
   std::int64_t log_every = 0;  // plain-line interval when not on a terminal; 0: about 20 lines
   std::string zero;            // under mpirun: the ZeRO stage, "auto" (the planner's) or 0-3; "" when not given
+  std::string overlap;         // under mpirun: gradient collectives beside compute, "auto", "0" or "1"; "" when not given
 
   void declare(Cli& cli, const std::string& default_data) {
     data = default_data;
@@ -138,6 +139,8 @@ struct CommonArgs {
     cli.option("--threads", threads, "CPU threads (default 2)");
     cli.option("--log-every", log_every, "steps between progress lines when not on a terminal");
     cli.option("--zero", zero, "under mpirun: ZeRO stage auto (the planner's choice, the default), 0, 1, 2 or 3");
+    cli.option("--overlap", overlap,
+               "under mpirun: gradient collectives beside the backward: auto (where a core is free, the default), 0 or 1");
   }
   void check(const Cli& cli) const {
     if (steps < 0 || epochs < 0 || threads <= 0 || save_every < 0 || log_every < 0)
@@ -145,6 +148,8 @@ struct CommonArgs {
     if (seed < 0) cli.usage_error("--seed must be non-negative");
     if (!zero.empty() && zero != "auto" && zero != "0" && zero != "1" && zero != "2" && zero != "3")
       cli.usage_error("--zero takes auto, 0, 1, 2 or 3");
+    if (!overlap.empty() && overlap != "auto" && overlap != "0" && overlap != "1")
+      cli.usage_error("--overlap takes auto, 0 or 1");
   }
 };
 

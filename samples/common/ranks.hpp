@@ -23,12 +23,14 @@ namespace samples {
 struct Ranks {
   std::shared_ptr<frugal::Communicator> comm;  // null: one process
   int rank = 0, size = 1;
-  std::optional<int> zero;  // --zero; unset: the planner's choice
+  std::optional<int> zero;      // --zero; unset: the planner's choice
+  std::optional<bool> overlap;  // --overlap; unset: the planner's choice
   bool leader() const { return rank == 0; }
   // The step's options for this job.
   void apply(frugal::CompileOptions& o) const {
     o.communicator = comm;
     o.zero_stage = zero;
+    o.overlap_collectives = overlap;
   }
   // The mean over the ranks of each rank's value, in rank order (every rank
   // calls it, and gets the same number).
@@ -52,9 +54,12 @@ inline bool started_by_mpirun() {
 inline Ranks join_ranks(const CommonArgs& a) {
   Ranks r;
   if (!a.zero.empty() && a.zero != "auto") r.zero = std::stoi(a.zero);
+  if (!a.overlap.empty() && a.overlap != "auto") r.overlap = a.overlap == "1";
   if (!started_by_mpirun()) {
     if (!a.zero.empty())
       frugal::fail("--zero shards the training over the ranks of an MPI job: start the sample with mpirun -np N");
+    if (!a.overlap.empty())
+      frugal::fail("--overlap places the collectives of an MPI job: start the sample with mpirun -np N");
     return r;
   }
 #if defined(FRUGAL_SAMPLES_MPI)

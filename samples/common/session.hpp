@@ -233,7 +233,8 @@ class Session {
         .add("seed", a_.seed)
         .add("threads", a_.threads)
         .add("ranks", ranks_.size)
-        .add("zero_stage", train.plan().zero_stage);
+        .add("zero_stage", train.plan().zero_stage)
+        .add("collectives", train.plan().collectives);
     return j;
   }
 

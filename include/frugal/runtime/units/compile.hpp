@@ -203,12 +203,12 @@ static std::pair<bool, std::string> overlap_choice(const CompileOptions& o, cons
   const bool bound = procs < int(std::thread::hardware_concurrency());
   const int sharing = bound ? 1 : c.ranks_on_this_machine();
   const int busy = sharing * threads;
-  if (procs > busy)
-    return {true, cat(procs, " cores for ", sharing, " rank", sharing == 1 ? "" : "s", " of ", threads,
-                      " compute thread", threads == 1 ? "" : "s", ": a core is free to communicate")};
-  return {false, cat("in place, on the step's thread: ", sharing, " rank", sharing == 1 ? "" : "s", " of ", threads,
-                     " compute thread", threads == 1 ? "" : "s", " use all ", procs,
-                     " cores, so a communication thread would slow the backward down "
+  const std::string use = cat(sharing, " rank", sharing == 1 ? "" : "s", " x ", threads, " compute thread",
+                              threads == 1 ? "" : "s", " on the ", procs, " core", procs == 1 ? "" : "s",
+                              bound ? " this process is bound to" : " of this machine");
+  if (procs > busy) return {true, cat(use, ": a core is free to communicate")};
+  return {false, cat("in place, on the step's thread: ", use,
+                     ", no core is free, and a communication thread would slow the backward down "
                      "(CompileOptions::overlap_collectives = true runs them beside compute anyway)")};
 }
 
@@ -489,7 +489,8 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
   if (o.communicator && o.communicator->size() > 1) {
     const std::string why = overlap_choice(o, p.backend->name()).second;
     plan.collectives = started == 0 ? why
-                                    : cat(started, " gradient collectives beside compute, on a thread of their own, at most ",
+                                    : cat(started, " gradient collective", started == 1 ? "" : "s",
+                                          " beside compute, on a thread of their own, at most ",
                                           o.plan.collectives_in_flight, " in flight (", why, ")");
   }
   return {std::move(p), std::move(plan), std::move(captured), fused};
