@@ -108,7 +108,7 @@ class Executor {
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
     if (copies_) copies_->reset_error();
-    if (comms_) comms_->reset();
+    if (comms_) comms_->reset_error();
     // This step's early fetches were issued by its last run, and each still
     // holds what it copied only if nothing wrote its source since: another
     // step (an evaluation step, a second model sharing weights) may have
@@ -140,7 +140,10 @@ class Executor {
         if (copies_) copies_->drain();  // nothing may still be copying into memory the caller reuses
       } catch (...) {
       }
-      if (comms_) comms_->reset();  // nor communicating into it
+      try {
+        if (comms_) comms_->drain();  // nor communicating into it
+      } catch (...) {
+      }
       journal_.undo(backend_);  // the persistents as they were before this step
       written_changed();        // a write may have been cut short
       for (Mirror& m : mirrors_) m.loaded = kStale;  // the tensors still hold the state before the step
