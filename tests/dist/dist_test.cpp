@@ -300,6 +300,13 @@ bool same_on_every_rank(Communicator& c, const std::vector<Tensor>& params) {
   return same;
 }
 
+bool same_params(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  bool same = a.size() == b.size();
+  for (std::size_t k = 0; same && k < a.size(); ++k)
+    same = a[k].numel() == b[k].numel() && same_bytes(a[k].raw(), b[k].raw(), std::size_t(a[k].numel()) * 4);
+  return same;
+}
+
 double max_abs_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double* scale) {
   double d = 0;
   *scale = 0;
@@ -376,11 +383,14 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
     for (std::size_t k = 0; k < free.params.size(); ++k)
       same = same && same_bytes(free.params[k].raw(), budgeted.params[k].raw(), std::size_t(free.params[k].numel()) * 4);
     check(same, "mlp: at the smallest feasible budget, N ranks train bit for bit as unconstrained");
+    std::vector<Tensor> in_place_params;  // the accumulation runs' parameters in place, by stage
     // Gradient accumulation: each rank's share of every global batch in two
     // micro-batches (CompileOptions::accumulate = 2), at ZeRO stages 0 and 2.
     // The same global batch as `one`: the sum is reassociated the same way
-    // as above, so the same bound holds.
-    for (int stage : {0, 2}) {
+    // as above, so the same bound holds. In place, and beside compute with
+    // the whole gradients in one bucket (the micro-steps skip it): the same bits.
+    for (int stage : {0, 2})
+      for (bool overlap : {false, true}) {
       nn::manual_seed(11);
       Mlp m;
       optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -389,6 +399,7 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
       o.communicator = c;
       o.zero_stage = stage;
       o.accumulate = 2;
+      o.overlap_collectives = overlap;
       const std::int64_t micro = rows / 2;
       Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
                           {input<float>({micro, 16}), input<std::int32_t>({micro})}, opt, {}, o);
@@ -401,7 +412,16 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
       check(same_on_every_rank(*c, m.parameters()), cat("mlp, accumulating, stage ", stage, ": every rank holds the same bits"));
       const double da = max_abs_diff(m.parameters(), one.params, &scale);
       check(da <= 5e-5, cat("mlp: N ranks x 2 micro-batches at stage ", stage, " against one process: ", da, " <= 5e-5"));
-      if (me == 0) std::cout << "mlp, " << n << " ranks x 2 micro-batches, stage " << stage << ": max |diff| = " << da << "\n";
+      if (!overlap) {
+        in_place_params = {};
+        for (const Tensor& p : m.parameters()) in_place_params.push_back(p.clone());
+        if (me == 0) std::cout << "mlp, " << n << " ranks x 2 micro-batches, stage " << stage << ": max |diff| = " << da << "\n";
+      } else {
+        check(step.plan().collectives.find("beside compute") != std::string::npos &&
+                  same_params(m.parameters(), in_place_params),
+              cat("mlp, accumulating, stage ", stage, ": collectives beside compute (", step.plan().collectives,
+                  ") train bit for bit as in place"));
+      }
     }
   }
   {
@@ -433,13 +453,6 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
       std::cout << "gpt, " << n << " ranks: loss at step 10 " << mean.back() << ", one process " << one.losses.back()
                 << " (relative " << rel << ", bound 1e-4)\n";
   }
-}
-
-bool same_params(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  bool same = a.size() == b.size();
-  for (std::size_t k = 0; same && k < a.size(); ++k)
-    same = a[k].numel() == b[k].numel() && same_bytes(a[k].raw(), b[k].raw(), std::size_t(a[k].numel()) * 4);
-  return same;
 }
 
 // ZeRO's accounting of one rank's optimizer state, from the parameters'
