@@ -6,14 +6,18 @@
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
-//               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]]
+//               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]
+//               [--overlap auto|0|1]]
 //
 // With --ranks N, the step of each of N data-parallel ranks (each on a batch
 // of --batch rows) is planned as under mpirun, at the ZeRO stage --zero pins
 // or the planner picks, and a table shows per rank what its device bytes
 // are: parameters, optimizer state, and at the peak gradients, activations,
 // scratch and communication buffers; then per tier what lives on the host
-// and NVMe. --budget is then each rank's.
+// and NVMe. --budget is then each rank's. --overlap pins whether the
+// gradients' collectives run beside compute (CompileOptions::
+// overlap_collectives; auto: where a core is free for them), which holds
+// gradients and scratch longer.
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
 // device bytes), it shows the budget solver's decisions; an infeasible
@@ -37,7 +41,7 @@ using namespace frugal;
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
-               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]]\n";
+               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n";
   std::exit(2);
 }
 
@@ -49,7 +53,7 @@ int main(int argc, char** argv) try {
   DeviceProfile profile;
   bool json = false, have_model = false;
   int ranks = 0;
-  std::string zero = "auto";
+  std::string zero = "auto", overlap = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -99,6 +103,10 @@ int main(int argc, char** argv) try {
       zero = val();
       if (zero != "auto" && zero != "0" && zero != "1" && zero != "2" && zero != "3") usage("--zero takes auto, 0, 1, 2 or 3");
     }
+    else if (k == "--overlap") {
+      overlap = val();
+      if (overlap != "auto" && overlap != "0" && overlap != "1") usage("--overlap takes auto, 0 or 1");
+    }
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
     else usage("unknown option " + k);
   }
@@ -106,6 +114,8 @@ int main(int argc, char** argv) try {
 
   if (zero != "auto" && !ranks) usage("--zero needs --ranks N");
   if (zero != "auto") o.zero_stage = std::stoi(zero);
+  if (overlap != "auto" && !ranks) usage("--overlap needs --ranks N");
+  if (overlap != "auto") o.overlap_collectives = overlap == "1";
   auto w = zoo::make(c);
   if (ranks) {
     std::vector<PlannedStep> per_rank;

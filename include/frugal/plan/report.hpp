@@ -332,6 +332,8 @@ std::string ranks_table(const PlannedSteps& steps) {
   os << "  (* live at the rank's peak; the device total also counts the arena's packing)\n";
   if (!steps.empty() && steps.front().plan.zero_stage >= 0)
     os << "  rank 0: ZeRO stage " << steps.front().plan.zero_stage << ": " << steps.front().plan.zero_reason << "\n";
+  if (!steps.empty() && !steps.front().plan.collectives.empty())
+    os << "  rank 0: collectives " << steps.front().plan.collectives << "\n";
   return os.str();
 }
 template <class PlannedSteps>
@@ -345,7 +347,8 @@ std::string ranks_json(const PlannedSteps& steps, const std::string& model) {
        << ",\"optimizer_state\":" << r.optimizer_state << ",\"gradients\":" << r.gradients
        << ",\"activations\":" << r.activations << ",\"scratch\":" << r.scratch << ",\"communication\":" << r.communication
        << ",\"device_total\":" << r.total << ",\"host\":" << r.host << ",\"nvme\":" << r.nvme << ",\"zero_reason\":\""
-       << json_escape(steps[k].plan.zero_reason) << "\"}";
+       << json_escape(steps[k].plan.zero_reason) << "\",\"collectives\":\"" << json_escape(steps[k].plan.collectives)
+       << "\"}";
   }
   os << "]}";
   return os.str();
