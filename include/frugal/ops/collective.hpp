@@ -214,32 +214,34 @@ inline std::vector<Var> start_collective(std::shared_ptr<const Op> op, const std
   return result;
 }
 
-// g averaged over the ranks of `comm` (an identity on one rank); skipped
-// where `skip` (an f32 scalar) is set.
-// `overlap`: run it beside compute (start_collective).
-inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std::string what,
-                           std::optional<Var> skip = {}, bool overlap = false) {
-  // A buffer: persistent, written by the step, neither a parameter nor optimizer state.
-  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  std::vector<Var> in{g, sequence};
-  if (skip) in.push_back(*skip);
-  auto op = std::make_shared<ops::AllReduceMean>(comm, std::move(what));
-  if (overlap) return start_collective(std::move(op), in)[0];
-  return frugal::apply(std::move(op), in)[0];
+// A collective's inputs: `data`, the communicator's collective counter (a
+// buffer: persistent, written by the step, neither a parameter nor
+// optimizer state), and the skip flag where there is one.
+inline std::vector<Var> collective_inputs(std::vector<Var> data, const std::shared_ptr<Communicator>& comm,
+                                          const std::optional<Var>& skip = {}) {
+  data.push_back(persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run"));
+  if (skip) data.push_back(*skip);
+  return data;
+}
+
+// The collective `op` on `in`: where it is scheduled, or beside compute
+// (`overlap`: start_collective).
+inline std::vector<Var> apply_collective(std::shared_ptr<const Op> op, const std::vector<Var>& in, bool overlap) {
+  return overlap ? start_collective(std::move(op), in) : frugal::apply(std::move(op), in);
 }
 
 // A bucket of gradients of one dtype averaged over the ranks of `comm` in
-// one collective (ops::AllReduceMean); `overlap` as for all_reduce_mean.
+// one collective (ops::AllReduceMean; an identity on one rank); skipped
+// where `skip` (an f32 scalar) is set; `overlap`: beside compute.
 inline std::vector<Var> all_reduce_mean(const std::vector<Var>& bucket, const std::shared_ptr<Communicator>& comm,
                                         std::string what, std::optional<Var> skip = {}, bool overlap = false) {
-  if (bucket.size() == 1) return {all_reduce_mean(bucket[0], comm, std::move(what), skip, overlap)};
-  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  std::vector<Var> in = bucket;
-  in.push_back(sequence);
-  if (skip) in.push_back(*skip);
-  auto op = std::make_shared<ops::AllReduceMean>(comm, std::move(what), int(bucket.size()));
-  if (overlap) return start_collective(std::move(op), in);
-  return frugal::apply(std::move(op), in);
+  return apply_collective(std::make_shared<ops::AllReduceMean>(comm, std::move(what), int(bucket.size())),
+                          collective_inputs(bucket, comm, skip), overlap);
+}
+// One gradient.
+inline Var all_reduce_mean(Var g, const std::shared_ptr<Communicator>& comm, std::string what,
+                           std::optional<Var> skip = {}, bool overlap = false) {
+  return all_reduce_mean(std::vector<Var>{g}, comm, std::move(what), skip, overlap)[0];
 }
 
 }  // namespace frugal

@@ -268,12 +268,8 @@ namespace frugal {
 // beside compute (start_collective).
 inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
                                std::optional<Var> skip = {}, bool overlap = false) {
-  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  std::vector<Var> in{g, sequence};
-  if (skip) in.push_back(*skip);
-  auto op = std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what));
-  if (overlap) return start_collective(std::move(op), in)[0];
-  return frugal::apply(std::move(op), in)[0];
+  return apply_collective(std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what)),
+                          collective_inputs({g}, comm, skip), overlap)[0];
 }
 
 inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlice>({x}, s); }
@@ -281,10 +277,7 @@ inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlic
 // Gathers every rank's updated shard of the parameter p into p.
 inline void all_gather_shards(Var p, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
                               std::optional<Var> skip = {}) {
-  Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-  std::vector<Var> in{p, sequence};
-  if (skip) in.push_back(*skip);
-  frugal::apply(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what)), in);
+  frugal::apply(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what)), collective_inputs({p}, comm, skip));
 }
 
 }  // namespace frugal

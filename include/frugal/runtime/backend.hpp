@@ -77,6 +77,13 @@ class KernelTable {
     auto it = table_.find(std::type_index(typeid(op)));
     return it == table_.end() ? nullptr : &it->second;
   }
+  // The entry of the op that a wrapping op runs (ops::ShardedUpdate,
+  // ops::CollectiveStart); `wrapper` names it in the error where there is none.
+  const KernelEntry& inner(const Op& op, const char* wrapper) const {
+    const KernelEntry* e = find(op);
+    if (!e) fail(wrapper, ": this backend has no kernel for ", op.name());
+    return *e;
+  }
 
  private:
   std::map<std::type_index, KernelEntry> table_;

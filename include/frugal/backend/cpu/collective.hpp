@@ -35,6 +35,11 @@ inline void divide_by_ranks(void* data, std::size_t n, DType dtype, int ranks, c
     default: fail(op, ": dtype ", dtype_name(dtype), " is not a floating type");
   }
 }
+// What a collective kernel's errors call it: the op's `what`, the step,
+// and the communicator's count of collectives.
+inline std::string collective_label(const std::string& what, const KernelArgs& a, std::int64_t run) {
+  return cat(what, ", step ", a.step + 1, ", collective ", run + 1, " of this communicator");
+}
 }  // namespace detail
 
 // A collective's optional skip flag (input `at`), set on gradient
@@ -52,7 +57,7 @@ inline void all_reduce_mean_kernel(const ops::AllReduceMean& op, const KernelArg
   }
   std::int64_t& run = *a.in[k].as<std::int64_t>();
   Communicator& c = op.communicator();
-  const std::string what = cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator");
+  const std::string what = detail::collective_label(op.what(), a, run);
   if (k == 1) {
     const std::size_t n = std::size_t(a.in[0].numel());
     if (a.out[0].data != a.in[0].data) std::memcpy(a.out[0].data, a.in[0].data, n * es);
@@ -97,9 +102,7 @@ inline std::size_t all_reduce_mean_workspace(const ops::AllReduceMean& op, std::
 inline void add_collective_start(KernelTable& t) {
   const KernelTable* table = &t;
   auto inner_entry = [table](const ops::CollectiveStart& op) -> const KernelEntry& {
-    const KernelEntry* e = table->find(op.inner());
-    if (!e) fail("collective start: this backend has no kernel for ", op.inner().name());
-    return *e;
+    return table->inner(op.inner(), "collective start");
   };
   t.add<ops::CollectiveStart>(
       [inner_entry](const ops::CollectiveStart& op, const KernelArgs& a) { inner_entry(op).run(op.inner(), a); },

@@ -52,7 +52,7 @@ inline void reduce_scatter_mean_kernel(const ops::ReduceScatterMean& op, const K
   std::int64_t& run = *a.in[1].as<std::int64_t>();
   Communicator& c = op.communicator();
   c.reduce_scatter_sum(send, recv, std::size_t(s.chunk), g.dtype, ws + scratch.padded + scratch.chunk,
-                       cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
+                       detail::collective_label(op.what(), a, run));
   if (recv != a.out[0].data) std::memcpy(a.out[0].data, recv, std::size_t(s.length) * es);
   detail::divide_by_ranks(a.out[0].data, std::size_t(s.length), g.dtype, c.size(), "reduce_scatter_mean");
   ++run;
@@ -84,7 +84,7 @@ inline void all_gather_shards_kernel(const ops::AllGatherShards& op, const Kerne
   std::int64_t& run = *a.in[1].as<std::int64_t>();
   gather_chunks(op.communicator(), s, p.as<unsigned char>() + std::size_t(s.offset) * dtype_size(p.dtype), p.data,
                 p.dtype, a.workspace, true,
-                cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
+                detail::collective_label(op.what(), a, run));
   ++run;
 }
 
@@ -96,7 +96,7 @@ inline std::size_t all_gather_parameter_workspace(const ops::AllGatherParameter&
 inline void all_gather_parameter_kernel(const ops::AllGatherParameter& op, const KernelArgs& a) {
   std::int64_t& run = *a.in[1].as<std::int64_t>();
   gather_chunks(op.communicator(), op.shard(), a.in[0].data, a.out[0].data, a.in[0].dtype, a.workspace, false,
-                cat(op.what(), ", step ", a.step + 1, ", collective ", run + 1, " of this communicator"));
+                detail::collective_label(op.what(), a, run));
   ++run;
 }
 
@@ -106,9 +106,7 @@ inline void all_gather_parameter_kernel(const ops::AllGatherParameter& op, const
 inline void add_sharded_update(KernelTable& t) {
   const KernelTable* table = &t;
   auto inner_entry = [table](const ops::ShardedUpdate& op) -> const KernelEntry& {
-    const KernelEntry* e = table->find(op.inner());
-    if (!e) fail("sharded update: this backend has no kernel for ", op.inner().name());
-    return *e;
+    return table->inner(op.inner(), "sharded update");
   };
   t.add<ops::ShardedUpdate>(
       [inner_entry](const ops::ShardedUpdate& op, const KernelArgs& a) {

@@ -143,9 +143,9 @@ void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOpt
     const ZeroShard s = ZeroShard::of(t.numel(), comm->rank(), comm->size());
     if (!s.every_rank_has_elements()) return kNoValue;  // too small to shard: whole on every rank
     Var shard = persistent_var(trains->parameter_shard(it->second, s), ValueKind::parameter, name + ".shard");
-    Var sequence = persistent_var(comm->collectives_run(), ValueKind::buffer, "communicator.collectives_run");
-    Var whole = apply1<ops::AllGatherParameter>({shard, sequence}, comm, s, t.shape(),
-                                                cat("parameter '", name, "' (", s.str(), " on rank ", s.rank, ")"));
+    Var whole = frugal::apply(std::make_shared<ops::AllGatherParameter>(
+                                  comm, s, t.shape(), cat("parameter '", name, "' (", s.str(), " on rank ", s.rank, ")")),
+                              collective_inputs({shard}, comm))[0];
     gathered->push_back({it->second, shard.id, whole.id, s});
     return whole.id;
   });
@@ -459,6 +459,8 @@ struct PlannedPrepared {
   std::shared_ptr<Graph> captured;
   ops::FusionReport fused;
 };
+static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start);
+
 // Gradient collectives run beside compute (ops::CollectiveStart), and how many.
 static int started_collectives(const Graph& g) {
   int n = 0;
@@ -474,8 +476,8 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
                                   const PrepareTraining* prepare = nullptr) {
   const ops::FusionReport fused = fuse_prepared(p, o);
   const int started = started_collectives(*p.c.graph);
-  if (prepare && started > 0 && budget.device > 0 &&
-      plan::plan_unconstrained(*p.c.graph, p.roots, o.plan).plan.total_bytes() > budget.device) {
+  plan::Unconstrained start = plan::plan_unconstrained(*p.c.graph, p.roots, o.plan);
+  if (prepare && started > 0 && budget.device > 0 && start.plan.total_bytes() > budget.device) {
     CompileOptions in_place = o;
     in_place.overlap_collectives = false;
     PlannedPrepared pp = plan_fused((*prepare)(in_place), budget, in_place);
@@ -484,7 +486,7 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
     return pp;
   }
   std::shared_ptr<Graph> captured = p.c.graph;
-  Plan plan = plan_prepared(p, budget, o);
+  Plan plan = plan_prepared_from(p, budget, o, std::move(start));
   note_fusion(plan, fused);
   if (o.communicator && o.communicator->size() > 1) {
     const std::string why = overlap_choice(o, p.backend->name()).second;
@@ -588,7 +590,11 @@ PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<I
 }
 
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
-  auto start = plan::plan_unconstrained(*p.c.graph, p.roots, o.plan);
+  return plan_prepared_from(p, budget, o, plan::plan_unconstrained(*p.c.graph, p.roots, o.plan));
+}
+
+// plan_prepared from the step already planned unconstrained.
+static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start) {
   const bool binding = budget.device > 0 && start.plan.total_bytes() > budget.device;
   // An unconstrained plan makes no choice; its predicted time is priced at
   // the built-in rates, measuring nothing.
