@@ -25,12 +25,14 @@ struct Ranks {
   int rank = 0, size = 1;
   std::optional<int> zero;      // --zero; unset: the planner's choice
   std::optional<bool> overlap;  // --overlap; unset: the planner's choice
+  std::optional<bool> offload;  // --offload; unset: the planner's choice (also without mpirun)
   bool leader() const { return rank == 0; }
-  // The step's options for this job.
+  // The training step's options for this job.
   void apply(frugal::CompileOptions& o) const {
     o.communicator = comm;
     o.zero_stage = zero;
     o.overlap_collectives = overlap;
+    o.offload_optimizer = offload;
   }
   // The mean over the ranks of each rank's value, in rank order (every rank
   // calls it, and gets the same number).
@@ -55,6 +57,7 @@ inline Ranks join_ranks(const CommonArgs& a) {
   Ranks r;
   if (!a.zero.empty() && a.zero != "auto") r.zero = std::stoi(a.zero);
   if (!a.overlap.empty() && a.overlap != "auto") r.overlap = a.overlap == "1";
+  if (!a.offload.empty() && a.offload != "auto") r.offload = a.offload == "1";
   if (!started_by_mpirun()) {
     if (!a.zero.empty())
       frugal::fail("--zero shards the training over the ranks of an MPI job: start the sample with mpirun -np N");

@@ -37,6 +37,12 @@ std::size_t smallest_budget(PlanFn&& plan_under) {
 
 // The device budget, split: the evaluation step gets what it needs up to a
 // quarter of the budget (more if it cannot run in less), training the rest; together they never exceed it.
+// The optimizer state a plan keeps on the host, where its update runs.
+inline std::size_t offloaded_state(const frugal::Plan& p) {
+  auto it = p.offloaded_by_kind.find("optimizer state");
+  return it == p.offloaded_by_kind.end() ? 0 : it->second;
+}
+
 struct BudgetSplit {
   std::size_t total = 0;  // 0: no budget
   frugal::Budget train, eval;
@@ -234,7 +240,8 @@ class Session {
         .add("threads", a_.threads)
         .add("ranks", ranks_.size)
         .add("zero_stage", train.plan().zero_stage)
-        .add("collectives", train.plan().collectives);
+        .add("collectives", train.plan().collectives)
+        .add("optimizer_state_on_host_bytes", std::int64_t(offloaded_state(train.plan())));
     return j;
   }
 

@@ -178,6 +178,7 @@ struct Trained {
   std::string zero_reason;             // and why
   std::size_t state_bytes = 0;         // the plan's optimizer-state bytes on this rank
   std::size_t param_bytes = 0;         // and its parameter bytes
+  std::size_t host_state_bytes = 0;    // optimizer state it keeps on the host (offload)
   std::string collectives;             // where the plan runs them, and why
   int started = 0;                     // collectives run beside compute (ops::CollectiveStart)
   int overlapping = 0;                 // of those, with compute scheduled before their done
@@ -194,6 +195,8 @@ void note_plan(const Step& step, Trained& t) {
   t.state_bytes = it == kinds.end() ? 0 : it->second;
   it = kinds.find("parameters");
   t.param_bytes = it == kinds.end() ? 0 : it->second;
+  it = step.plan().offloaded_by_kind.find("optimizer state");
+  t.host_state_bytes = it == step.plan().offloaded_by_kind.end() ? 0 : it->second;
   // Each started collective, and whether an op that is not communication
   // runs between its start and its done.
   const Graph& g = step.graph();
@@ -214,7 +217,8 @@ void note_plan(const Step& step, Trained& t) {
 
 Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps,
                   Budget budget = {}, bool audit_last = false, std::optional<int> zero_stage = {},
-                  bool overlap = true, const std::function<void()>& compiled = {}) {
+                  bool overlap = true, const std::function<void()>& compiled = {},
+                  std::optional<bool> offload = std::nullopt) {
   nn::manual_seed(11);
   Mlp m;
   optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -224,6 +228,7 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.zero_stage = zero_stage;
   o.overlap_collectives = overlap;
   o.bucket_bytes = 0;  // a collective per gradient: 4 to overlap, not one bucket at the end
+  o.offload_optimizer = offload;
   Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
                       {input<float>({rows, 16}), input<std::int32_t>({rows})}, opt, budget, o);
   if (compiled) compiled();
@@ -260,6 +265,7 @@ struct GptRun {
   Budget budget;
   bool overlap_collectives = true;
   std::size_t bucket_bytes = 1024;  // buckets of a few of its 29 gradients
+  std::optional<bool> offload;      // CompileOptions::offload_optimizer
 };
 
 Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps, GptRun run = {}) {
@@ -274,6 +280,7 @@ Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.skip_non_finite = run.skip_non_finite;
   o.overlap_collectives = run.overlap_collectives;
   o.bucket_bytes = run.bucket_bytes;
+  o.offload_optimizer = run.offload;
   Step step = compile([&](Var x, Var y) { return m.loss(x, y); },
                       {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, run.budget, o);
   Trained t;
@@ -500,6 +507,17 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       check(z.param_bytes == params, cat("mlp stage ", stage, ": rank ", me, " keeps ", z.param_bytes,
                                          " bytes of parameters, ZeRO's accounting says ", params));
     }
+    // Optimizer offload at every stage: the momentum (each rank's shard of
+    // it) lives on the host, updated there; the same bits as stage 0.
+    for (int stage : {0, 1, 2, 3}) {
+      Trained z = train_mlp(c, me * rows, rows, steps, {}, false, stage, true, {}, true);
+      check(z.losses == s0.losses && same_params(z.params, s0.params),
+            cat("mlp: ZeRO stage ", stage, " with optimizer offload trains bit for bit as stage 0 over ", n, " ranks"));
+      const std::size_t expect = zero_state_bytes(z.params, 1, me, n, stage);
+      check(z.state_bytes == 0 && z.host_state_bytes == expect,
+            cat("mlp stage ", stage, " offloaded: rank ", me, " keeps ", z.state_bytes, " bytes of momentum on the device and ",
+                z.host_state_bytes, " on the host, ZeRO's accounting says 0 and ", expect));
+    }
     // Each sharded stage at its own smallest feasible budget (where stage 3's
     // gathered parameters must be swapped or freed like activations, never
     // gathered again): audited within it, and bit for bit stage 0.
@@ -523,11 +541,13 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     }
     // The budget: stage 1's least, below stage 0's. Left to choose, the
     // planner must take a sharded stage, stay within it (audited), and still
-    // train bit for bit.
-    const std::size_t planned0 = train_mlp(c, me * rows, rows, 1, {}, false, 0, false).planned;
-    const std::size_t least0 = train_mlp(c, me * rows, rows, 1, Budget{.device = planned0 - 1}, false, 0).least;
-    Trained probe1 = train_mlp(c, me * rows, rows, 1, {}, false, 1, false);
-    const std::size_t least1 = train_mlp(c, me * rows, rows, 1, Budget{.device = probe1.planned - 1}, false, 1).least;
+    // train bit for bit. Offload is off here: on the CPU it is free, and
+    // stage 0 with its momentum on the host can fit below stage 1 without
+    // (below, offload left to the planner).
+    const std::size_t planned0 = train_mlp(c, me * rows, rows, 1, {}, false, 0, false, {}, false).planned;
+    const std::size_t least0 = train_mlp(c, me * rows, rows, 1, Budget{.device = planned0 - 1}, false, 0, true, {}, false).least;
+    Trained probe1 = train_mlp(c, me * rows, rows, 1, {}, false, 1, false, {}, false);
+    const std::size_t least1 = train_mlp(c, me * rows, rows, 1, Budget{.device = probe1.planned - 1}, false, 1, true, {}, false).least;
     check(least1 < least0, cat("mlp: stage 1 needs less than stage 0 (", least1, " < ", least0, " bytes)"));
     // Every rank must be given the same budget: the larger of the ranks'.
     std::vector<double> leasts(static_cast<std::size_t>(n));
@@ -535,7 +555,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     c->all_gather(&mine, leasts.data(), 1, DType::f64, "test: stage 1's least budget");
     const std::size_t budget = std::size_t(*std::max_element(leasts.begin(), leasts.end()));
     if (budget < least0) {
-      Trained chosen = train_mlp(c, me * rows, rows, steps, Budget{.device = budget}, true);
+      Trained chosen = train_mlp(c, me * rows, rows, steps, Budget{.device = budget}, true, std::nullopt, true, {}, false);
       check(chosen.stage >= 1, cat("mlp: at ", budget, " bytes (stage 0 needs ", least0, ") the planner picks stage ",
                                    chosen.stage));
       check(chosen.zero_reason.find("stage 0 needs at least") != std::string::npos,
@@ -548,8 +568,23 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     } else {
       check(false, cat("mlp: ranks' stage-1 budgets (max ", budget, ") leave stage 0 (", least0, ") nothing to refuse"));
     }
+    // Left to choose the stage and offload, one byte under what stage 0
+    // needs without offload, the planner fits (a higher stage, the momentum
+    // on the host, or both), audited, bit for bit.
+    {
+      Trained either = train_mlp(c, me * rows, rows, steps, Budget{.device = least0 - 1}, true);
+      check(either.stage >= 1 || either.host_state_bytes > 0,
+            cat("mlp: under stage 0's least without offload, the plan shards (stage ", either.stage, ") or offloads (",
+                either.host_state_bytes, " bytes of momentum on the host)"));
+      check(either.audit.canary_intact && either.audit.high_water <= least0 - 1,
+            cat("mlp: stage or offload chosen, the audited high-water mark ", either.audit.high_water, " is within ",
+                least0 - 1));
+      Trained free = train_mlp(c, me * rows, rows, steps, {}, true, 0);
+      check(either.losses == free.losses && same_params(either.params, free.params),
+            "mlp: the stage and offload chosen under the budget train bit for bit as stage 0 unconstrained");
+    }
     try {
-      train_mlp(c, me * rows, rows, 1, Budget{.device = least1 / 2});
+      train_mlp(c, me * rows, rows, 1, Budget{.device = least1 / 2}, false, std::nullopt, true, {}, false);
       check(false, "a budget no stage fits is refused");
     } catch (const BudgetError& e) {
       check(std::string(e.what()).find("no ZeRO stage fits") != std::string::npos,
@@ -558,7 +593,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
   }
   {
     const std::int64_t rows = kGlobalBatch / 2 / n;
-    std::vector<std::size_t> state(4), param(4);
+    std::vector<std::size_t> state(4), param(4), offloaded(4), offloaded_param(4);
     for (GptRun base : {GptRun{}, GptRun{.clip_grad_norm = 0.5}, GptRun{.skip_non_finite = true}}) {
       const bool whole_grads = base.clip_grad_norm != 0 || base.skip_non_finite;
       const std::string with = base.clip_grad_norm ? " with clip_grad_norm" : base.skip_non_finite ? " with skip_non_finite" : "";
@@ -609,6 +644,23 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         check(z.param_bytes == zero_param_bytes(z.params, me, n, stage),
               cat("gpt stage ", stage, with, ": rank ", me, " keeps ", z.param_bytes, " bytes of parameters"));
         if (!whole_grads) state[std::size_t(stage)] = z.state_bytes, param[std::size_t(stage)] = z.param_bytes;
+      }
+      // Optimizer offload at every stage this run allows: the same bits,
+      // the AdamW moments (the rank's shard) on the host, none on the device.
+      for (int stage = 0; stage <= (whole_grads ? 1 : 3); ++stage) {
+        GptRun r = base;
+        r.zero_stage = stage;
+        r.offload = true;
+        Trained z = train_gpt(c, me * rows, rows, steps, r);
+        check(z.losses == s0.losses && same_params(z.params, s0.params),
+              cat("gpt", with, ": ZeRO stage ", stage, " with optimizer offload trains bit for bit as stage 0 over ", n,
+                  " ranks"));
+        const std::size_t expect = zero_state_bytes(z.params, 2, me, n, stage);
+        check(z.host_state_bytes == expect && z.state_bytes == (base.skip_non_finite ? s0.state_bytes - zero_state_bytes(z.params, 2, me, n, 0) : 0),
+              cat("gpt stage ", stage, with, " offloaded: rank ", me, " keeps ", z.host_state_bytes,
+                  " bytes of AdamW moments on the host (ZeRO's accounting: ", expect, ") and ", z.state_bytes,
+                  " bytes of optimizer state on the device"));
+        if (!whole_grads) offloaded[std::size_t(stage)] = z.host_state_bytes, offloaded_param[std::size_t(stage)] = z.param_bytes;
       }
     }
     // A checkpoint of sharded state, one file per rank: saved after 5
@@ -699,6 +751,13 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
                   << " = " << param[std::size_t(stage)] + state[std::size_t(stage)] << " B\n";
       std::cout << "  (ZeRO's f32 accounting: stage 0 4psi + 8psi = " << 12 * psi << ", stages 1-2 4psi + 8psi/N = "
                 << 4 * psi + 8 * psi / std::size_t(n) << ", stage 3 12psi/N = " << 12 * psi / std::size_t(n) << ")\n";
+      std::cout << "with optimizer offload, rank 0 keeps parameters on the device + AdamW state on the host:\n";
+      for (int stage = 0; stage <= 3; ++stage)
+        std::cout << "  stage " << stage << ": " << offloaded_param[std::size_t(stage)] << " + "
+                  << offloaded[std::size_t(stage)] << " B\n";
+      std::cout << "  (ZeRO-Offload's f32 accounting: device 4psi = " << 4 * psi << " (stage 3: 4psi/N = "
+                << 4 * psi / std::size_t(n) << "), host 8psi = " << 8 * psi << " at stage 0, 8psi/N = "
+                << 8 * psi / std::size_t(n) << " at stages 1-3)\n";
     }
   }
 }

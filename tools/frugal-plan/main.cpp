@@ -7,7 +7,7 @@
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
 //               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]
-//               [--overlap auto|0|1]]
+//               [--overlap auto|0|1]] [--offload auto|0|1]
 //
 // With --ranks N, the step of each of N data-parallel ranks (each on a batch
 // of --batch rows) is planned as under mpirun, at the ZeRO stage --zero pins
@@ -18,6 +18,11 @@
 // gradients' collectives run beside compute (CompileOptions::
 // overlap_collectives; auto: where a core is free for them), which holds
 // gradients and scratch longer.
+//
+// --offload pins optimizer offload (CompileOptions::offload_optimizer): 1
+// keeps the optimizer state on the host, where its update runs; 0 keeps it
+// on the device; auto (the default) lets the budget solve move it there
+// where the budget binds.
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
 // device bytes), it shows the budget solver's decisions; an infeasible
@@ -41,7 +46,8 @@ using namespace frugal;
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
-               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n";
+               "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n"
+               "                   [--offload auto|0|1]\n";
   std::exit(2);
 }
 
@@ -53,7 +59,7 @@ int main(int argc, char** argv) try {
   DeviceProfile profile;
   bool json = false, have_model = false;
   int ranks = 0;
-  std::string zero = "auto", overlap = "auto";
+  std::string zero = "auto", overlap = "auto", offload = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -107,6 +113,10 @@ int main(int argc, char** argv) try {
       overlap = val();
       if (overlap != "auto" && overlap != "0" && overlap != "1") usage("--overlap takes auto, 0 or 1");
     }
+    else if (k == "--offload") {
+      offload = val();
+      if (offload != "auto" && offload != "0" && offload != "1") usage("--offload takes auto, 0 or 1");
+    }
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
     else usage("unknown option " + k);
   }
@@ -116,6 +126,7 @@ int main(int argc, char** argv) try {
   if (zero != "auto") o.zero_stage = std::stoi(zero);
   if (overlap != "auto" && !ranks) usage("--overlap needs --ranks N");
   if (overlap != "auto") o.overlap_collectives = overlap == "1";
+  if (offload != "auto") o.offload_optimizer = offload == "1";
   auto w = zoo::make(c);
   if (ranks) {
     std::vector<PlannedStep> per_rank;

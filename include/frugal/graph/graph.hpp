@@ -110,6 +110,10 @@ class Graph {
     node.inplace = queries_.inplace_inputs ? queries_.inplace_inputs(*node.op) : node.op->inplace_inputs();
     for (ValueId o : node.outputs) values_.at(std::size_t(o)).producer = n;
   }
+  // Puts `op` in node n's place with the node's inputs, outputs, scratch
+  // and in-place choices as they are: an op that computes what the old one
+  // did, somewhere else (ops::HostUpdate runs an update on the host).
+  void wrap_op(NodeId n, std::shared_ptr<const Op> op) { nodes_.at(std::size_t(n)).op = std::move(op); }
   // Gives output `slot` of node n a new value of the same meta, which nothing
   // reads: the node's old output has moved to another producer.
   void detach_output(NodeId n, std::size_t slot) {

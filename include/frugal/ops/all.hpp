@@ -39,6 +39,7 @@
 #include "accumulation.hpp"
 #include "collective.hpp"
 #include "zero.hpp"
+#include "host_update.hpp"
 
 namespace frugal {
 

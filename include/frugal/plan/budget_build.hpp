@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "../ops/collective.hpp"
+#include "offload.hpp"
 #include "../ops/transfer.hpp"
 #include "budget.hpp"
 #include "budget_problem.hpp"
@@ -58,7 +59,7 @@ struct BuiltProblem {
 
 inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeId>& schedule,
                                          std::span<const ValueId> roots, const Budget& budget, const Prices& prices,
-                                         bool inplace = true) {
+                                         bool inplace = true, bool host_updates = false) {
   const int T = int(schedule.size());
   BuiltProblem built;
   BudgetProblem& p = built.problem;
@@ -78,9 +79,12 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     diff[std::size_t(iv.first)] += std::int64_t(iv.bytes);
     diff[std::size_t(last) + 1] -= std::int64_t(iv.bytes);
   }
+  // Optimizer state whose update already runs on the host
+  // (CompileOptions::offload_optimizer) is none of the device's.
+  const std::vector<char> home = persistents_on_host(g, schedule);
   std::int64_t persistent = 0;
-  for (const Value& v : g.values())
-    if (is_persistent(v.kind)) persistent += std::int64_t(v.meta.nbytes());
+  for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
+    if (is_persistent(g.value(v).kind) && !home[std::size_t(v)]) persistent += std::int64_t(g.value(v).meta.nbytes());
   p.base.assign(std::size_t(T), 0);
   std::int64_t cur = 0;
   for (int t = 0; t < T; ++t) p.base[std::size_t(t)] = (cur += diff[std::size_t(t)]) + persistent;
@@ -105,6 +109,15 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     }
     for (int mi : n.op->mutated_inputs()) mutated_at[std::size_t(n.inputs[std::size_t(mi)])].push_back(t);
   }
+  // Optimizer state that only parameter updates read, which may then live
+  // on the host with those updates run there (plan/offload.hpp).
+  std::vector<char> updatable_on_host(g.num_values(), host_updates ? 1 : 0);
+  if (host_updates)
+    for (int t = 0; t < T; ++t) {
+      const Node& n = g.node(schedule[std::size_t(t)]);
+      for (std::size_t i = 0; i < n.inputs.size(); ++i)
+        if (!state_updatable_on_host(g, n, i)) updatable_on_host[std::size_t(n.inputs[i])] = 0;
+    }
 
   // Where a value must stay in place because a collective runs on it beside
   // compute: from its start to its done (ops::CollectiveStart), by root.
@@ -151,7 +164,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     const Value& val = g.value(v);
     if (!is_persistent(val.kind)) continue;
     const auto& u = uses[std::size_t(v)];
-    if (u.empty() || val.meta.nbytes() < kMinPersistentCandidate) continue;
+    if (u.empty() || home[std::size_t(v)] || val.meta.nbytes() < kMinPersistentCandidate) continue;
     const std::int64_t bytes = std::int64_t(val.meta.nbytes());
     const bool dirty = !mutated_at[std::size_t(v)].empty();
     const double ci = prices.copy_ms(val.meta.nbytes()), co = dirty ? ci : 0.0;
@@ -182,10 +195,22 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       if (o.device[0].span.empty() && o.device[1].span.empty()) continue;
       c.options.push_back(std::move(o));
     }
+    // Its update run on the host, reading it there: off the device the
+    // whole step, no copy at all. On a backend whose kernels use host
+    // memory (the only ones host_updates is set for) that costs nothing.
+    const std::uint32_t staged = ((1u << c.options.size()) - 1) & ~1u;  // the fetched options
+    if (updatable_on_host[std::size_t(v)] && val.kind == ValueKind::state) {
+      Option o{Choice::host_update, 0};
+      o.price_free = true;
+      o.device = {{{0, T - 1}, -bytes}};
+      o.host = {{{0, T - 1}, bytes}};
+      o.reason = "lives on the host, where its update runs and reads it in place (optimizer offload)";
+      c.options.push_back(std::move(o));
+    }
     if (c.options.size() < 2) continue;
     built.wrap_of[std::size_t(v)] = int(p.candidates.size());
     const int wrap = int(p.candidates.size());
-    const std::uint32_t on_host = ((1u << c.options.size()) - 1) & ~1u;  // any option but keep
+    const std::uint32_t on_host = staged;  // a window's drop and fetch again needs a staged copy
     p.candidates.push_back(std::move(c));
     for (std::size_t k = 0; k + 1 < u.size(); ++k) {
       int a = u[k], b = u[k + 1];

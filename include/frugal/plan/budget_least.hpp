@@ -54,10 +54,15 @@ inline constexpr int kLeastMemoryCbcNodeLimit = 2000;
 inline constexpr double kLeastMemoryCbcBackstopSeconds = 60;
 
 // A fixed preference among options that reads no rate: fewer bytes moved
-// off the device, then recomputation before a host round trip before an
-// NVMe one. Only used to break ties among answers of equal peak.
+// off the device, then a host update (which copies nothing: its state
+// stays where it lives) before recomputation before a host round trip
+// before an NVMe one. Only used to break ties among answers of equal peak.
 inline double canonical_cost(const Candidate& c, const Option& o) {
-  const double weight = o.choice == Choice::recompute ? 1 : o.choice == Choice::host ? 2 : o.choice == Choice::nvme ? 3 : 0;
+  const double weight = o.choice == Choice::host_update ? 0.5
+                        : o.choice == Choice::recompute ? 1
+                        : o.choice == Choice::host      ? 2
+                        : o.choice == Choice::nvme      ? 3
+                                                        : 0;
   return weight * (1 + double(c.bytes) / double(1 << 20));
 }
 

@@ -30,7 +30,9 @@ struct MemEffect {
   std::int64_t bytes = 0;
 };
 
-enum class Choice : std::uint8_t { keep, recompute, host, nvme };
+// host_update: optimizer state that lives on the host, where its update
+// runs and reads it in place (ZeRO-Offload; plan/offload.hpp).
+enum class Choice : std::uint8_t { keep, recompute, host, nvme, host_update };
 
 inline const char* choice_name(Choice c) {
   switch (c) {
@@ -38,6 +40,7 @@ inline const char* choice_name(Choice c) {
     case Choice::recompute: return "recompute";
     case Choice::host: return "swap to host";
     case Choice::nvme: return "spill to NVMe";
+    case Choice::host_update: return "update on the host";
   }
   return "?";
 }

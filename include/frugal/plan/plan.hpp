@@ -8,6 +8,7 @@
 #include "../ops/transfer.hpp"
 #include "budget.hpp"
 #include "budget_problem.hpp"
+#include "offload.hpp"
 #include "offsets.hpp"
 #include "schedule.hpp"
 
@@ -26,6 +27,12 @@ struct PlanOptions {
   // Collectives run beside compute (ops::CollectiveStart) that may be in
   // flight at once: each holds its gradient and scratch until waited.
   int collectives_in_flight = 2;
+  // Optimizer offload (ZeRO-Offload, plan/offload.hpp): optimizer state
+  // living on the host, where its update runs and reads it in place, so it
+  // takes none of the device budget. Unset: the budget solve may choose it
+  // for each state where the budget binds. false: never. true: all of it,
+  // moved there before planning (compile does, by offload_optimizer_state).
+  std::optional<bool> offload_optimizer;
 };
 
 struct Plan {
@@ -44,6 +51,7 @@ struct Plan {
   // Under a budget: persistents whose home is the host (staged into the
   // arena around their uses), and the slower tiers' slots.
   std::size_t offloaded_bytes = 0;
+  std::map<std::string, std::size_t> offloaded_by_kind;  // of it: parameters, optimizer state...
   std::vector<std::optional<std::size_t>> tier_offset_of;  // by value id: host pool or NVMe offset
   std::size_t host_bytes = 0;  // the host pool this plan needs
   std::size_t nvme_bytes = 0;  // the NVMe file this plan needs
@@ -92,6 +100,9 @@ struct Plan {
   // Where the gradients' collectives run: beside compute or in place, and
   // why ("" without a communicator).
   std::string collectives;
+  // Optimizer state kept on the host with its update run there
+  // (PlanOptions::offload_optimizer): how much and why ("" when none).
+  std::string optimizer_offload;
   std::size_t count(plan::Choice c) const {
     std::size_t n = 0;
     for (auto& d : decisions) n += d.choice == c;
@@ -210,20 +221,15 @@ inline Plan plan_schedule(const Graph& g, std::vector<NodeId> schedule, std::spa
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
     if (p.buffer_of[std::size_t(v)] >= 0) p.offset_of[std::size_t(v)] = p.offsets[std::size_t(p.buffer_of[std::size_t(v)])];
   // A persistent stays on the device unless only transfers read it (its
-  // home is then the host, and the arena holds staged copies).
-  std::vector<char> on_device(g.num_values(), 0), read(g.num_values(), 0);
-  for (NodeId n : p.schedule) {
-    bool transfer = g.node(n).op->as_transfer() != nullptr;
-    for (ValueId in : g.node(n).inputs) {
-      read[std::size_t(in)] = 1;
-      if (!transfer) on_device[std::size_t(in)] = 1;
-    }
-  }
+  // home is then the host, and the arena holds staged copies), or host
+  // updates that keep it there (optimizer offload, plan/offload.hpp).
+  const std::vector<char> on_host = plan::persistents_on_host(g, p.schedule);
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
     const Value& val = g.value(v);
     if (!is_persistent(val.kind)) continue;
-    if (read[std::size_t(v)] && !on_device[std::size_t(v)]) {
+    if (on_host[std::size_t(v)]) {
       p.offloaded_bytes += val.meta.nbytes();
+      p.offloaded_by_kind[persistent_category(val.kind)] += val.meta.nbytes();
       continue;
     }
     p.persistent_bytes += val.meta.nbytes();

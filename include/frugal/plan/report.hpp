@@ -81,9 +81,10 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
     os << "  no priced plan fit the budget: the least-memory plan, less the evictions the budget does not need\n";
   if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
   if (!p.collectives.empty()) os << "  collectives: " << p.collectives << "\n";
+  if (!p.optimizer_offload.empty()) os << "  optimizer offload: " << p.optimizer_offload << "\n";
   if (p.decisions.empty()) return os.str();
   os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
-     << p.count(Choice::nvme) << " spill to NVMe";
+     << p.count(Choice::nvme) << " spill to NVMe, " << p.count(Choice::host_update) << " update on the host";
   if (p.offloaded_bytes) os << "; " << format_bytes(p.offloaded_bytes) << " of parameters/state live on the host";
   os << "\n  host pool " << format_bytes(p.host_bytes) << ", NVMe " << format_bytes(p.nvme_bytes) << "\n";
   std::vector<std::size_t> order(p.decisions.size());
@@ -133,6 +134,7 @@ inline std::string summary(const Graph& g, const Plan& p, std::size_t show_live 
   else {
     if (p.zero_stage >= 0) os << "  ZeRO stage " << p.zero_stage << ": " << p.zero_reason << "\n";
     if (!p.collectives.empty()) os << "  collectives: " << p.collectives << "\n";
+    if (!p.optimizer_offload.empty()) os << "  optimizer offload: " << p.optimizer_offload << "\n";
   }
   return os.str();
 }
@@ -161,6 +163,7 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
   if (p.zero_stage >= 0)
     os << ",\"zero_stage\":" << p.zero_stage << ",\"zero_reason\":\"" << json_escape(p.zero_reason) << "\"";
   if (!p.collectives.empty()) os << ",\"collectives\":\"" << json_escape(p.collectives) << "\"";
+  if (!p.optimizer_offload.empty()) os << ",\"optimizer_offload\":\"" << json_escape(p.optimizer_offload) << "\"";
   if (p.budget_bytes) {
     os << ",\"budget_bytes\":" << p.budget_bytes << ",\"min_feasible_bytes\":"  // null: not searched (the budget does not bind)
        << (p.min_feasible_bytes ? std::to_string(p.min_feasible_bytes) : std::string("null"))
@@ -169,7 +172,8 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
        << ",\"host_bytes\":" << p.host_bytes << ",\"nvme_bytes\":" << p.nvme_bytes
        << ",\"offloaded_bytes\":" << p.offloaded_bytes << ",\"decision_counts\":{\"recompute\":"
        << p.count(Choice::recompute) << ",\"swap_host\":" << p.count(Choice::host)
-       << ",\"spill_nvme\":" << p.count(Choice::nvme) << "},\"decisions\":[";
+       << ",\"spill_nvme\":" << p.count(Choice::nvme) << ",\"update_on_host\":" << p.count(Choice::host_update)
+       << "},\"decisions\":[";
     for (std::size_t k = 0; k < p.decisions.size(); ++k) {
       const auto& d = p.decisions[k];
       os << (k ? "," : "") << "{\"what\":\"" << json_escape(describe_value(g, d.value)) << "\",\"choice\":\""
@@ -290,6 +294,7 @@ inline std::string svg(const Graph& g, const Plan& p, const std::string& title) 
 struct RankRow {
   std::size_t parameters = 0, optimizer_state = 0, gradients = 0, activations = 0, scratch = 0, communication = 0,
               total = 0, host = 0, nvme = 0;
+  std::size_t host_state = 0, host_parameters = 0;  // of host: optimizer state (offloaded) and parameters
   int zero_stage = -1;
 };
 template <class PlannedSteps>
@@ -307,6 +312,12 @@ std::vector<RankRow> rank_rows(const PlannedSteps& steps) {
     r.communication = b.bytes["communication"];
     r.total = p.total_bytes();
     r.host = p.host_bytes + p.offloaded_bytes;
+    auto on_host = [&](const char* kind) {
+      auto it = p.offloaded_by_kind.find(kind);
+      return it == p.offloaded_by_kind.end() ? std::size_t(0) : it->second;
+    };
+    r.host_state = on_host("optimizer state");
+    r.host_parameters = on_host("parameters");
     r.nvme = p.nvme_bytes;
     r.zero_stage = p.zero_stage;
     rows.push_back(r);
@@ -317,23 +328,28 @@ template <class PlannedSteps>
 std::string ranks_table(const PlannedSteps& steps) {
   std::ostringstream os;
   os << "  rank  stage  parameters  optimizer state  gradients*  activations*  scratch*  communication*  device total"
-        "  host  NVMe\n";
+        "  |  host  of it state  of it parameters  NVMe\n";
   auto rows = rank_rows(steps);
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const RankRow& r = rows[k];
     char line[320];
-    std::snprintf(line, sizeof line, "  %4zu  %5d  %10s  %15s  %10s  %12s  %8s  %15s  %12s  %4s  %4s\n", k, r.zero_stage,
+    std::snprintf(line, sizeof line, "  %4zu  %5d  %10s  %15s  %10s  %12s  %8s  %15s  %12s  |  %4s  %11s  %16s  %4s\n",
+                  k, r.zero_stage,
                   format_bytes(r.parameters).c_str(), format_bytes(r.optimizer_state).c_str(),
                   format_bytes(r.gradients).c_str(), format_bytes(r.activations).c_str(), format_bytes(r.scratch).c_str(),
                   format_bytes(r.communication).c_str(), format_bytes(r.total).c_str(), format_bytes(r.host).c_str(),
+                  format_bytes(r.host_state).c_str(), format_bytes(r.host_parameters).c_str(),
                   format_bytes(r.nvme).c_str());
     os << line;
   }
-  os << "  (* live at the rank's peak; the device total also counts the arena's packing)\n";
+  os << "  (* live at the rank's peak; the device total also counts the arena's packing; the host holds swapped\n"
+        "   values, parameters staged from there, and optimizer state updated there)\n";
   if (!steps.empty() && steps.front().plan.zero_stage >= 0)
     os << "  rank 0: ZeRO stage " << steps.front().plan.zero_stage << ": " << steps.front().plan.zero_reason << "\n";
   if (!steps.empty() && !steps.front().plan.collectives.empty())
     os << "  rank 0: collectives " << steps.front().plan.collectives << "\n";
+  if (!steps.empty() && !steps.front().plan.optimizer_offload.empty())
+    os << "  rank 0: optimizer offload: " << steps.front().plan.optimizer_offload << "\n";
   return os.str();
 }
 template <class PlannedSteps>
@@ -346,7 +362,8 @@ std::string ranks_json(const PlannedSteps& steps, const std::string& model) {
     os << (k ? "," : "") << "{\"rank\":" << k << ",\"zero_stage\":" << r.zero_stage << ",\"parameters\":" << r.parameters
        << ",\"optimizer_state\":" << r.optimizer_state << ",\"gradients\":" << r.gradients
        << ",\"activations\":" << r.activations << ",\"scratch\":" << r.scratch << ",\"communication\":" << r.communication
-       << ",\"device_total\":" << r.total << ",\"host\":" << r.host << ",\"nvme\":" << r.nvme << ",\"zero_reason\":\""
+       << ",\"device_total\":" << r.total << ",\"host\":" << r.host << ",\"host_optimizer_state\":" << r.host_state
+       << ",\"host_parameters\":" << r.host_parameters << ",\"nvme\":" << r.nvme << ",\"zero_reason\":\""
        << json_escape(steps[k].plan.zero_reason) << "\",\"collectives\":\"" << json_escape(steps[k].plan.collectives)
        << "\"}";
   }

@@ -48,6 +48,7 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
   // after it (evictions, write backs), each in this order.
   std::vector<std::vector<std::pair<Act, int>>> before(static_cast<std::size_t>(T)), after(static_cast<std::size_t>(T));
   std::vector<char> offloaded(g.num_values(), 0);  // persistents whose home is the host
+  std::vector<char> updated_on_host(g.num_values(), 0);  // optimizer state read there by its update
   for (std::size_t c = 0; c < p.candidates.size(); ++c) {
     if (choice[c] == 0) continue;
     const Candidate& cand = p.candidates[c];
@@ -56,6 +57,10 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
     const bool persistent = is_persistent(val.kind);
     r.decisions.push_back({cand.value, o.choice, cand.bytes, cand.before, cand.after, cand.wraps, o.cost_ms, o.reason});
     const int ci = int(c);
+    if (o.choice == Choice::host_update) {  // no copy: the update reads it where it lives
+      updated_on_host[std::size_t(cand.value)] = 1;
+      continue;
+    }
     if (o.choice == Choice::recompute) {  // before its reader, or earlier for a deeper recomputation
       before[std::size_t(o.in_start >= 0 ? o.in_start : cand.after)].push_back({recompute, ci});
       continue;
@@ -201,6 +206,7 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
       }
     }
   }
+  run_updates_on_host(h, schedule, updated_on_host);
   return r;
 }
 

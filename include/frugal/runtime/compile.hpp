@@ -133,6 +133,15 @@ struct CompileOptions {
   // bucket holds at least this many bytes. One collective per bucket: fewer
   // messages; a bucket waits for its last gradient. 0: one per gradient.
   std::size_t bucket_bytes = std::size_t(1) << 20;
+  // Optimizer offload (ZeRO-Offload): the optimizer state lives on the
+  // host, where its update runs (the backend's fused update, on the CPU)
+  // and reads and writes it in place, so the state takes none of the device
+  // budget and is never copied. true: all of it; false: none; unset: the
+  // budget solve moves state there where the budget binds (free on the CPU
+  // backend, whose device memory is host memory). With ZeRO stages 1-3 it is
+  // each rank's shard. The same bits either way; Plan::optimizer_offload
+  // says how much went and why. The CUDA backend cannot run it yet.
+  std::optional<bool> offload_optimizer;
 };
 
 namespace detail {

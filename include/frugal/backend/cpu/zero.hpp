@@ -2,9 +2,11 @@
 // The collectives and the sharded update of ZeRO stages 1 to 3
 // (ops/zero.hpp). The update runs the backend's own kernel for the
 // optimizer's op on the shard, so its arithmetic is the unsharded update's.
+// And the host update of optimizer offload (ops/host_update.hpp).
 #include <cstring>
 #include <vector>
 
+#include "../../ops/host_update.hpp"
 #include "../../ops/zero.hpp"
 #include "../../runtime/backend.hpp"
 
@@ -123,6 +125,22 @@ inline void add_sharded_update(KernelTable& t) {
         if (!e.workspace) return std::size_t(0);
         auto m = op.inner_metas(in);
         return e.workspace(op.inner(), m, out);
+      });
+}
+
+// The kernel of ops::HostUpdate: the table's kernel for the update it
+// wraps. On the CPU the host is where every kernel runs; what changes is
+// that the state it reads lives at its home, outside the arena.
+inline void add_host_update(KernelTable& t) {
+  const KernelTable* table = &t;
+  auto inner_entry = [table](const ops::HostUpdate& op) -> const KernelEntry& {
+    return table->inner(op.inner(), "host update");
+  };
+  t.add<ops::HostUpdate>(
+      [inner_entry](const ops::HostUpdate& op, const KernelArgs& a) { inner_entry(op).run(op.inner(), a); },
+      [inner_entry](const ops::HostUpdate& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+        const KernelEntry& e = inner_entry(op);
+        return e.workspace ? e.workspace(op.inner(), in, out) : std::size_t(0);
       });
 }
 

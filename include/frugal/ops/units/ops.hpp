@@ -5,6 +5,7 @@
 // file that makes an op (every model's forward does) compiles these again.
 // An op of the program's own needs none of this.
 #include "../all.hpp"
+#include "../host_update.hpp"
 #include "../transfer.hpp"
 
 namespace frugal::ops {
@@ -82,6 +83,7 @@ CollectiveDone::~CollectiveDone() = default;
 ReduceScatterMean::~ReduceScatterMean() = default;
 ShardSlice::~ShardSlice() = default;
 ShardedUpdate::~ShardedUpdate() = default;
+HostUpdate::~HostUpdate() = default;
 AllGatherShards::~AllGatherShards() = default;
 AllGatherParameter::~AllGatherParameter() = default;
 MicroStepSkip::~MicroStepSkip() = default;

@@ -446,6 +446,36 @@ static ops::FusionReport fuse_prepared(Prepared& p, const CompileOptions& o) {
   r.bytes_removed += bn.bytes_removed;
   return r;
 }
+// Optimizer offload (CompileOptions::offload_optimizer): the planner's
+// options for it on this backend, and, pinned, the state moved to the host
+// before anything plans the step (so re-plans start from it too).
+static PlanOptions plan_options(const CompileOptions& o, const Backend& backend) {
+  PlanOptions po = o.plan;
+  po.offload_optimizer = o.offload_optimizer;
+  if (!backend.host_addressable()) {
+    if (o.offload_optimizer == true)
+      fail("compile: CompileOptions::offload_optimizer on the ", backend.name(),
+           " backend: its kernels cannot read host memory, and running the update on the host is not built there "
+           "yet; leave it unset, or use the cpu backend");
+    po.offload_optimizer = false;
+  }
+  return po;
+}
+static void offload_pinned(Prepared& p, const CompileOptions& o) {
+  if (o.offload_optimizer == true && p.opt) plan::offload_optimizer_state(*p.c.graph);
+}
+// Plan::optimizer_offload: how much state lives on the host, and why.
+static std::string offload_note(const Plan& plan, const CompileOptions& o) {
+  auto it = plan.offloaded_by_kind.find("optimizer state");
+  const std::size_t bytes = it == plan.offloaded_by_kind.end() ? 0 : it->second;
+  if (o.offload_optimizer == true)
+    return cat(format_bytes(bytes), " of optimizer state on the host, updated there in place "
+               "(pinned by CompileOptions::offload_optimizer)");
+  const std::size_t chosen = plan.count(plan::Choice::host_update);
+  if (chosen == 0) return "";
+  return cat(format_bytes(bytes), " of optimizer state (", chosen, " tensor", chosen == 1 ? "" : "s",
+             ") on the host, updated there in place: chosen by the budget solve, at no copy");
+}
 static void note_fusion(Plan& plan, const ops::FusionReport& r) {
   plan.fused_chains = r.chains;
   plan.fused_away_bytes = r.bytes_removed;
@@ -475,8 +505,9 @@ static int started_collectives(const Graph& g) {
 static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const CompileOptions& o,
                                   const PrepareTraining* prepare = nullptr) {
   const ops::FusionReport fused = fuse_prepared(p, o);
+  offload_pinned(p, o);
   const int started = started_collectives(*p.c.graph);
-  plan::Unconstrained start = plan::plan_unconstrained(*p.c.graph, p.roots, o.plan);
+  plan::Unconstrained start = plan::plan_unconstrained(*p.c.graph, p.roots, plan_options(o, *p.backend));
   if (prepare && started > 0 && budget.device > 0 && start.plan.total_bytes() > budget.device) {
     CompileOptions in_place = o;
     in_place.overlap_collectives = false;
@@ -590,7 +621,8 @@ PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<I
 }
 
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
-  return plan_prepared_from(p, budget, o, plan::plan_unconstrained(*p.c.graph, p.roots, o.plan));
+  offload_pinned(p, o);
+  return plan_prepared_from(p, budget, o, plan::plan_unconstrained(*p.c.graph, p.roots, plan_options(o, *p.backend)));
 }
 
 // plan_prepared from the step already planned unconstrained.
@@ -599,10 +631,12 @@ static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileO
   // An unconstrained plan makes no choice; its predicted time is priced at
   // the built-in rates, measuring nothing.
   Pricing pricing = binding ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);
-  auto solved = plan::solve_budget(p.c.graph, p.roots, budget, plan::prices_from(pricing.model), o.plan, std::move(start));
+  auto solved = plan::solve_budget(p.c.graph, p.roots, budget, plan::prices_from(pricing.model),
+                                   plan_options(o, *p.backend), std::move(start));
   p.c.graph = std::move(solved.graph);
   if (binding) p.prices = pricing.model;
   solved.plan.priced_with = pricing.source;
+  solved.plan.optimizer_offload = offload_note(solved.plan, o);
   if (o.verify) {
     auto report = plan::verify(*p.c.graph, solved.plan, p.roots);
     if (!report.ok()) fail("internal error: the planner produced a plan its verifier rejects:\n", report.str());
@@ -635,11 +669,12 @@ static Step build_step(PlannedPrepared pp, const Budget& budget, const CompileOp
     // a cost model that measured op times can refine.
     auto cm = p.prices;  // the model that priced the plan, refined by measured times
     auto roots = parts.roots;
-    auto plan_opts = o.plan;
+    auto plan_opts = plan_options(o, *p.backend);
     bool verify = o.verify;
-    parts.replanner = [captured, budget, cm, roots, plan_opts, verify, fused](const plan::OpTimeRecorder& times) {
+    parts.replanner = [captured, budget, cm, roots, plan_opts, verify, fused, o](const plan::OpTimeRecorder& times) {
       cm->set_measured(times);
       auto solved = plan::solve_budget(captured, roots, budget, plan::prices_from(cm), plan_opts);
+      solved.plan.optimizer_offload = offload_note(solved.plan, o);
       if (verify) {
         auto report = plan::verify(*solved.graph, solved.plan, roots);
         if (!report.ok()) fail("internal error: a re-plan was rejected by the verifier:\n", report.str());

@@ -174,6 +174,11 @@ void Step::replan_if_due() {
     replanned_ = true;
     return;
   }
+  // What the plan says of the step's distribution was decided at compile
+  // and holds for every re-plan of it.
+  next.second.zero_stage = p_.plan.zero_stage;
+  next.second.zero_reason = p_.plan.zero_reason;
+  next.second.collectives = p_.plan.collectives;
   // Before the arena is refilled, and with the plan it ran.
   earlier_device_bytes_ = std::max(earlier_device_bytes_, executor_->high_water() + p_.plan.persistent_bytes);
   auto moved = std::make_unique<Executor>(next.first, next.second, *executor_);

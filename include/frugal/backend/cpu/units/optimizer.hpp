@@ -23,6 +23,7 @@ void add_optimizer_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::AllGatherShards>(all_gather_shards_kernel, all_gather_shards_workspace);
   t.add<ops::AllGatherParameter>(all_gather_parameter_kernel, all_gather_parameter_workspace);
   add_sharded_update(t);
+  add_host_update(t);
 }
 
 }  // namespace frugal::cpu
