@@ -1,15 +1,17 @@
 #pragma once
-// The one way frugal's collectives add: rows[0] + rows[1] + ... in rank
-// order, element by element, in f32 for bf16 and f16 and rounded once at
-// the end. Each chunk of a reduction is added by one rank alone and then
-// sent to the others, so this order fixes the bits on every rank, in every
-// call, and whatever the MPI library's own algorithms are.
+// The one way frugal's collectives add (ops/rank_order_sum.hpp), over host
+// memory: rows[0] + rows[1] + ... in rank order, element by element, in f32
+// for bf16 and f16 and rounded once at the end. Each chunk of a reduction is
+// added by one rank alone and then sent to the others, so this order fixes
+// the bits on every rank, in every call, and whatever the MPI library's own
+// algorithms are.
 #include <cstddef>
 #include <cstdint>
 
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "../core/half.hpp"
+#include "../ops/rank_order_sum.hpp"
 
 namespace frugal::dist {
 
@@ -18,11 +20,7 @@ template <class T, class Acc>
 void add_rows(const void* rows, std::size_t len, int n, void* out) {
   const T* r = static_cast<const T*>(rows);
   T* o = static_cast<T*>(out);
-  for (std::size_t i = 0; i < len; ++i) {
-    Acc acc = Acc(r[i]);
-    for (int k = 1; k < n; ++k) acc = acc + Acc(r[std::size_t(k) * len + i]);
-    o[i] = T(acc);
-  }
+  for (std::size_t i = 0; i < len; ++i) o[i] = rank_order_element<T, Acc>(r, len, n, i);
 }
 }  // namespace detail
 

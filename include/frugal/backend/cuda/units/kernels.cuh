@@ -8,6 +8,7 @@
 #include "../loss.cuh"
 #include "../matmul.cuh"
 #include "../optimizer.cuh"
+#include "../rank_order_sum.cuh"
 #include "../reduce.cuh"
 #include "../softmax.cuh"
 
