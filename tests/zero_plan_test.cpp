@@ -3,6 +3,13 @@
 // The bits are checked under mpirun (tests/dist/dist_test.cpp zero).
 #include <catch2/catch.hpp>
 #include <omp.h>
+
+#include <array>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/plan/budget_solve.hpp>
 #include <frugal/plan/verify.hpp>
@@ -280,4 +287,112 @@ TEST_CASE("zero: a pinned stage one byte below a priced plan of it is planned pr
     CHECK(ps.plan.total_bytes() <= tight);
     CHECK_FALSE(ps.plan.least_memory_fallback);
   }
+}
+
+namespace {
+
+// Two ranks as two threads of this process, for what compile asks of the
+// ranks (the all-gathers that check they agree); any other collective
+// fails. `local` is each rank's answer to ranks_on_this_machine(), so the
+// ranks can see different machines.
+class ThreadRanks {
+ public:
+  class Rank final : public Communicator {
+   public:
+    Rank(ThreadRanks& all, int rank, int local) : all_(all), rank_(rank), local_(local) {}
+    std::string name() const override { return "threads"; }
+    int rank() const override { return rank_; }
+    int size() const override { return 2; }
+    bool serialized_threads() const override { return true; }
+    int ranks_on_this_machine() const override { return local_; }
+    void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const std::string&) override {
+      all_.exchange(rank_, send, recv, count * dtype_size(dtype));
+    }
+    void all_reduce_sum(void*, std::size_t, DType, void*, const std::string& what) override { unused(what); }
+    std::size_t all_reduce_workspace(std::size_t, DType) const override { return 0; }
+    void reduce_scatter_sum(const void*, void*, std::size_t, DType, void*, const std::string& what) override { unused(what); }
+    std::size_t reduce_scatter_workspace(std::size_t, DType) const override { return 0; }
+    void broadcast(void*, std::size_t, DType, int, const std::string& what) override { unused(what); }
+    void barrier(const std::string& what) override { unused(what); }
+
+   private:
+    [[noreturn]] static void unused(const std::string& what) { fail("ThreadRanks: no such collective here (", what, ")"); }
+    ThreadRanks& all_;
+    int rank_, local_;
+  };
+
+  // Each rank's bytes to both, once both have given theirs.
+  void exchange(int rank, const void* send, void* recv, std::size_t bytes) {
+    std::unique_lock lock(m_);
+    const long round = round_;
+    slot_[rank].assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+    if (++arrived_ == 2) cv_.notify_all();
+    cv_.wait(lock, [&] { return arrived_ == 2 || round_ != round; });
+    std::memcpy(recv, slot_[0].data(), bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, slot_[1].data(), bytes);
+    if (++copied_ == 2) {  // the last to copy opens the next round
+      arrived_ = copied_ = 0;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return round_ != round; });
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<char> slot_[2];
+  int arrived_ = 0, copied_ = 0;
+  long round_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("zero: ranks that would plan different collectives are made to agree at compile, or refused, not left to hang",
+          "[zero][overlap]") {
+  const int procs = omp_get_num_procs();
+  if (procs < 2) {
+    WARN("one core: no rank here can have a core free for its collectives");
+    return;
+  }
+  // Rank 0 shares this machine with the other rank and computes on every
+  // core: its collectives run in place. Rank 1 is alone on its machine
+  // with a core free: left to itself, it runs them beside compute, in
+  // buckets. Their sequences differ; compile must see it.
+  auto compile_both = [&](std::optional<bool> overlap1, std::string* err) {
+    ThreadRanks ranks;
+    std::array<std::string, 2> collectives, errors;
+    auto one = [&](int r) {
+      try {
+        nn::manual_seed(3);
+        ZeroMlp m;
+        optim::AdamW opt(m.parameters(), {});
+        CompileOptions o;
+        o.communicator = std::make_shared<ThreadRanks::Rank>(ranks, r, r == 0 ? 2 : 1);
+        o.zero_stage = 0;
+        o.threads = r == 0 ? procs : procs - 1;
+        if (r == 1) o.overlap_collectives = overlap1;
+        Step step = compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+        collectives[std::size_t(r)] = step.plan().collectives;
+      } catch (const Error& e) {
+        errors[std::size_t(r)] = e.what();
+      }
+    };
+    std::thread t1(one, 1);
+    one(0);
+    t1.join();
+    *err = errors[0] + " | " + errors[1];
+    return collectives;
+  };
+  std::string err;
+  const auto agreed = compile_both(std::nullopt, &err);
+  INFO(err);
+  CHECK_THAT(agreed[0], Catch::Contains("in place") && Catch::Contains("planned different collectives"));
+  CHECK_THAT(agreed[1], Catch::Contains("in place") && Catch::Contains("planned different collectives"));
+  // Pinned beside compute on rank 1, in place is not rank 1's choice: both refuse, naming the difference.
+  compile_both(true, &err);
+  CHECK_THAT(err, Catch::Contains("would not communicate") && Catch::Contains("collectives") &&
+                      Catch::Contains("overlap_collectives is pinned"));
+  CHECK(err.find("would not communicate") != err.rfind("would not communicate"));  // on both ranks
 }

@@ -539,16 +539,95 @@ PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budge
   return planned_step(plan_fused(std::move(p), budget, o), specs);
 }
 
-// Every rank must run its step at the same stage: their collectives differ
-// between stages, and mismatched ones would wait on each other forever.
-static void check_ranks_agree(Communicator& comm, int stage) {
-  std::vector<std::int32_t> stages(std::size_t(comm.size()));
-  const std::int32_t mine = stage;
-  comm.all_gather(&mine, stages.data(), 1, DType::i32, "the ZeRO stage each rank compiled its step at");
-  for (int r = 0; r < comm.size(); ++r)
-    if (stages[std::size_t(r)] != mine)
-      fail("compile: rank ", r, " planned its step at ZeRO stage ", stages[std::size_t(r)], " and rank ", comm.rank(),
-           " at stage ", mine, ": give every rank the same device budget and options, or pin CompileOptions::zero_stage");
+// What a rank's step asks of the other ranks, in the order it asks: each
+// collective's op and the elements it moves (whole tensors, so the same on
+// every rank whatever its shard), hashed. Ranks whose sequences differ
+// would each wait in a collective the others never start, until the
+// communicator's timeout.
+struct CollectiveSequence {
+  std::int64_t count = 0, hash = 0;
+};
+static CollectiveSequence collective_sequence(const Graph& g, const Plan& p) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&](std::uint64_t x) {
+    for (int k = 0; k < 8; ++k) h = (h ^ ((x >> (8 * k)) & 0xff)) * 1099511628211ull;
+  };
+  CollectiveSequence seq;
+  for (NodeId n : p.schedule) {
+    const Node& node = g.node(n);
+    if (!node.op->is_collective()) continue;
+    ++seq.count;
+    for (char c : node.op->name()) mix(std::uint8_t(c));
+    // The scalars (the collective count, the skip flag) aside; a shard in
+    // (an all-gather) or out (a reduce-scatter) is smaller than the whole.
+    auto elements = [&](std::span<const ValueId> vs) {
+      std::int64_t e = 0;
+      for (ValueId v : vs)
+        if (g.value(v).meta.shape.rank() > 0 && !g.value(v).is_workspace) e += g.value(v).meta.shape.numel();
+      return e;
+    };
+    mix(std::uint64_t(std::max(elements(node.inputs), elements(node.outputs))));
+  }
+  seq.hash = std::int64_t(h);
+  return seq;
+}
+
+// Every rank must run its step at the same stage, with the same
+// collectives in the same order. Returns "" when they do, else what
+// differs (every rank gets the same answer: it is read from all of them).
+static std::string ranks_disagree(Communicator& comm, int stage, const CollectiveSequence& seq, int* other) {
+  const std::size_t n = std::size_t(comm.size());
+  std::vector<std::int64_t> all(3 * n);
+  const std::int64_t mine[3] = {stage, seq.count, seq.hash};
+  comm.all_gather(mine, all.data(), 3, DType::i64, "the ZeRO stage and collectives each rank compiled its step with");
+  for (std::size_t r = 1; r < n; ++r) {
+    *other = int(r);
+    if (all[3 * r] != all[0])
+      return cat("rank ", r, " planned its step at ZeRO stage ", all[3 * r], " and rank 0 at stage ", all[0]);
+    if (all[3 * r + 1] != all[1] || all[3 * r + 2] != all[2])
+      return cat("rank ", r, " planned ", all[3 * r + 1], " collectives and rank 0 ", all[1],
+                 all[3 * r + 1] == all[1] ? ", in another order or of other sizes" : "");
+  }
+  return "";
+}
+
+// The step each rank compiled, checked against the others. Where their
+// collectives differ (one rank's budget binds and another's does not, or
+// their cores differ, so one runs them beside compute in buckets and
+// another in place), and no rank pinned them beside compute, every rank
+// plans them in place again: then each gradient has its own collective,
+// in capture order, the same on every rank.
+static PlannedPrepared agree_with_ranks(PlannedPrepared pp, const PrepareTraining& prepare, const Budget& budget,
+                                        const CompileOptions& o) {
+  Communicator& comm = *o.communicator;
+  const int stage = pp.plan.zero_stage;
+  int other = 0;
+  std::string why = ranks_disagree(comm, stage, collective_sequence(*pp.p.c.graph, pp.plan), &other);
+  if (why.empty()) return pp;
+  auto refuse = [&](const std::string& what, const std::string& advice) {
+    fail("compile: the ranks' steps would not communicate: ", what, " (this is rank ", comm.rank(), "). ", advice);
+  };
+  if (why.find("ZeRO stage") != std::string::npos)
+    refuse(why, "Give every rank the same device budget and options, or pin CompileOptions::zero_stage");
+  // Whether any rank pinned its collectives beside compute: then in place
+  // is not every rank's to choose.
+  std::vector<std::int32_t> pinned(std::size_t(comm.size()));
+  const std::int32_t mine = o.overlap_collectives == true;
+  comm.all_gather(&mine, pinned.data(), 1, DType::i32, "whether each rank pinned overlap_collectives");
+  if (std::find(pinned.begin(), pinned.end(), 1) != pinned.end())
+    refuse(why, "CompileOptions::overlap_collectives is pinned on some rank: give every rank the same options "
+                "(overlap_collectives, bucket_bytes) and budget, or leave overlap_collectives unset");
+  CompileOptions in_place = o;
+  in_place.overlap_collectives = false;
+  in_place.zero_stage = stage;
+  PlannedPrepared again = plan_fused(prepare(in_place), budget, in_place);
+  again.plan.zero_stage = stage;
+  again.plan.zero_reason = pp.plan.zero_reason;
+  again.plan.collectives = cat("in place, on the step's thread: the ranks planned different collectives beside "
+                               "compute (", why, "), so every rank runs them in place");
+  why = ranks_disagree(comm, stage, collective_sequence(*again.p.c.graph, again.plan), &other);
+  if (!why.empty()) refuse(why, "Give every rank the same options and budget");
+  return again;
 }
 
 // The training step planned at the pinned ZeRO stage, or at the one the
@@ -563,8 +642,7 @@ static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, co
     PlannedPrepared pp = plan_fused(prepare(o), budget, o, &prepare);
     pp.plan.zero_stage = *o.zero_stage;
     pp.plan.zero_reason = cat("pinned by CompileOptions::zero_stage, over ", comm.size(), " ranks");
-    if (agree) check_ranks_agree(comm, pp.plan.zero_stage);
-    return pp;
+    return agree ? agree_with_ranks(std::move(pp), prepare, budget, o) : std::move(pp);
   }
   const std::string no_stage2 = stage2_refusal(o);
   const int last = comm.size() == 1 ? 0 : no_stage2.empty() ? 3 : 1;
@@ -611,8 +689,7 @@ static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, co
   if (best->plan.zero_reason.empty())
     best->plan.zero_reason = cat("the fastest that fits (a higher stage only if 5% faster), chosen by the planner over ",
                                  comm.size(), " ranks (", tried, ")");
-  if (agree) check_ranks_agree(comm, best->plan.zero_stage);
-  return std::move(*best);
+  return agree ? agree_with_ranks(std::move(*best), prepare, budget, o) : std::move(*best);
 }
 
 PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
