@@ -53,13 +53,14 @@ struct Run {
   int host_update_nodes = 0;          // updates the graph runs on the host
 };
 
-Run offload_train(std::optional<bool> offload, Budget budget = {}, int steps = 5) {
+Run offload_train(std::optional<bool> offload, Budget budget = {}, int steps = 5, int accumulate = 1) {
   nn::manual_seed(5);
   OffloadMlp m;
   optim::AdamW opt(m.parameters(), {.lr = 0.05, .weight_decay = 0.01});
   CompileOptions o;
   o.threads = 1;
   o.offload_optimizer = offload;
+  o.accumulate = accumulate;
   Step step = compile([&](Var x) { return mean(m.forward(x) * m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
   Run r;
   for (int s = 0; s < steps; ++s) {
@@ -109,6 +110,12 @@ TEST_CASE("offload: pinned, the optimizer state lives on the host and its update
   CHECK(same_bits(host.params, device.params));
   CHECK(host.canary_intact);
   CHECK(host.device_high_water <= host.plan.total_bytes());
+  // With gradient accumulation (the updates skipped between micro-steps).
+  const Run device2 = offload_train(std::nullopt, {}, 7, 2), host2 = offload_train(true, {}, 7, 2);
+  CHECK(host2.host_update_nodes == 6);
+  CHECK(host2.losses == device2.losses);
+  CHECK(same_bits(host2.params, device2.params));
+  CHECK_FALSE(same_bits(host2.params, host.params));  // accumulation changed the training: the comparison is not empty
 }
 
 TEST_CASE("offload: where the budget binds, the budget solve moves optimizer state to the host first, at no copy",
