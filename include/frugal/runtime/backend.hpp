@@ -73,6 +73,19 @@ class KernelTable {
     };
     return e;
   }
+  // A wrapping op (ops::CollectiveStart, ops::HostUpdate) whose kernel is
+  // its inner op's (OpT::inner()), with the same arguments and scratch:
+  // the wrapper changes where or when it runs, not what it computes.
+  template <class OpT>
+  KernelEntry& add_forwarding(const char* wrapper) {
+    const KernelTable* table = this;
+    auto entry = [table, wrapper](const OpT& op) -> const KernelEntry& { return table->inner(op.inner(), wrapper); };
+    return add<OpT>([entry](const OpT& op, const KernelArgs& a) { entry(op).run(op.inner(), a); },
+                    [entry](const OpT& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+                      const KernelEntry& e = entry(op);
+                      return e.workspace ? e.workspace(op.inner(), in, out) : std::size_t(0);
+                    });
+  }
   const KernelEntry* find(const Op& op) const {
     auto it = table_.find(std::type_index(typeid(op)));
     return it == table_.end() ? nullptr : &it->second;

@@ -100,16 +100,7 @@ inline std::size_t all_reduce_mean_workspace(const ops::AllReduceMean& op, std::
 // thread. The done's is nothing: the executor waits for the start there,
 // and its output is a view. `t` lives as long as its backend.
 inline void add_collective_start(KernelTable& t) {
-  const KernelTable* table = &t;
-  auto inner_entry = [table](const ops::CollectiveStart& op) -> const KernelEntry& {
-    return table->inner(op.inner(), "collective start");
-  };
-  t.add<ops::CollectiveStart>(
-      [inner_entry](const ops::CollectiveStart& op, const KernelArgs& a) { inner_entry(op).run(op.inner(), a); },
-      [inner_entry](const ops::CollectiveStart& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
-        const KernelEntry& ie = inner_entry(op);
-        return ie.workspace ? ie.workspace(op.inner(), in, out) : std::size_t(0);
-      });
+  t.add_forwarding<ops::CollectiveStart>("collective start");
   t.add<ops::CollectiveDone>([](const ops::CollectiveDone&, const KernelArgs&) {});
 }
 

@@ -131,17 +131,6 @@ inline void add_sharded_update(KernelTable& t) {
 // The kernel of ops::HostUpdate: the table's kernel for the update it
 // wraps. On the CPU the host is where every kernel runs; what changes is
 // that the state it reads lives at its home, outside the arena.
-inline void add_host_update(KernelTable& t) {
-  const KernelTable* table = &t;
-  auto inner_entry = [table](const ops::HostUpdate& op) -> const KernelEntry& {
-    return table->inner(op.inner(), "host update");
-  };
-  t.add<ops::HostUpdate>(
-      [inner_entry](const ops::HostUpdate& op, const KernelArgs& a) { inner_entry(op).run(op.inner(), a); },
-      [inner_entry](const ops::HostUpdate& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
-        const KernelEntry& e = inner_entry(op);
-        return e.workspace ? e.workspace(op.inner(), in, out) : std::size_t(0);
-      });
-}
+inline void add_host_update(KernelTable& t) { t.add_forwarding<ops::HostUpdate>("host update"); }
 
 }  // namespace frugal::cpu
