@@ -12,6 +12,7 @@
 //                           gradient all-reduce fails naming itself within the timeout, and the job ends
 // A plain program (ranks print their own failures); exit status 1 on a failed check.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -336,6 +337,28 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
     const std::int64_t rows = kGlobalBatch / n;
     Trained dp = train_mlp(c, me * rows, rows, steps);
     check(same_on_every_rank(*c, dp.params), "mlp: every rank holds the same parameter bits after 10 steps");
+    // A rank whose step fits no budget tells the others at compile: every
+    // rank fails at once, naming it, and none waits for it in a collective.
+    {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string error;
+      bool budget_error = false;
+      try {
+        train_mlp(c, me * rows, rows, 1, me == 0 ? Budget{.device = 64} : Budget{});
+      } catch (const BudgetError& e) {
+        budget_error = true;
+        error = e.what();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (me == 0)
+        check(budget_error, cat("mlp: rank 0, at a 64-byte budget, fails with its own budget error: ", error));
+      else
+        check(!budget_error && error.find("rank 0 could not plan its step") != std::string::npos,
+              cat("mlp: rank ", me, " learns at compile that rank 0 could not plan: ", error));
+      check(s < 60, cat("mlp: the ranks fail within ", s, " s, not at the collectives' timeout"));
+    }
     Trained one = train_mlp(nullptr, 0, kGlobalBatch, steps);
     Trained alone = train_mlp(nullptr, me * rows, rows, steps);  // this rank's shard, never averaged
     // The tolerance. Averaging N shard means instead of one mean over the

@@ -3,6 +3,7 @@
 // <frugal/kernels.hpp>): planning a prepared step and building its Step.
 // This code is the same for every model, and compiling it in every file
 // that calls compile() would cost each of them seconds.
+#include <exception>
 #include <map>
 #include <mutex>
 #include <omp.h>
@@ -575,11 +576,19 @@ static CollectiveSequence collective_sequence(const Graph& g, const Plan& p) {
 // Every rank must run its step at the same stage, with the same
 // collectives in the same order. Returns "" when they do, else what
 // differs (every rank gets the same answer: it is read from all of them).
+// A rank whose planning failed says so with this stage, so that the others
+// learn it at once instead of waiting for it in the next collective.
+inline constexpr int kPlanFailed = -2;
 static std::string ranks_disagree(Communicator& comm, int stage, const CollectiveSequence& seq, int* other) {
   const std::size_t n = std::size_t(comm.size());
   std::vector<std::int64_t> all(3 * n);
   const std::int64_t mine[3] = {stage, seq.count, seq.hash};
   comm.all_gather(mine, all.data(), 3, DType::i64, "the ZeRO stage and collectives each rank compiled its step with");
+  for (std::size_t r = 0; r < n; ++r)
+    if (all[3 * r] == kPlanFailed) {
+      *other = int(r);
+      return cat("rank ", r, " could not plan its step (its own error says why)");
+    }
   for (std::size_t r = 1; r < n; ++r) {
     *other = int(r);
     if (all[3 * r] != all[0])
@@ -597,16 +606,24 @@ static std::string ranks_disagree(Communicator& comm, int stage, const Collectiv
 // another in place), and no rank pinned them beside compute, every rank
 // plans them in place again: then each gradient has its own collective,
 // in capture order, the same on every rank.
-static PlannedPrepared agree_with_ranks(PlannedPrepared pp, const PrepareTraining& prepare, const Budget& budget,
-                                        const CompileOptions& o) {
+// `pp` is this rank's plan, or `failed` why it has none: the others learn
+// that before it is rethrown here.
+static PlannedPrepared agree_with_ranks(std::optional<PlannedPrepared> pp, std::exception_ptr failed,
+                                        const PrepareTraining& prepare, const Budget& budget, const CompileOptions& o) {
   Communicator& comm = *o.communicator;
-  const int stage = pp.plan.zero_stage;
+  auto sequence = [](const std::optional<PlannedPrepared>& x) {
+    return x ? collective_sequence(*x->p.c.graph, x->plan) : CollectiveSequence{};
+  };
+  const int stage = pp ? pp->plan.zero_stage : kPlanFailed;
   int other = 0;
-  std::string why = ranks_disagree(comm, stage, collective_sequence(*pp.p.c.graph, pp.plan), &other);
-  if (why.empty()) return pp;
+  std::string why = ranks_disagree(comm, stage, sequence(pp), &other);
+  if (failed) std::rethrow_exception(failed);
+  if (why.empty()) return std::move(*pp);
   auto refuse = [&](const std::string& what, const std::string& advice) {
     fail("compile: the ranks' steps would not communicate: ", what, " (this is rank ", comm.rank(), "). ", advice);
   };
+  if (why.find("could not plan") != std::string::npos)
+    refuse(why, "Give every rank a budget its step fits in (the last rank's shards may be smaller than the others')");
   if (why.find("ZeRO stage") != std::string::npos)
     refuse(why, "Give every rank the same device budget and options, or pin CompileOptions::zero_stage");
   // Whether any rank pinned its collectives beside compute: then in place
@@ -620,29 +637,33 @@ static PlannedPrepared agree_with_ranks(PlannedPrepared pp, const PrepareTrainin
   CompileOptions in_place = o;
   in_place.overlap_collectives = false;
   in_place.zero_stage = stage;
-  PlannedPrepared again = plan_fused(prepare(in_place), budget, in_place);
-  again.plan.zero_stage = stage;
-  again.plan.zero_reason = pp.plan.zero_reason;
-  again.plan.collectives = cat("in place, on the step's thread: the ranks planned different collectives beside "
-                               "compute (", why, "), so every rank runs them in place");
-  why = ranks_disagree(comm, stage, collective_sequence(*again.p.c.graph, again.plan), &other);
+  std::optional<PlannedPrepared> again;
+  try {
+    again.emplace(plan_fused(prepare(in_place), budget, in_place));
+    again->plan.zero_stage = stage;
+    again->plan.zero_reason = pp->plan.zero_reason;
+    again->plan.collectives = cat("in place, on the step's thread: the ranks planned different collectives beside "
+                                  "compute (", why, "), so every rank runs them in place");
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  why = ranks_disagree(comm, again ? stage : kPlanFailed, sequence(again), &other);
+  if (failed) std::rethrow_exception(failed);
   if (!why.empty()) refuse(why, "Give every rank the same options and budget");
-  return again;
+  return std::move(*again);
 }
 
 // The training step planned at the pinned ZeRO stage, or at the one the
-// planner picks (CompileOptions::zero_stage).
-// `agree`: check with the other ranks (compile; plan_training only plans,
-// and may plan one rank alone, with dist::PlanOnly).
-static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, const Budget& budget,
-                                              const CompileOptions& o, bool agree) {
+// planner picks (CompileOptions::zero_stage), by this rank alone.
+static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const Budget& budget,
+                                           const CompileOptions& o) {
   if (!o.communicator) return plan_fused(prepare(o), budget, o);
   Communicator& comm = *o.communicator;
   if (o.zero_stage) {
     PlannedPrepared pp = plan_fused(prepare(o), budget, o, &prepare);
     pp.plan.zero_stage = *o.zero_stage;
     pp.plan.zero_reason = cat("pinned by CompileOptions::zero_stage, over ", comm.size(), " ranks");
-    return agree ? agree_with_ranks(std::move(pp), prepare, budget, o) : std::move(pp);
+    return pp;
   }
   const std::string no_stage2 = stage2_refusal(o);
   const int last = comm.size() == 1 ? 0 : no_stage2.empty() ? 3 : 1;
@@ -689,7 +710,23 @@ static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, co
   if (best->plan.zero_reason.empty())
     best->plan.zero_reason = cat("the fastest that fits (a higher stage only if 5% faster), chosen by the planner over ",
                                  comm.size(), " ranks (", tried, ")");
-  return agree ? agree_with_ranks(std::move(*best), prepare, budget, o) : std::move(*best);
+  return std::move(*best);
+}
+
+// plan_training_alone, and with `agree` (compile; plan_training only plans,
+// and may plan one rank alone, with dist::PlanOnly) checked with the other
+// ranks, a failure included.
+static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, const Budget& budget,
+                                              const CompileOptions& o, bool agree) {
+  if (!agree || !o.communicator) return plan_training_alone(prepare, budget, o);
+  std::optional<PlannedPrepared> pp;
+  std::exception_ptr failed;
+  try {
+    pp.emplace(plan_training_alone(prepare, budget, o));
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  return agree_with_ranks(std::move(pp), failed, prepare, budget, o);
 }
 
 PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
