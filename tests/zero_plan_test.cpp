@@ -390,9 +390,53 @@ TEST_CASE("zero: ranks that would plan different collectives are made to agree a
   INFO(err);
   CHECK_THAT(agreed[0], Catch::Contains("in place") && Catch::Contains("planned different collectives"));
   CHECK_THAT(agreed[1], Catch::Contains("in place") && Catch::Contains("planned different collectives"));
+  CHECK(agreed[0] == agreed[1]);
   // Pinned beside compute on rank 1, in place is not rank 1's choice: both refuse, naming the difference.
   compile_both(true, &err);
   CHECK_THAT(err, Catch::Contains("would not communicate") && Catch::Contains("collectives") &&
                       Catch::Contains("overlap_collectives is pinned"));
   CHECK(err.find("would not communicate") != err.rfind("would not communicate"));  // on both ranks
+}
+
+// Stage 3 frees each gathered parameter after its forward reads and, where
+// the budget needs it, gathers it again before the backward reads it: a
+// recomputation of the all-gather (its shard does not change before the
+// update), chosen by the budget solve like any other.
+TEST_CASE("zero: stage 3 gathers a parameter again for the backward where the budget needs it", "[zero][budget]") {
+  zoo::Config c;
+  c.family = "gpt";
+  c.layers = 2;
+  c.width = 64;
+  c.batch = 4;
+  c.seq = 32;
+  c.vocab = 32;
+  zoo::Workload w = zoo::make(c);
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
+  o.zero_stage = 3;
+  o.offload_optimizer = false;
+  auto gathers = [](const PlannedStep& ps) {
+    int n = 0;
+    for (NodeId id : ps.plan.schedule) n += ps.graph->node(id).op->name() == "all_gather_parameter";
+    return n;
+  };
+  const PlannedStep free = zoo::plan(w, {}, o);
+  // No host memory to swap the gathered parameters to: the least the step
+  // can run in frees them after the forward and gathers them again.
+  Budget least{.device = free.plan.total_bytes() - 1, .host = 1};
+  const PlannedStep again = zoo::plan(w, least, o);
+  o.plan.recompute_collectives = false;
+  const PlannedStep once = zoo::plan(w, least, o);
+  INFO(plan::budget_summary(*again.graph, again.plan));
+  CHECK(gathers(once) == gathers(free));
+  CHECK(again.plan.min_feasible_bytes < once.plan.min_feasible_bytes);
+  // At the least that needs re-gathering, the plan gathers some parameter twice.
+  o.plan.recompute_collectives = true;
+  const PlannedStep tight = zoo::plan(w, Budget{.device = again.plan.min_feasible_bytes, .host = 1}, o);
+  CHECK(tight.plan.total_bytes() <= again.plan.min_feasible_bytes);
+  CHECK(gathers(tight) > gathers(free));
+  bool named = false;
+  for (const auto& d : tight.plan.decisions) named = named || d.reason.find("recomputed by all_gather_parameter") != std::string::npos;
+  CHECK(named);
+  CHECK(plan::verify(*tight.graph, tight.plan, tight.roots).ok());
 }

@@ -183,6 +183,7 @@ struct Trained {
   std::string collectives;             // where the plan runs them, and why
   int started = 0;                     // collectives run beside compute (ops::CollectiveStart)
   int overlapping = 0;                 // of those, with compute scheduled before their done
+  int gathers = 0;                     // stage 3's parameter all-gathers, a re-gather included
 };
 
 void note_plan(const Step& step, Trained& t) {
@@ -202,6 +203,7 @@ void note_plan(const Step& step, Trained& t) {
   // runs between its start and its done.
   const Graph& g = step.graph();
   const auto& order = step.plan().schedule;
+  for (NodeId n : order) t.gathers += g.node(n).op->name() == "all_gather_parameter";
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (!dynamic_cast<const ops::CollectiveStart*>(g.node(order[i]).op.get())) continue;
     ++t.started;
@@ -542,8 +544,8 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
                 z.host_state_bytes, " on the host, ZeRO's accounting says 0 and ", expect));
     }
     // Each sharded stage at its own smallest feasible budget (where stage 3's
-    // gathered parameters must be swapped or freed like activations, never
-    // gathered again): audited within it, and bit for bit stage 0.
+    // gathered parameters are swapped, or freed and gathered again):
+    // audited within it, and bit for bit stage 0.
     for (int stage : {1, 2, 3}) {
       const std::size_t planned = train_mlp(c, me * rows, rows, 1, {}, false, stage, false).planned;
       const std::size_t least = train_mlp(c, me * rows, rows, 1, Budget{.device = planned - 1}, false, stage).least;
@@ -684,6 +686,28 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
                   " bytes of AdamW moments on the host (ZeRO's accounting: ", expect, ") and ", z.state_bytes,
                   " bytes of optimizer state on the device"));
         if (!whole_grads) offloaded[std::size_t(stage)] = z.host_state_bytes, offloaded_param[std::size_t(stage)] = z.param_bytes;
+      }
+      // Stage 3 at the least its step runs in with no host memory to swap
+      // to: parameters freed after the forward and gathered again for the
+      // backward, every rank alike, bit for bit.
+      if (!whole_grads) {
+        GptRun r = base;
+        r.zero_stage = 3;
+        r.offload = false;
+        const Trained free3 = train_gpt(c, me * rows, rows, 1, r);
+        r.budget = Budget{.device = free3.planned - 1, .host = 1};
+        const double mine = double(train_gpt(c, me * rows, rows, 1, r).least);
+        std::vector<double> all(static_cast<std::size_t>(n));
+        c->all_gather(&mine, all.data(), 1, DType::f64, "test: stage 3's least budgets");
+        r.budget.device = std::size_t(*std::max_element(all.begin(), all.end()));
+        Trained z = train_gpt(c, me * rows, rows, steps, r);
+        check(z.gathers > free3.gathers, cat("gpt", with, " stage 3 at ", r.budget.device, " bytes, no host memory: ",
+                                             z.gathers, " parameter gathers, ", free3.gathers, " unconstrained"));
+        check(z.planned <= r.budget.device && z.losses == s0.losses && same_params(z.params, s0.params),
+              cat("gpt", with, ": stage 3 gathering parameters again for the backward trains bit for bit as stage 0"));
+        if (me == 0)
+          std::cout << "gpt, " << n << " ranks, stage 3 with no host memory: " << z.gathers << " gathers (unconstrained "
+                    << free3.gathers << ") at " << r.budget.device << " B (unconstrained " << free3.planned << ")\n";
       }
     }
     // A checkpoint of sharded state, one file per rank: saved after 5

@@ -68,6 +68,10 @@ class Op {
   // A collective over the ranks of a data-parallel job (ops/collective.hpp,
   // ops/zero.hpp): its scratch is reported as communication buffers.
   virtual bool is_collective() const { return false; }
+  // Running it again gives the same outputs from the same inputs, although
+  // it writes one (a collective advances the ranks' collective count, which
+  // only numbers the collectives in errors): the planner may recompute it.
+  virtual bool repeatable() const { return mutated_inputs().empty(); }
 };
 
 // What a transfer is, as plan/ and runtime/ see it (graph/ cannot name

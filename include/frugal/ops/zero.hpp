@@ -224,7 +224,9 @@ class AllGatherShards final : public Op {
 // from every rank's shard (Communicator::all_gather of the zero-padded
 // chunks), in the parameter's shape. The forward reads it where it would
 // read the parameter; it is a value like an activation, which the planner
-// keeps, swaps or frees, and is never recomputed (it writes the sequence).
+// keeps, swaps or frees and gathers again before the backward reads it
+// (a recomputation: the shard does not change until the update; the
+// sequence it advances only counts).
 class AllGatherParameter final : public Op {
  public:
   ~AllGatherParameter() override;
@@ -240,6 +242,7 @@ class AllGatherParameter final : public Op {
   const std::string& what() const { return what_; }
   std::string name() const override { return "all_gather_parameter"; }
   bool is_collective() const override { return true; }
+  bool repeatable() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
     expect_scalar(name(), "the communicator's collective count", in[1], DType::i64);

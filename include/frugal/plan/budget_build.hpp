@@ -59,7 +59,8 @@ struct BuiltProblem {
 
 inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeId>& schedule,
                                          std::span<const ValueId> roots, const Budget& budget, const Prices& prices,
-                                         bool inplace = true, bool host_updates = false) {
+                                         bool inplace = true, bool host_updates = false,
+                                         bool recompute_collectives = true) {
   const int T = int(schedule.size());
   BuiltProblem built;
   BudgetProblem& p = built.problem;
@@ -337,8 +338,12 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
   const std::size_t C0 = p.candidates.size();
   std::vector<int> pending_of(C0, -1);
   for (std::size_t k = 0; k < recompute_later.size(); ++k) pending_of[std::size_t(recompute_later[k].candidate)] = int(k);
+  // A collective is run again only where every rank will: PlanOptions::
+  // recompute_collectives (compile turns it off where the ranks' plans of
+  // it differ).
   auto clonable = [&](const Node& n) {
-    return n.op->mutated_inputs().empty() && !n.op->as_transfer() && !n.op->is_view() && !n.outputs.empty();
+    return n.op->repeatable() && (recompute_collectives || !n.op->is_collective()) && !n.op->as_transfer() &&
+           !n.op->is_view() && !n.outputs.empty();
   };
   auto gap_at = [&](ValueId root, int q) -> const Gap* {
     for (const Gap& gp : gaps[std::size_t(root)])
@@ -371,10 +376,14 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
         const int prod = pos_of[std::size_t(nid)];
         pl.ms += prices.op_ms[std::size_t(prod)];
         ++pl.ops;
-        for (ValueId in : n.inputs) {
+        const auto writes = n.op->mutated_inputs();
+        for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+          const ValueId in = n.inputs[i];
           const ValueId root = view_root(g, in);
+          // A repeatable op's own writes (a collective's count) only count.
+          const bool own_count = std::find(writes.begin(), writes.end(), int(i)) != writes.end();
           for (int m : mutated_at[std::size_t(root)])
-            if (m >= prod && m < q) pl.ok = false;  // it would read a value already overwritten
+            if (!own_count && m >= prod && m < q) pl.ok = false;  // it would read a value already overwritten
           const Value& rv = g.value(root);
           if (rv.kind == ValueKind::parameter || rv.kind == ValueKind::state) {
             for (const Gap& gp : gaps[std::size_t(root)])

@@ -101,7 +101,8 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
 
   Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
   for (NodeId n : schedule) prices.op_ms.push_back(price.op_ms(*g, n));
-  BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace, !o.offload_optimizer.has_value());
+  BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace, !o.offload_optimizer.has_value(),
+                                            o.recompute_collectives);
   const BudgetProblem& problem = built.problem;
 
   auto realize = [&](const Solution& s) {

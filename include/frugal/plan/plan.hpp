@@ -33,6 +33,11 @@ struct PlanOptions {
   // for each state where the budget binds. false: never. true: all of it,
   // moved there before planning (compile does, by offload_optimizer_state).
   std::optional<bool> offload_optimizer;
+  // Whether the budget solve may run a repeatable collective again (stage
+  // 3's all-gather of a parameter, before the backward reads it) instead of
+  // keeping or swapping what it gathered. Every rank must decide alike: a
+  // collective one rank runs and another does not waits forever.
+  bool recompute_collectives = true;
 };
 
 struct Plan {

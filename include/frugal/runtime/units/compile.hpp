@@ -603,9 +603,10 @@ static std::string ranks_disagree(Communicator& comm, int stage, const Collectiv
 // The step each rank compiled, checked against the others. Where their
 // collectives differ (one rank's budget binds and another's does not, or
 // their cores differ, so one runs them beside compute in buckets and
-// another in place), and no rank pinned them beside compute, every rank
-// plans them in place again: then each gradient has its own collective,
-// in capture order, the same on every rank.
+// another in place; or their budget solves gather a parameter again in
+// different places), and no rank pinned them beside compute, every rank
+// plans them in place again, gathering nothing twice: then each gradient
+// has its own collective, in capture order, the same on every rank.
 // `pp` is this rank's plan, or `failed` why it has none: the others learn
 // that before it is rethrown here.
 static PlannedPrepared agree_with_ranks(std::optional<PlannedPrepared> pp, std::exception_ptr failed,
@@ -636,14 +637,15 @@ static PlannedPrepared agree_with_ranks(std::optional<PlannedPrepared> pp, std::
                 "(overlap_collectives, bucket_bytes) and budget, or leave overlap_collectives unset");
   CompileOptions in_place = o;
   in_place.overlap_collectives = false;
+  in_place.plan.recompute_collectives = false;  // a re-gather is each rank's budget's choice
   in_place.zero_stage = stage;
   std::optional<PlannedPrepared> again;
   try {
     again.emplace(plan_fused(prepare(in_place), budget, in_place));
     again->plan.zero_stage = stage;
     again->plan.zero_reason = pp->plan.zero_reason;
-    again->plan.collectives = cat("in place, on the step's thread: the ranks planned different collectives beside "
-                                  "compute (", why, "), so every rank runs them in place");
+    again->plan.collectives = cat("in place, on the step's thread: the ranks planned different collectives (", why,
+                                  "), so every rank runs them in place and gathers no parameter twice");
   } catch (...) {
     failed = std::current_exception();
   }
