@@ -133,3 +133,24 @@ TEST_CASE("Under a binding budget its host-tier swaps go through Backend::transf
   CHECK(sep->moved > 0);                  // the swaps ran through the backend...
   CHECK(sep->issued.load() == sep->moved.load());  // ...each one ordered after the compute before it
 }
+
+TEST_CASE("Optimizer offload pinned on a backend whose kernels cannot read host memory is refused, naming it",
+          "[step][devicecopies][offload]") {
+  nn::manual_seed(9);
+  Mlp m;
+  optim::AdamW opt(m.parameters(), {.lr = 1e-2});
+  CompileOptions o{.use_backend = std::make_shared<SeparateMemory>()};
+  o.offload_optimizer = true;
+  CHECK_THROWS_WITH(compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                            {input<float>({8, 20}), input<std::int32_t>({8})}, opt, {}, o),
+                    Catch::Contains("offload_optimizer") && Catch::Contains("cannot read host memory"));
+  // Left to the planner, it is off there: a binding budget is met otherwise.
+  o.offload_optimizer.reset();
+  const std::size_t need = plan_training([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                                         {input<float>({8, 20}), input<std::int32_t>({8})}, opt)
+                               .plan.total_bytes();
+  Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                      {input<float>({8, 20}), input<std::int32_t>({8})}, opt, Budget{.device = need - 1, .host = 1u << 20}, o);
+  CHECK(step.plan().count(plan::Choice::host_update) == 0);
+  CHECK(step.plan().optimizer_offload.empty());
+}

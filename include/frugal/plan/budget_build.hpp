@@ -16,10 +16,10 @@
 #include <numeric>
 
 #include "../ops/collective.hpp"
-#include "offload.hpp"
 #include "../ops/transfer.hpp"
 #include "budget.hpp"
 #include "budget_problem.hpp"
+#include "offload.hpp"
 #include "liveness.hpp"
 
 namespace frugal::plan {

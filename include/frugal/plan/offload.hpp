@@ -3,7 +3,7 @@
 // value need it on the device, which optimizer state may live on the host
 // with its update run there (ops::HostUpdate), and the pass that puts all
 // of it there when CompileOptions::offload_optimizer pins it.
-#include <map>
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <vector>
