@@ -45,6 +45,18 @@ PlannedStep plan_rank(ZeroMlp& m, Optimizer& opt, int rank, int ranks, std::opti
   return plan_training([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
 }
 
+// The zoo's gpt at 2 layers of width 64, 4 x 32 tokens, over `vocab`.
+zoo::Config small_gpt(int vocab) {
+  zoo::Config c;
+  c.family = "gpt";
+  c.layers = 2;
+  c.width = 64;
+  c.batch = 4;
+  c.seq = 32;
+  c.vocab = vocab;
+  return c;
+}
+
 std::size_t kind_bytes(const Plan& p, const std::string& kind) {
   auto it = p.persistent_by_kind.find(kind);
   return it == p.persistent_by_kind.end() ? 0 : it->second;
@@ -265,13 +277,7 @@ TEST_CASE("zero: left to choose, collectives run beside compute only with a core
 // text). A budget one byte below a priced plan's device bytes is met by a
 // priced plan with one more eviction, at every stage.
 TEST_CASE("zero: a pinned stage one byte below a priced plan of it is planned priced, not least-memory", "[zero][budget]") {
-  zoo::Config c;
-  c.family = "gpt";
-  c.layers = 2;
-  c.width = 64;
-  c.batch = 4;
-  c.seq = 32;
-  c.vocab = 29;  // the sample's generated text: shards that do not split evenly
+  zoo::Config c = small_gpt(29);  // the sample's generated text: shards that do not split evenly
   for (int stage : {0, 1, 2, 3}) {
     INFO("stage " << stage);
     zoo::Workload w = zoo::make(c);
@@ -403,13 +409,7 @@ TEST_CASE("zero: ranks that would plan different collectives are made to agree a
 // recomputation of the all-gather (its shard does not change before the
 // update), chosen by the budget solve like any other.
 TEST_CASE("zero: stage 3 gathers a parameter again for the backward where the budget needs it", "[zero][budget]") {
-  zoo::Config c;
-  c.family = "gpt";
-  c.layers = 2;
-  c.width = 64;
-  c.batch = 4;
-  c.seq = 32;
-  c.vocab = 32;
+  zoo::Config c = small_gpt(32);
   zoo::Workload w = zoo::make(c);
   CompileOptions o;
   o.communicator = std::make_shared<dist::PlanOnly>(0, 2);

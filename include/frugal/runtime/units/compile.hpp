@@ -579,18 +579,16 @@ static CollectiveSequence collective_sequence(const Graph& g, const Plan& p) {
 // A rank whose planning failed says so with this stage, so that the others
 // learn it at once instead of waiting for it in the next collective.
 inline constexpr int kPlanFailed = -2;
-static std::string ranks_disagree(Communicator& comm, int stage, const CollectiveSequence& seq, int* other) {
+static std::string ranks_disagree(Communicator& comm, int stage, const CollectiveSequence& seq) {
   const std::size_t n = std::size_t(comm.size());
   std::vector<std::int64_t> all(3 * n);
   const std::int64_t mine[3] = {stage, seq.count, seq.hash};
   comm.all_gather(mine, all.data(), 3, DType::i64, "the ZeRO stage and collectives each rank compiled its step with");
   for (std::size_t r = 0; r < n; ++r)
     if (all[3 * r] == kPlanFailed) {
-      *other = int(r);
       return cat("rank ", r, " could not plan its step (its own error says why)");
     }
   for (std::size_t r = 1; r < n; ++r) {
-    *other = int(r);
     if (all[3 * r] != all[0])
       return cat("rank ", r, " planned its step at ZeRO stage ", all[3 * r], " and rank 0 at stage ", all[0]);
     if (all[3 * r + 1] != all[1] || all[3 * r + 2] != all[2])
@@ -616,8 +614,7 @@ static PlannedPrepared agree_with_ranks(std::optional<PlannedPrepared> pp, std::
     return x ? collective_sequence(*x->p.c.graph, x->plan) : CollectiveSequence{};
   };
   const int stage = pp ? pp->plan.zero_stage : kPlanFailed;
-  int other = 0;
-  std::string why = ranks_disagree(comm, stage, sequence(pp), &other);
+  std::string why = ranks_disagree(comm, stage, sequence(pp));
   if (failed) std::rethrow_exception(failed);
   if (why.empty()) return std::move(*pp);
   auto refuse = [&](const std::string& what, const std::string& advice) {
@@ -649,7 +646,7 @@ static PlannedPrepared agree_with_ranks(std::optional<PlannedPrepared> pp, std::
   } catch (...) {
     failed = std::current_exception();
   }
-  why = ranks_disagree(comm, again ? stage : kPlanFailed, sequence(again), &other);
+  why = ranks_disagree(comm, again ? stage : kPlanFailed, sequence(again));
   if (failed) std::rethrow_exception(failed);
   if (!why.empty()) refuse(why, "Give every rank the same options and budget");
   return std::move(*again);
