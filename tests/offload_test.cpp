@@ -215,3 +215,38 @@ TEST_CASE("offload: a checkpoint of offloaded state resumes bit for bit", "[offl
   CHECK(resumed == through);
   CHECK(same_bits(b.parameters(), a.parameters()));
 }
+
+TEST_CASE("offload: guarded by a loss scaler, the offloaded updates give the same bits and the same scale",
+          "[offload][loss_scaling]") {
+  struct Scaled {
+    std::vector<float> losses;
+    std::vector<Tensor> params;
+    float scale = 0;
+    int host_update_nodes = 0;
+  };
+  auto run = [](std::optional<bool> offload) {
+    nn::manual_seed(5);
+    OffloadMlp m;
+    optim::AdamW opt(m.parameters(), {.lr = 0.05});
+    optim::LossScaler scaler({.init_scale = 1024, .growth_interval = 2});
+    CompileOptions o;
+    o.threads = 1;
+    o.offload_optimizer = offload;
+    o.loss_scaler = &scaler;
+    Step step = compile([&](Var x) { return mean(m.forward(x) * m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+    Scaled r;
+    for (int s = 0; s < 6; ++s) r.losses.push_back(step.run(offload_batch(s)));
+    for (const Tensor& p : m.parameters()) r.params.push_back(p.clone());
+    r.scale = scaler.scale();
+    for (NodeId n : step.plan().schedule)
+      r.host_update_nodes += dynamic_cast<const ops::HostUpdate*>(step.graph().node(n).op.get()) != nullptr;
+    return r;
+  };
+  const Scaled device = run(std::nullopt), host = run(true);
+  CHECK(host.host_update_nodes == 6);
+  CHECK(device.host_update_nodes == 0);
+  CHECK(host.scale == device.scale);
+  CHECK(host.scale > 1024);  // it grew: the guarded updates ran
+  CHECK(host.losses == device.losses);
+  CHECK(same_bits(host.params, device.params));
+}

@@ -269,11 +269,12 @@ struct GptRun {
   bool overlap_collectives = true;
   std::size_t bucket_bytes = 1024;  // buckets of a few of its 29 gradients
   std::optional<bool> offload;      // CompileOptions::offload_optimizer
+  int layers = 2;
 };
 
 Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps, GptRun run = {}) {
   nn::manual_seed(12);
-  nn::Gpt m({.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2});
+  nn::Gpt m({.vocab = kVocab, .context = kSeq, .layers = run.layers, .d_model = 16, .heads = 2});
   optim::AdamW opt(m.parameters(), {.lr = 3e-3});
   CompileOptions o;
   o.threads = 1;
@@ -687,23 +688,29 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
                   " bytes of optimizer state on the device"));
         if (!whole_grads) offloaded[std::size_t(stage)] = z.host_state_bytes, offloaded_param[std::size_t(stage)] = z.param_bytes;
       }
-      // Stage 3 at the least its step runs in with no host memory to swap
+      // Stage 3 under a budget it meets only with no host memory to swap
       // to: parameters freed after the forward and gathered again for the
-      // backward, every rank alike, bit for bit.
+      // backward, every rank alike, bit for bit against stage 0 of the same
+      // model (one layer: each binding budget solve searches for its least
+      // memory, seconds on two layers).
       if (!whole_grads) {
         GptRun r = base;
+        r.layers = 1;
+        const Trained one_layer = train_gpt(c, me * rows, rows, steps, r);
         r.zero_stage = 3;
         r.offload = false;
         const Trained free3 = train_gpt(c, me * rows, rows, 1, r);
-        r.budget = Budget{.device = free3.planned - 1, .host = 1};
-        const double mine = double(train_gpt(c, me * rows, rows, 1, r).least);
+        // 0.77 of the largest rank's unconstrained bytes (its least is about
+        // 0.74 of them at 2 and 4 ranks): one budget solve per rank.
+        const double mine = double(free3.planned);
         std::vector<double> all(static_cast<std::size_t>(n));
-        c->all_gather(&mine, all.data(), 1, DType::f64, "test: stage 3's least budgets");
-        r.budget.device = std::size_t(*std::max_element(all.begin(), all.end()));
+        c->all_gather(&mine, all.data(), 1, DType::f64, "test: stage 3's unconstrained bytes");
+        r.budget = Budget{.device = std::size_t(*std::max_element(all.begin(), all.end()) * 0.77), .host = 1};
         Trained z = train_gpt(c, me * rows, rows, steps, r);
         check(z.gathers > free3.gathers, cat("gpt", with, " stage 3 at ", r.budget.device, " bytes, no host memory: ",
                                              z.gathers, " parameter gathers, ", free3.gathers, " unconstrained"));
-        check(z.planned <= r.budget.device && z.losses == s0.losses && same_params(z.params, s0.params),
+        check(z.planned <= r.budget.device, cat("gpt", with, " stage 3: the plan's ", z.planned, " bytes fit ", r.budget.device));
+        check(z.losses == one_layer.losses && same_params(z.params, one_layer.params),
               cat("gpt", with, ": stage 3 gathering parameters again for the backward trains bit for bit as stage 0"));
         if (me == 0)
           std::cout << "gpt, " << n << " ranks, stage 3 with no host memory: " << z.gathers << " gathers (unconstrained "

@@ -37,7 +37,7 @@ class Step {
     std::vector<ValueId> roots;  // values that must survive to the end of the step
     std::string nvme_dir;        // where the NVMe tier's file goes, if the plan spills
     // Re-solves the budget with measured op times (set when the plan made
-    // budget decisions and re-planning is on).
+    // budget decisions and re-planning is on); a null graph: keep the plan.
     std::function<std::pair<std::shared_ptr<Graph>, Plan>(const plan::OpTimeRecorder&)> replanner;
     ValueId grad_norm = kNoValue;  // CompileOptions::clip_grad_norm's total norm (a root)
     Tensor skip_stats;             // CompileOptions::skip_non_finite's i64[2] {skipped, last skipped}

@@ -784,9 +784,17 @@ static Step build_step(PlannedPrepared pp, const Budget& budget, const CompileOp
     auto roots = parts.roots;
     auto plan_opts = plan_options(o, *p.backend);
     bool verify = o.verify;
-    parts.replanner = [captured, budget, cm, roots, plan_opts, verify, fused, o](const plan::OpTimeRecorder& times) {
+    // Each rank re-plans on its own measured times. A re-plan that would run
+    // other collectives than the plan every rank agreed on at compile (a
+    // stage-3 re-gather moved or dropped) is not taken: the ranks' sequences
+    // would part.
+    const CollectiveSequence agreed = collective_sequence(*parts.graph, parts.plan);
+    parts.replanner = [captured, budget, cm, roots, plan_opts, verify, fused, o,
+                       agreed](const plan::OpTimeRecorder& times) -> std::pair<std::shared_ptr<Graph>, Plan> {
       cm->set_measured(times);
       auto solved = plan::solve_budget(captured, roots, budget, plan::prices_from(cm), plan_opts);
+      const CollectiveSequence seq = collective_sequence(*solved.graph, solved.plan);
+      if (seq.count != agreed.count || seq.hash != agreed.hash) return {nullptr, Plan{}};
       solved.plan.optimizer_offload = offload_note(solved.plan, o);
       if (verify) {
         auto report = plan::verify(*solved.graph, solved.plan, roots);

@@ -169,8 +169,10 @@ void Step::replan_if_due() {
     return;
   }
   // The arena (and the host pool and NVMe file) is reserved once: a re-plan
-  // runs in it, and one that needs more than was reserved is not taken.
-  if (!executor_->fits(next.second)) {
+  // runs in it, and one that needs more than was reserved is not taken;
+  // nor one the replanner declined (no graph: its collectives differ from
+  // those the ranks agreed on).
+  if (!next.first || !executor_->fits(next.second)) {
     replanned_ = true;
     return;
   }
