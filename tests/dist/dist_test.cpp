@@ -270,6 +270,7 @@ struct GptRun {
   std::size_t bucket_bytes = 1024;  // buckets of a few of its 29 gradients
   std::optional<bool> offload;      // CompileOptions::offload_optimizer
   int layers = 2;
+  bool recompute_collectives = true;  // PlanOptions::recompute_collectives
 };
 
 Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps, GptRun run = {}) {
@@ -285,6 +286,7 @@ Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.overlap_collectives = run.overlap_collectives;
   o.bucket_bytes = run.bucket_bytes;
   o.offload_optimizer = run.offload;
+  o.plan.recompute_collectives = run.recompute_collectives;
   Step step = compile([&](Var x, Var y) { return m.loss(x, y); },
                       {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, run.budget, o);
   Trained t;
@@ -706,6 +708,19 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         std::vector<double> all(static_cast<std::size_t>(n));
         c->all_gather(&mine, all.data(), 1, DType::f64, "test: stage 3's unconstrained bytes");
         r.budget = Budget{.device = std::size_t(*std::max_element(all.begin(), all.end()) * 0.77), .host = 1};
+        // The premise, from the graph alone (no price enters the least
+        // memory): without gathering again, this budget cannot be met.
+        {
+          GptRun once = r;
+          once.recompute_collectives = false;
+          bool refused = false;
+          try {
+            train_gpt(c, me * rows, rows, 1, once);
+          } catch (const BudgetError&) {
+            refused = true;
+          }
+          check(refused, cat("gpt", with, " stage 3: ", r.budget.device, " bytes with no host memory need a re-gather"));
+        }
         Trained z = train_gpt(c, me * rows, rows, steps, r);
         check(z.gathers > free3.gathers, cat("gpt", with, " stage 3 at ", r.budget.device, " bytes, no host memory: ",
                                              z.gathers, " parameter gathers, ", free3.gathers, " unconstrained"));
