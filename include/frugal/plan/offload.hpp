@@ -75,8 +75,9 @@ inline void run_updates_on_host(Graph& g, std::span<const NodeId> nodes, const s
 
 // The optimizer state of the whole step on the host (CompileOptions::
 // offload_optimizer = true): every state value that only parameter
-// updates read, with those updates run there. Returns its bytes.
-inline std::size_t offload_optimizer_state(Graph& g) {
+// updates read, with those updates run there (Plan::offloaded_by_kind
+// then counts its bytes).
+inline void offload_optimizer_state(Graph& g) {
   std::vector<char> movable(g.num_values(), 0), seen(g.num_values(), 0);
   for (const Node& n : g.nodes())
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
@@ -89,10 +90,6 @@ inline std::size_t offload_optimizer_state(Graph& g) {
   std::vector<NodeId> all(g.num_nodes());
   for (NodeId n = 0; n < NodeId(g.num_nodes()); ++n) all[std::size_t(n)] = n;
   run_updates_on_host(g, all, movable);
-  std::size_t bytes = 0;
-  for (ValueId v = 0; v < ValueId(g.num_values()); ++v)
-    if (movable[std::size_t(v)]) bytes += g.value(v).meta.nbytes();
-  return bytes;
 }
 
 }  // namespace frugal::plan
