@@ -416,9 +416,12 @@ TEST_CASE("zero: stage 3 gathers a parameter again for the backward where the bu
   o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
   o.zero_stage = 3;
   o.offload_optimizer = false;
-  auto gathers = [](const PlannedStep& ps) {
+  auto gathers = [](const PlannedStep& ps) {  // in place or, unconstrained on a machine with cores to spare, prefetched
     int n = 0;
-    for (NodeId id : ps.plan.schedule) n += ps.graph->node(id).op->name() == "all_gather_parameter";
+    for (NodeId id : ps.plan.schedule) {
+      const std::string op = ps.graph->node(id).op->name();
+      n += op == "all_gather_parameter" || op == "all_gather_parameter.start";
+    }
     return n;
   };
   const PlannedStep free = zoo::plan(w, {}, o);
@@ -440,4 +443,85 @@ TEST_CASE("zero: stage 3 gathers a parameter again for the backward where the bu
   for (const auto& d : tight.plan.decisions) named = named || d.reason.find("recomputed by all_gather_parameter") != std::string::npos;
   CHECK(named);
   CHECK(plan::verify(*tight.graph, tight.plan, tight.roots).ok());
+}
+
+// Stage 3 beside compute: each parameter's gather starts once the one
+// before it is done, so it runs while the forward computes with that
+// earlier parameter, and its own readers wait only for what is left.
+TEST_CASE("zero: stage 3 prefetches each parameter's gather while the compute before it runs", "[zero][overlap]") {
+  zoo::Workload w = zoo::make(small_gpt(32));
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
+  o.zero_stage = 3;
+  o.offload_optimizer = false;
+  o.overlap_collectives = true;
+  const PlannedStep ps = zoo::plan(w, {}, o);
+  const Graph& g = *ps.graph;
+  const auto& order = ps.plan.schedule;
+  CHECK_THAT(ps.plan.collectives, Catch::Contains("parameter gathers, each started once the one before it is done"));
+  std::vector<int> pos(g.num_nodes(), -1);
+  for (std::size_t t = 0; t < order.size(); ++t) pos[std::size_t(order[t])] = int(t);
+  auto gather_start = [&](NodeId n) {
+    auto* s = dynamic_cast<const ops::CollectiveStart*>(g.node(n).op.get());
+    return s && dynamic_cast<const ops::AllGatherParameter*>(&s->inner());
+  };
+  // Each gather's start and its done (the one reader of its output), in order.
+  std::vector<std::pair<int, int>> gathers;
+  for (std::size_t t = 0; t < order.size(); ++t) {
+    CHECK(g.node(order[t]).op->name() != "all_gather_parameter");  // none in place
+    if (!gather_start(order[t])) continue;
+    int done = -1;
+    for (std::size_t u = t + 1; u < order.size() && done < 0; ++u)
+      if (dynamic_cast<const ops::CollectiveDone*>(g.node(order[u]).op.get()) &&
+          g.node(order[u]).inputs[0] == g.node(order[t]).outputs[0])
+        done = int(u);
+    REQUIRE(done > int(t));
+    gathers.push_back({int(t), done});
+  }
+  o.overlap_collectives = false;
+  const PlannedStep in_place = zoo::plan(w, {}, o);
+  int gathered_in_place = 0;
+  for (NodeId n : in_place.plan.schedule) gathered_in_place += in_place.graph->node(n).op->name() == "all_gather_parameter";
+  REQUIRE(gathered_in_place > 4);
+  REQUIRE(int(gathers.size()) == gathered_in_place);
+  // Groups, by capture order (node ids): the parameters captured with no
+  // compute between them (one op's weight and bias, say) are gathered
+  // together; each later group starts once the group before it is done.
+  auto computes = [&](NodeId n) {
+    const Op& op = *g.node(n).op;
+    return !op.is_view() && !op.is_collective() && !dynamic_cast<const ops::CollectiveDone*>(&op);
+  };
+  std::vector<int> group(gathers.size(), 0);
+  for (std::size_t i = 1; i < gathers.size(); ++i) {
+    bool between = false;
+    for (NodeId n = order[std::size_t(gathers[i - 1].second)]; n < order[std::size_t(gathers[i].first)]; ++n)
+      between = between || computes(n);
+    group[i] = group[i - 1] + (between ? 1 : 0);
+  }
+  REQUIRE(group.back() > 4);
+  int overlapped = 0;
+  for (std::size_t i = 0; i < gathers.size(); ++i) {
+    if (group[i] == 0) continue;  // the first: nothing computes before it
+    INFO("gather " << i << " of " << gathers.size() << ", group " << group[i]);
+    const auto [start, done] = gathers[i];
+    // Started once the group before is done, not earlier: at most one
+    // group of parameters is gathered ahead of its readers.
+    std::size_t last_before = i;
+    while (group[last_before] == group[i]) --last_before;
+    CHECK(gathers[last_before].second < start);
+    // Forward compute reading a parameter of the group before runs while it is in flight.
+    bool reads_before = false;
+    for (int t = start + 1; t < done; ++t) {
+      const Node& n = g.node(order[std::size_t(t)]);
+      if (n.phase != Phase::forward || !computes(order[std::size_t(t)])) continue;
+      for (ValueId in : n.inputs)
+        for (std::size_t k = 0; k < gathers.size(); ++k)
+          if (group[k] == group[i] - 1 &&
+              plan::view_root(g, in) == plan::view_root(g, g.node(order[std::size_t(gathers[k].second)]).outputs[0]))
+            reads_before = true;
+    }
+    CHECK(reads_before);
+    overlapped += reads_before;
+  }
+  CHECK(overlapped > int(gathers.size()) / 2);
 }

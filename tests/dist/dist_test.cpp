@@ -184,6 +184,7 @@ struct Trained {
   int started = 0;                     // collectives run beside compute (ops::CollectiveStart)
   int overlapping = 0;                 // of those, with compute scheduled before their done
   int gathers = 0;                     // stage 3's parameter all-gathers, a re-gather included
+  int gathers_started = 0;             // of those, started beside compute (prefetched)
 };
 
 void note_plan(const Step& step, Trained& t) {
@@ -203,7 +204,11 @@ void note_plan(const Step& step, Trained& t) {
   // runs between its start and its done.
   const Graph& g = step.graph();
   const auto& order = step.plan().schedule;
-  for (NodeId n : order) t.gathers += g.node(n).op->name() == "all_gather_parameter";
+  for (NodeId n : order) {
+    const std::string op = g.node(n).op->name();
+    t.gathers += op == "all_gather_parameter" || op == "all_gather_parameter.start";
+    t.gathers_started += op == "all_gather_parameter.start";
+  }
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (!dynamic_cast<const ops::CollectiveStart*>(g.node(order[i]).op.get())) continue;
     ++t.started;
@@ -659,11 +664,16 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
               cat("gpt", with, ": ZeRO stage ", stage, " trains bit for bit as stage 0 over ", n, " ranks"));
         check(z.overlapping > 0, cat("gpt", with, " stage ", stage, ": ", z.overlapping, " of ", z.started,
                                      " gradient collectives overlap compute"));
-        if (stage == 2) {
+        if (stage == 3)  // each parameter's gather prefetched while the compute before it runs
+          check(z.gathers > 0 && z.gathers_started == z.gathers,
+                cat("gpt stage 3: ", z.gathers_started, " of ", z.gathers, " parameter gathers beside compute"));
+        if (stage >= 2) {
           r.overlap_collectives = false;
           Trained sync = train_gpt(c, me * rows, rows, steps, r);
+          check(sync.gathers_started == 0 && sync.started == 0, "gpt: in place, no collective starts beside compute");
           check(sync.losses == z.losses && same_params(sync.params, z.params),
-                cat("gpt", with, ": reduce-scatters beside compute train bit for bit as in place, stage 2"));
+                cat("gpt", with, ": ", stage == 2 ? "reduce-scatters" : "reduce-scatters and prefetched gathers",
+                    " beside compute train bit for bit as in place, stage ", stage));
         }
         check(same_on_every_rank(*c, z.params), cat("gpt stage ", stage, with, ": every rank holds the same bits"));
         const std::size_t expect = zero_state_bytes(z.params, 2, me, n, stage);

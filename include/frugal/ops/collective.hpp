@@ -189,13 +189,21 @@ class CollectiveDone final : public Op {
 namespace frugal {
 
 // The collective `op` on `in`, as a start and its dones
-// (ops::CollectiveStart): the outputs, readable once it has finished.
-inline std::vector<Var> start_collective(std::shared_ptr<const Op> op, const std::vector<Var>& in) {
+// (ops::CollectiveStart): the outputs, readable once it has finished. The
+// start runs no earlier than the nodes `after` (a prefetch's place: ZeRO
+// stage 3 starts a parameter's gather once the one before it is done).
+inline std::vector<Var> start_collective(std::shared_ptr<const Op> op, const std::vector<Var>& in,
+                                         const std::vector<NodeId>& after = {}) {
   Graph& g = *in.at(0).graph;
   const std::string name = op->name();
   std::vector<ValueId> ids;
   for (const Var& v : in) ids.push_back(v.id);
   g.apply(std::make_shared<ops::CollectiveStart>(std::move(op)), ids);
+  if (!after.empty()) {
+    std::vector<NodeId> before = g.node(g.last_node()).after;
+    before.insert(before.end(), after.begin(), after.end());
+    g.set_after(g.last_node(), std::move(before));
+  }
   const Node& start = g.node(g.last_node());
   const std::vector<ValueId> outs(start.results().begin(), start.results().end());
   std::vector<ValueId> rest;  // the scratch, if any, and the inputs in the step's memory

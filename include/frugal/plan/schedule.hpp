@@ -42,7 +42,9 @@ inline std::vector<NodeId> schedule(const Graph& g, const std::vector<bool>& liv
   // activations' peak, which a budget that binds cannot afford: the gpt
   // sample's least under ZeRO 1 rises from 8.1 to 10.9 MiB. A forward
   // collective, ZeRO 3's gather of a parameter, keeps its place at the
-  // parameter's first read.)
+  // parameter's first read; started beside compute, it is ordered after the
+  // gather before it is done (Node::after), so it starts there and runs
+  // while that earlier parameter's readers compute: a prefetch.)
   auto urgent = [&](NodeId v) {
     const Node& node = g.node(v);
     return node.phase == Phase::optimizer || dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr;

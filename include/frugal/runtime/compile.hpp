@@ -309,12 +309,12 @@ PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budge
 
 // Under ZeRO stage 3, makes the parameters the optimizer trains read
 // gathered from this rank's shards (Graph::set_parameter_source).
-void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o);
+void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o, const std::string& backend);
 
 template <class Fn>
 Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer& opt, const CompileOptions& o) {
   auto backend = backend_for(o);
-  auto c = capture(fn, specs, backend, o.training, [&](Captured& c) { gather_parameters_from_shards(c, opt, o); });
+  auto c = capture(fn, specs, backend, o.training, [&](Captured& c) { gather_parameters_from_shards(c, opt, o, backend->name()); });
   return prepare_training(std::move(backend), std::move(c), opt, o);
 }
 

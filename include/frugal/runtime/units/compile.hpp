@@ -130,7 +130,9 @@ static int zero_stage_of(const CompileOptions& o) {
   return stage;
 }
 
-void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o) {
+static std::pair<bool, std::string> overlap_choice(const CompileOptions& o, const std::string& backend);
+
+void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o, const std::string& backend) {
   if (!o.communicator || o.zero_stage.value_or(0) != 3) return;
   auto gathered = std::make_shared<std::vector<GatheredParameter>>();
   c.gathered = gathered;
@@ -138,15 +140,42 @@ void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOpt
   for (std::size_t i = 0; i < opt.params().size(); ++i) index_of.emplace(opt.params()[i].raw(), i);
   std::shared_ptr<Communicator> comm = o.communicator;
   Optimizer* trains = &opt;
-  c.graph->set_parameter_source([=](Graph&, const Tensor& t, const std::string& name) -> ValueId {
+  // Beside compute, each gather is prefetched: it starts once the gathers
+  // of the parameters read before it are done, so it runs while the
+  // compute reading those does. Parameters one op reads together (a layer
+  // norm's weight and bias) are gathered together, after the same ones.
+  const bool beside = overlap_choice(o, backend).first;
+  struct Prefetch {
+    NodeId after = -1;           // the done the current group's gathers start after
+    NodeId last_done = -1;       // the latest gather's done
+    std::size_t nodes_then = 0;  // the graph's node count just after it
+  };
+  auto prefetch = std::make_shared<Prefetch>();
+  c.graph->set_parameter_source([=](Graph& g, const Tensor& t, const std::string& name) -> ValueId {
     auto it = index_of.find(t.raw());
     if (it == index_of.end()) return kNoValue;  // frozen: read whole, from its tensor
     const ZeroShard s = ZeroShard::of(t.numel(), comm->rank(), comm->size());
     if (!s.every_rank_has_elements()) return kNoValue;  // too small to shard: whole on every rank
     Var shard = persistent_var(trains->parameter_shard(it->second, s), ValueKind::parameter, name + ".shard");
-    Var whole = frugal::apply(std::make_shared<ops::AllGatherParameter>(
-                                  comm, s, t.shape(), cat("parameter '", name, "' (", s.str(), " on rank ", s.rank, ")")),
-                              collective_inputs({shard}, comm))[0];
+    auto op = std::make_shared<ops::AllGatherParameter>(comm, s, t.shape(),
+                                                       cat("parameter '", name, "' (", s.str(), " on rank ", s.rank, ")"));
+    Var whole;
+    if (beside) {
+      Prefetch& f = *prefetch;
+      bool computed = false;  // since the latest gather: a new group
+      for (std::size_t n = f.nodes_then; n < g.num_nodes() && !computed; ++n) {
+        const Op& op = *g.node(NodeId(n)).op;
+        computed = !op.is_view() && !op.is_collective();
+      }
+      if (computed) f.after = f.last_done;
+      std::vector<NodeId> after;
+      if (f.after >= 0) after.push_back(f.after);
+      whole = start_collective(std::move(op), collective_inputs({shard}, comm), after)[0];
+      f.last_done = g.value(whole.id).producer;
+      f.nodes_then = g.num_nodes();
+    } else {
+      whole = frugal::apply(std::move(op), collective_inputs({shard}, comm))[0];
+    }
     gathered->push_back({it->second, shard.id, whole.id, s});
     return whole.id;
   });
@@ -492,10 +521,18 @@ struct PlannedPrepared {
 };
 static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start);
 
-// Gradient collectives run beside compute (ops::CollectiveStart), and how many.
-static int started_collectives(const Graph& g) {
-  int n = 0;
-  for (const Node& node : g.nodes()) n += dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr;
+// Collectives run beside compute (ops::CollectiveStart), and of them, how
+// many gather a parameter (ZeRO stage 3).
+struct StartedCollectives {
+  int all = 0, gathers = 0;
+};
+static StartedCollectives started_collectives(const Graph& g) {
+  StartedCollectives n;
+  for (const Node& node : g.nodes())
+    if (auto* s = dynamic_cast<const ops::CollectiveStart*>(node.op.get())) {
+      ++n.all;
+      n.gathers += dynamic_cast<const ops::AllGatherParameter*>(&s->inner()) != nullptr;
+    }
   return n;
 }
 
@@ -507,9 +544,9 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
                                   const PrepareTraining* prepare = nullptr) {
   const ops::FusionReport fused = fuse_prepared(p, o);
   offload_pinned(p, o);
-  const int started = started_collectives(*p.c.graph);
+  const StartedCollectives started = started_collectives(*p.c.graph);
   plan::Unconstrained start = plan::plan_unconstrained(*p.c.graph, p.roots, plan_options(o, *p.backend));
-  if (prepare && started > 0 && budget.device > 0 && start.plan.total_bytes() > budget.device) {
+  if (prepare && started.all > 0 && budget.device > 0 && start.plan.total_bytes() > budget.device) {
     CompileOptions in_place = o;
     in_place.overlap_collectives = false;
     PlannedPrepared pp = plan_fused((*prepare)(in_place), budget, in_place);
@@ -522,10 +559,15 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
   note_fusion(plan, fused);
   if (o.communicator && o.communicator->size() > 1) {
     const std::string why = overlap_choice(o, p.backend->name()).second;
-    plan.collectives = started == 0 ? why
-                                    : cat(started, " gradient collective", started == 1 ? "" : "s",
-                                          " beside compute, on a thread of their own, at most ",
-                                          o.plan.collectives_in_flight, " in flight (", why, ")");
+    const int grads = started.all - started.gathers;
+    const std::string gathers =
+        started.gathers == 0 ? ""
+                             : cat(started.gathers, " parameter gather", started.gathers == 1 ? "" : "s",
+                                   ", each started once the one before it is done", grads == 0 ? "" : ", and ");
+    plan.collectives = started.all == 0 ? why
+                                        : cat(gathers, grads == 0 ? "" : cat(grads, " gradient collective", grads == 1 ? "" : "s"),
+                                              " beside compute, on a thread of their own, at most ",
+                                              o.plan.collectives_in_flight, " in flight (", why, ")");
   }
   return {std::move(p), std::move(plan), std::move(captured), fused};
 }
