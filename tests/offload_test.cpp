@@ -120,7 +120,6 @@ TEST_CASE("offload: pinned, the optimizer state lives on the host and its update
 
 TEST_CASE("offload: where the budget binds, the budget solve moves optimizer state to the host first, at no copy",
           "[offload][budget]") {
-  const std::size_t psi = parameter_elements();
   const Run free = offload_train(std::nullopt);
   // One byte under the unconstrained step: a host update of one moment
   // meets it with nothing copied, nothing recomputed.

@@ -226,7 +226,7 @@ void note_plan(const Step& step, Trained& t) {
 Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::int64_t rows, int steps,
                   Budget budget = {}, bool audit_last = false, std::optional<int> zero_stage = {},
                   bool overlap = true, const std::function<void()>& compiled = {},
-                  std::optional<bool> offload = std::nullopt) {
+                  std::optional<bool> offload = std::nullopt, std::size_t bucket_bytes = 0) {
   nn::manual_seed(11);
   Mlp m;
   optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -235,7 +235,7 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.communicator = std::move(comm);
   o.zero_stage = zero_stage;
   o.overlap_collectives = overlap;
-  o.bucket_bytes = 0;  // a collective per gradient: 4 to overlap, not one bucket at the end
+  o.bucket_bytes = bucket_bytes;  // 0: a collective per gradient, 4 to overlap, not one bucket at the end
   o.offload_optimizer = offload;
   Step step = compile([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
                       {input<float>({rows, 16}), input<std::int32_t>({rows})}, opt, budget, o);
@@ -539,6 +539,17 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       const std::size_t params = zero_param_bytes(z.params, me, n, stage);
       check(z.param_bytes == params, cat("mlp stage ", stage, ": rank ", me, " keeps ", z.param_bytes,
                                          " bytes of parameters, ZeRO's accounting says ", params));
+      if (stage >= 2) {
+        // The sharded gradients reduce-scattered in one bucket (fc2's bias
+        // padded at 2 ranks, whole and all-reduced apart at 4): the bits of
+        // one collective per gradient.
+        Trained b = train_mlp(c, me * rows, rows, steps, {}, false, stage, true, {}, {}, std::size_t(1) << 20);
+        const int per_gradient = z.started - z.gathers_started, bucketed = b.started - b.gathers_started;
+        check(bucketed < per_gradient && bucketed == (n == 2 ? 1 : 2),
+              cat("mlp stage ", stage, ": ", bucketed, " gradient collectives in buckets of 1 MiB, ", per_gradient, " one by one"));
+        check(b.losses == z.losses && same_params(b.params, z.params),
+              cat("mlp stage ", stage, ": reduce-scatters in a bucket train bit for bit as one per gradient over ", n, " ranks"));
+      }
     }
     // Optimizer offload at every stage: the momentum (each rank's shard of
     // it) lives on the host, updated there; the same bits as stage 0.
@@ -668,6 +679,18 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
           check(z.gathers > 0 && z.gathers_started == z.gathers,
                 cat("gpt stage 3: ", z.gathers_started, " of ", z.gathers, " parameter gathers beside compute"));
         if (stage >= 2) {
+          // One collective per gradient, and all in one bucket: the same bits.
+          for (std::size_t bytes : {std::size_t(0), std::size_t(1) << 20}) {
+            GptRun rb = r;
+            rb.bucket_bytes = bytes;
+            Trained b = train_gpt(c, me * rows, rows, steps, rb);
+            const int scatters = b.started - b.gathers_started;
+            check(scatters == (bytes ? 1 : 29) && z.started - z.gathers_started > 1 && z.started - z.gathers_started < 29,
+                  cat("gpt stage ", stage, ": buckets of ", bytes, " bytes make ", scatters, " reduce-scatters (1024: ",
+                      z.started - z.gathers_started, ")"));
+            check(b.losses == z.losses && same_params(b.params, z.params),
+                  cat("gpt", with, " stage ", stage, ": reduce-scatters in buckets of ", bytes, " bytes train bit for bit as of 1024"));
+          }
           r.overlap_collectives = false;
           Trained sync = train_gpt(c, me * rows, rows, steps, r);
           check(sync.gathers_started == 0 && sync.started == 0, "gpt: in place, no collective starts beside compute");
@@ -711,6 +734,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         const Trained one_layer = train_gpt(c, me * rows, rows, steps, r);
         r.zero_stage = 3;
         r.offload = false;
+        r.overlap_collectives = false;  // as compile runs them under a budget that binds: the bytes it starts from
         const Trained free3 = train_gpt(c, me * rows, rows, 1, r);
         // 0.77 of the largest rank's unconstrained bytes (its least is about
         // 0.74 of them at 2 and 4 ranks): one budget solve per rank.

@@ -89,40 +89,64 @@ inline void gather_shards(Communicator& comm, const ZeroShard& s, const void* sh
 
 namespace frugal::ops {
 
-// Inputs (g, sequence [, skip]) -> this rank's shard of g averaged over the ranks:
-// Communicator::reduce_scatter_sum of g zero-padded to ranks * chunk
-// elements, divided by the rank count in g's dtype. `sequence` and `skip` as
-// for AllReduceMean (ops/collective.hpp).
+// Inputs (g1..gk, sequence [, skip]) -> this rank's shard of each g averaged
+// over the ranks: Communicator::reduce_scatter_sum of g zero-padded to
+// ranks * chunk elements, divided by the rank count in g's dtype. A bucket
+// (k > 1) of gradients of one dtype is one collective: the kernel packs
+// each rank's chunks of every gradient together, so one message carries
+// them all, and each element's rank-order sum is the one it would get
+// alone. `sequence` and `skip` as for AllReduceMean (ops/collective.hpp).
 class ReduceScatterMean final : public Op {
  public:
   ~ReduceScatterMean() override;
   ReduceScatterMean(std::shared_ptr<Communicator> c, ZeroShard s, std::string what)
-      : comm_(std::move(c)), shard_(s), what_(std::move(what)) {
+      : ReduceScatterMean(std::move(c), std::vector<ZeroShard>{s}, std::move(what)) {}
+  ReduceScatterMean(std::shared_ptr<Communicator> c, std::vector<ZeroShard> shards, std::string what)
+      : comm_(std::move(c)), shards_(std::move(shards)), what_(std::move(what)) {
     if (!comm_) fail("reduce_scatter_mean: no communicator");
+    if (shards_.empty()) fail("reduce_scatter_mean (", what_, "): a bucket of no gradients");
+    for (const ZeroShard& s : shards_)
+      if (s.rank != shards_[0].rank || s.ranks != shards_[0].ranks)
+        fail("reduce_scatter_mean (", what_, "): a bucket's shards are of one rank of one rank count; ", s.str(),
+             " and ", shards_[0].str());
   }
   Communicator& communicator() const { return *comm_; }
-  const ZeroShard& shard() const { return shard_; }
+  const std::vector<ZeroShard>& shards() const { return shards_; }
+  int tensors() const { return int(shards_.size()); }
   const std::string& what() const { return what_; }
   std::string name() const override { return "reduce_scatter_mean"; }
   bool is_collective() const override { return true; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
-    expect_collective_inputs(name(), in, 1);
-    expect_floating(name(), in[0]);
-    if (in[0].shape.numel() != shard_.numel)
-      fail<ShapeError>(name(), " (", what_, "): the gradient has ", in[0].shape.numel(), " elements, the shard was cut from ",
-                       shard_.numel);
-    return {{in[0].dtype, Shape{shard_.length}}};
+    const std::size_t k = shards_.size();
+    expect_collective_inputs(name(), in, k);
+    std::vector<TensorMeta> out;
+    for (std::size_t i = 0; i < k; ++i) {
+      expect_floating(name(), in[i]);
+      if (in[i].dtype != in[0].dtype)
+        fail(name(), " (", what_, "): a bucket's gradients share one dtype; gradient ", i, " is ", dtype_name(in[i].dtype),
+             ", gradient 0 ", dtype_name(in[0].dtype));
+      if (in[i].shape.numel() != shards_[i].numel)
+        fail<ShapeError>(name(), " (", what_, "): gradient ", i, " has ", in[i].shape.numel(),
+                         " elements, its shard was cut from ", shards_[i].numel);
+      out.push_back({in[i].dtype, Shape{shards_[i].length}});
+    }
+    return out;
   }
-  std::vector<int> mutated_inputs() const override { return {1}; }
+  std::vector<int> mutated_inputs() const override { return {tensors()}; }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta>) const override {
     // A ring reduce-scatter: each element leaves and arrives (n - 1) / n times.
     const double n = double(comm_->size());
-    return {double(in[0].shape.numel()) * (n - 1) / n, (n - 1) / n * double(in[0].nbytes()) * 2};
+    double elements = 0, bytes = 0;
+    for (std::size_t i = 0; i < shards_.size(); ++i) {
+      elements += double(in[i].shape.numel());
+      bytes += double(in[i].nbytes());
+    }
+    return {elements * (n - 1) / n, (n - 1) / n * bytes * 2};
   }
 
  private:
   std::shared_ptr<Communicator> comm_;
-  ZeroShard shard_;
+  std::vector<ZeroShard> shards_;
   std::string what_;
 };
 
@@ -267,12 +291,18 @@ class AllGatherParameter final : public Op {
 
 namespace frugal {
 
-// This rank's shard of g averaged over the ranks of `comm`; `overlap`: run
+// This rank's shard of each gradient in `bucket` (shards[i] of bucket[i])
+// averaged over the ranks of `comm`, as one collective; `overlap`: run
 // beside compute (start_collective).
+inline std::vector<Var> reduce_scatter_mean(const std::vector<Var>& bucket, const std::shared_ptr<Communicator>& comm,
+                                            std::vector<ZeroShard> shards, std::string what,
+                                            std::optional<Var> skip = {}, bool overlap = false) {
+  return apply_collective(std::make_shared<ops::ReduceScatterMean>(comm, std::move(shards), std::move(what)),
+                          collective_inputs(bucket, comm, skip), overlap);
+}
 inline Var reduce_scatter_mean(Var g, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
                                std::optional<Var> skip = {}, bool overlap = false) {
-  return apply_collective(std::make_shared<ops::ReduceScatterMean>(comm, s, std::move(what)),
-                          collective_inputs({g}, comm, skip), overlap)[0];
+  return reduce_scatter_mean(std::vector<Var>{g}, comm, {s}, std::move(what), skip, overlap)[0];
 }
 
 inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlice>({x}, s); }

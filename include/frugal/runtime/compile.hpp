@@ -128,10 +128,12 @@ struct CompileOptions {
   // on the step's thread. The same bits either way; the plan says which
   // and why (Plan::collectives).
   std::optional<bool> overlap_collectives;
-  // Beside compute, whole gradients are all-reduced in buckets: consecutive
-  // gradients (in the order the backward completes them, one dtype) until a
-  // bucket holds at least this many bytes. One collective per bucket: fewer
-  // messages; a bucket waits for its last gradient. 0: one per gradient.
+  // Beside compute, gradients are reduced in buckets: consecutive gradients
+  // (in the order the backward completes them, one dtype) until a bucket
+  // holds at least this many bytes; whole gradients all-reduced, and at
+  // ZeRO stages 2 and 3 sharded ones reduce-scattered, each kind in its own
+  // buckets. One collective per bucket: fewer messages; a bucket waits for
+  // its last gradient. 0: one per gradient.
   std::size_t bucket_bytes = std::size_t(1) << 20;
   // Optimizer offload (ZeRO-Offload): the optimizer state lives on the
   // host, where its update runs (the backend's fused update, on the CPU)

@@ -336,33 +336,43 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     // least CompileOptions::bucket_bytes, in the order the backward
     // completes them: fewer, larger messages. In place, one by one: a
     // bucket would hold its gradients until its last is complete.
-    std::vector<std::size_t> bucket;
-    std::size_t bucket_bytes = 0;
-    auto reduce_bucket = [&] {
-      if (bucket.empty()) return;
+    // At stages 2 and 3 a sharded gradient is reduce-scattered, in buckets
+    // of its own kind the same way.
+    struct Bucket {
+      bool scatter = false;  // reduce-scatter to the shards, or all-reduce whole
+      std::vector<std::size_t> grads;
+      std::size_t bytes = 0;
+    };
+    Bucket whole, sharded{.scatter = true};
+    auto reduce_bucket = [&](Bucket& b) {
+      if (b.grads.empty()) return;
       std::vector<Var> in;
-      for (std::size_t k : bucket) in.push_back(*grads[k]);
-      std::string what = bucket.size() == 1 ? cat("gradient of '", name_of(bucket[0]), "'")
-                                            : cat("bucket of ", bucket.size(), " gradients, '", name_of(bucket.front()),
-                                                  "' to '", name_of(bucket.back()), "'");
-      std::vector<Var> out = all_reduce_mean(in, o.communicator, std::move(what), micro_skip, overlap);
-      for (std::size_t i = 0; i < bucket.size(); ++i) grads[bucket[i]] = out[i];
-      bucket.clear();
-      bucket_bytes = 0;
+      for (std::size_t k : b.grads) in.push_back(*grads[k]);
+      std::string what = b.grads.size() == 1 ? cat("gradient of '", name_of(b.grads[0]), "'")
+                                             : cat("bucket of ", b.grads.size(), " gradients, '", name_of(b.grads.front()),
+                                                   "' to '", name_of(b.grads.back()), "'");
+      std::vector<Var> out;
+      if (b.scatter) {
+        std::vector<ZeroShard> shards;
+        for (std::size_t k : b.grads) shards.push_back(*shard_of[k]);
+        out = reduce_scatter_mean(in, o.communicator, std::move(shards), std::move(what), micro_skip, overlap);
+      } else {
+        out = all_reduce_mean(in, o.communicator, std::move(what), micro_skip, overlap);
+      }
+      for (std::size_t i = 0; i < b.grads.size(); ++i) grads[b.grads[i]] = out[i];
+      b.grads.clear();
+      b.bytes = 0;
     };
     for (std::size_t k : order) {
-      if (stage >= 2 && shard_of[k]) {
-        grads[k] = reduce_scatter_mean(*grads[k], o.communicator, *shard_of[k], cat("gradient of '", name_of(k), "'"),
-                                       micro_skip, overlap);
-        continue;
-      }
+      Bucket& b = stage >= 2 && shard_of[k] ? sharded : whole;
       const TensorMeta& m = g.value(grads[k]->id).meta;
-      if (!bucket.empty() && m.dtype != g.value(grads[bucket[0]]->id).meta.dtype) reduce_bucket();
-      bucket.push_back(k);
-      bucket_bytes += m.nbytes();
-      if (!overlap || bucket_bytes >= o.bucket_bytes) reduce_bucket();
+      if (!b.grads.empty() && m.dtype != g.value(grads[b.grads[0]]->id).meta.dtype) reduce_bucket(b);
+      b.grads.push_back(k);
+      b.bytes += m.nbytes();
+      if (!overlap || b.bytes >= o.bucket_bytes) reduce_bucket(b);
     }
-    reduce_bucket();
+    reduce_bucket(whole);
+    reduce_bucket(sharded);
     g.set_phase(before);
   }
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
