@@ -3,9 +3,11 @@
 // ../shared/peer/torch_ddp_bench.py has them: same shapes, optimizers and
 // global batch, split evenly over the ranks), run under
 //   mpirun -np N dp_bench --workload mlp|resnet|gpt [--threads T] [--steps S] [--warmup W] [--zero 0|1|2|3]
-//                         [--overlap auto|0|1]
+//                         [--overlap auto|0|1] [--bucket-bytes B]
 // (--overlap: CompileOptions::overlap_collectives; auto, the default, runs
-// the collectives beside compute where a core is free for them.)
+// the collectives beside compute where a core is free for them.
+// --bucket-bytes: CompileOptions::bucket_bytes, 1 MiB unless given; 0, a
+// collective per gradient.)
 // Prints one line on rank 0: RESULT {json} with the keys the peer's
 // run-ddp-peer prints (ms_step_median on rank 0, ms_step_median_slowest,
 // peak_rss_mib_per_rank, optimizer_state_bytes_per_rank, loss_first,
@@ -38,6 +40,7 @@ struct Arguments {
   int threads = 1, steps = 0, warmup = -1;
   std::optional<int> zero;  // ZeRO stage; unset: the planner's choice (stage 0 without a budget)
   std::optional<bool> overlap;  // unset: the planner's choice
+  std::optional<std::size_t> bucket_bytes;
 };
 
 }  // namespace
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--zero") a.zero = std::stoi(v);
+    else if (k == "--bucket-bytes") a.bucket_bytes = std::stoull(v);
     else if (k == "--overlap") {
       if (v != "auto") a.overlap = std::stoi(v) != 0;
     }
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
     const int n = comm->size(), me = comm->rank();
     std::unique_ptr<bench::Workload> w = bench::make_workload(a.workload, a.threads, {me, n, comm, a.zero});
     w->plan_options().overlap_collectives = a.overlap;
+    if (a.bucket_bytes) w->plan_options().bucket_bytes = *a.bucket_bytes;
     w->compile({});
     int steps = w->default_steps, warmup = w->default_warmup;
     if (a.steps > 0) steps = a.steps;
