@@ -185,6 +185,7 @@ struct Trained {
   int overlapping = 0;                 // of those, with compute scheduled before their done
   int gathers = 0;                     // stage 3's parameter all-gathers, a re-gather included
   int gathers_started = 0;             // of those, started beside compute (prefetched)
+  int gradient_started = 0;            // gradient collectives (all-reduce, reduce-scatter) started beside compute
 };
 
 void note_plan(const Step& step, Trained& t) {
@@ -208,6 +209,7 @@ void note_plan(const Step& step, Trained& t) {
     const std::string op = g.node(n).op->name();
     t.gathers += op == "all_gather_parameter" || op == "all_gather_parameter.start";
     t.gathers_started += op == "all_gather_parameter.start";
+    t.gradient_started += op == "all_reduce_mean.start" || op == "reduce_scatter_mean.start";
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (!dynamic_cast<const ops::CollectiveStart*>(g.node(order[i]).op.get())) continue;
@@ -544,7 +546,7 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         // padded at 2 ranks, whole and all-reduced apart at 4): the bits of
         // one collective per gradient.
         Trained b = train_mlp(c, me * rows, rows, steps, {}, false, stage, true, {}, {}, std::size_t(1) << 20);
-        const int per_gradient = z.started - z.gathers_started, bucketed = b.started - b.gathers_started;
+        const int per_gradient = z.gradient_started, bucketed = b.gradient_started;
         check(bucketed < per_gradient && bucketed == (n == 2 ? 1 : 2),
               cat("mlp stage ", stage, ": ", bucketed, " gradient collectives in buckets of 1 MiB, ", per_gradient, " one by one"));
         check(b.losses == z.losses && same_params(b.params, z.params),
@@ -678,16 +680,22 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         if (stage == 3)  // each parameter's gather prefetched while the compute before it runs
           check(z.gathers > 0 && z.gathers_started == z.gathers,
                 cat("gpt stage 3: ", z.gathers_started, " of ", z.gathers, " parameter gathers beside compute"));
+        if (stage == 1) {
+          r.overlap_collectives = false;
+          Trained sync = train_gpt(c, me * rows, rows, steps, r);
+          check(sync.started == 0 && sync.losses == z.losses && same_params(sync.params, z.params),
+                cat("gpt", with, ": all-reduces beside compute train bit for bit as in place, stage 1"));
+        }
         if (stage >= 2) {
           // One collective per gradient, and all in one bucket: the same bits.
           for (std::size_t bytes : {std::size_t(0), std::size_t(1) << 20}) {
             GptRun rb = r;
             rb.bucket_bytes = bytes;
             Trained b = train_gpt(c, me * rows, rows, steps, rb);
-            const int scatters = b.started - b.gathers_started;
-            check(scatters == (bytes ? 1 : 29) && z.started - z.gathers_started > 1 && z.started - z.gathers_started < 29,
+            const int scatters = b.gradient_started;
+            check(scatters == (bytes ? 1 : 29) && z.gradient_started > 1 && z.gradient_started < 29,
                   cat("gpt stage ", stage, ": buckets of ", bytes, " bytes make ", scatters, " reduce-scatters (1024: ",
-                      z.started - z.gathers_started, ")"));
+                      z.gradient_started, ")"));
             check(b.losses == z.losses && same_params(b.params, z.params),
                   cat("gpt", with, " stage ", stage, ": reduce-scatters in buckets of ", bytes, " bytes train bit for bit as of 1024"));
           }

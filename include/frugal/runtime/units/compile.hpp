@@ -532,9 +532,20 @@ struct PlannedPrepared {
 static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start);
 
 // Collectives run beside compute (ops::CollectiveStart), and of them, how
-// many gather a parameter (ZeRO stage 3).
+// many gather a parameter for the forward (ZeRO stage 3).
 struct StartedCollectives {
   int all = 0, gathers = 0;
+  // Plan::collectives: what runs beside compute, and why.
+  std::string str(int in_flight, const std::string& why) const {
+    if (all == 0) return why;
+    const int grads = all - gathers;
+    std::string list;
+    if (gathers)
+      list = cat(gathers, " parameter gather", gathers == 1 ? "" : "s", ", each started once the one before it is done",
+                 grads ? " and " : "");
+    if (grads) list += cat(grads, " gradient collective", grads == 1 ? "" : "s");
+    return cat(list, " beside compute, on a thread of their own, at most ", in_flight, " in flight (", why, ")");
+  }
 };
 static StartedCollectives started_collectives(const Graph& g) {
   StartedCollectives n;
@@ -568,16 +579,7 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
   Plan plan = plan_prepared_from(p, budget, o, std::move(start));
   note_fusion(plan, fused);
   if (o.communicator && o.communicator->size() > 1) {
-    const std::string why = overlap_choice(o, p.backend->name()).second;
-    const int grads = started.all - started.gathers;
-    const std::string gathers =
-        started.gathers == 0 ? ""
-                             : cat(started.gathers, " parameter gather", started.gathers == 1 ? "" : "s",
-                                   ", each started once the one before it is done", grads == 0 ? "" : ", and ");
-    plan.collectives = started.all == 0 ? why
-                                        : cat(gathers, grads == 0 ? "" : cat(grads, " gradient collective", grads == 1 ? "" : "s"),
-                                              " beside compute, on a thread of their own, at most ",
-                                              o.plan.collectives_in_flight, " in flight (", why, ")");
+    plan.collectives = started.str(o.plan.collectives_in_flight, overlap_choice(o, p.backend->name()).second);
   }
   return {std::move(p), std::move(plan), std::move(captured), fused};
 }
