@@ -16,8 +16,11 @@
 //    thread whose ICV is 2 runs with 2 and resets the global to 2.
 // So no openblas_set_num_threads per run: it would change the caller's ICV
 // for good and race with other steps on the global. The global rewrite
-// inside a call remains OpenBLAS's own unsynchronised write; GEMM splits rows
-// and columns, never k, across threads, so its results do not depend on it.
+// inside a call remains OpenBLAS's own unsynchronised write, and it can
+// matter for bits: sgemm's results depend on how many threads split it (7 of
+// 8 shapes tried gave different bits at 1 and 2 threads, and so do row or
+// column blocks of one product run as separate calls). A step's bits are
+// those of its own thread count, which each call reads from its caller.
 #include <omp.h>
 
 namespace frugal {
