@@ -164,8 +164,8 @@ void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOpt
       Prefetch& f = *prefetch;
       bool computed = false;  // since the latest gather: a new group
       for (std::size_t n = f.nodes_then; n < g.num_nodes() && !computed; ++n) {
-        const Op& op = *g.node(NodeId(n)).op;
-        computed = !op.is_view() && !op.is_collective();
+        const Op& since = *g.node(NodeId(n)).op;
+        computed = !since.is_view() && !since.is_collective();
       }
       if (computed) f.after = f.last_done;
       std::vector<NodeId> after;
