@@ -13,6 +13,7 @@
 // template too ('mpirun -np 2 build/samples/gpt ... --lr {lr} --json').
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -313,12 +314,15 @@ int main(int argc, char** argv) {
         for (std::size_t i = 0; i < space.size(); ++i) t.unit.push_back(rng.uniform());
       }
       t.command = command_for(command, space, t.unit, t.number);
-      const std::string out = cat(work, "/trial-", t.number, ".txt");
+      // Per search process: a trial left running by a killed search may
+      // still be writing the file its number had then.
+      const std::string out = cat(work, "/trial-", t.number, "-", ::getpid(), ".txt");
       std::fflush(nullptr);
       const pid_t pid = ::fork();
       if (pid < 0) fail("frugal-hpo: fork failed");
       if (pid == 0) {
         ::setpgid(0, 0);
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the trial's shell dies with the search
         const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
         ::execl("/bin/sh", "sh", "-c", t.command.c_str(), (char*)nullptr);
