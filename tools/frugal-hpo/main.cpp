@@ -403,7 +403,9 @@ int main(int argc, char** argv) {
       bool have = false;
       for (std::size_t i = 0; i < done.size(); ++i) {
         if (done[i].status == "ok" && (!have || (maximize ? done[i].value > b : done[i].value < b))) b = done[i].value, have = true;
-        o << (i ? "," : "") << (have ? b : 0.0);
+        o << (i ? "," : "");
+        if (have) o << b;
+        else o << "null";  // no trial has succeeded yet
       }
       o << "]}";
       std::cout << o.str() << "\n";
