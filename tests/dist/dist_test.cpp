@@ -186,6 +186,8 @@ struct Trained {
   int gathers = 0;                     // stage 3's parameter all-gathers, a re-gather included
   int gathers_started = 0;             // of those, started beside compute (prefetched)
   int gradient_started = 0;            // gradient collectives (all-reduce, reduce-scatter) started beside compute
+  int updated_started = 0;             // stages 1-2's gathers of updated shards started beside compute
+  int updated_overlapping = 0;         // of those, with backward compute scheduled before their done
 };
 
 void note_plan(const Step& step, Trained& t) {
@@ -210,18 +212,22 @@ void note_plan(const Step& step, Trained& t) {
     t.gathers += op == "all_gather_parameter" || op == "all_gather_parameter.start";
     t.gathers_started += op == "all_gather_parameter.start";
     t.gradient_started += op == "all_reduce_mean.start" || op == "reduce_scatter_mean.start";
+    t.updated_started += op == "all_gather_shards.start";
   }
   for (std::size_t i = 0; i < order.size(); ++i) {
     if (!dynamic_cast<const ops::CollectiveStart*>(g.node(order[i]).op.get())) continue;
     ++t.started;
     const ValueId out = g.node(order[i]).outputs[0];
-    bool compute = false;
+    bool compute = false, backward = false;
     for (std::size_t j = i + 1; j < order.size(); ++j) {
       const Node& n = g.node(order[j]);
       if (dynamic_cast<const ops::CollectiveDone*>(n.op.get()) && n.inputs[0] == out) break;
-      compute = compute || (!n.op->is_collective() && !dynamic_cast<const ops::CollectiveDone*>(n.op.get()));
+      const bool computes = !n.op->is_collective() && !dynamic_cast<const ops::CollectiveDone*>(n.op.get());
+      compute = compute || computes;
+      backward = backward || (computes && n.phase == Phase::backward);
     }
     t.overlapping += compute;
+    t.updated_overlapping += backward && g.node(order[i]).op->name() == "all_gather_shards.start";
   }
 }
 
@@ -680,11 +686,15 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
         if (stage == 3)  // each parameter's gather prefetched while the compute before it runs
           check(z.gathers > 0 && z.gathers_started == z.gathers,
                 cat("gpt stage 3: ", z.gathers_started, " of ", z.gathers, " parameter gathers beside compute"));
+        else  // each updated shard gathered into its parameter beside compute, while the backward goes on
+          check(z.updated_started == 29 && (whole_grads || z.updated_overlapping > 0),
+                cat("gpt stage ", stage, with, ": ", z.updated_started, " gathers of updated shards beside compute, ",
+                    z.updated_overlapping, " of them beside the backward"));
         if (stage == 1) {
           r.overlap_collectives = false;
           Trained sync = train_gpt(c, me * rows, rows, steps, r);
           check(sync.started == 0 && sync.losses == z.losses && same_params(sync.params, z.params),
-                cat("gpt", with, ": all-reduces beside compute train bit for bit as in place, stage 1"));
+                cat("gpt", with, ": all-reduces and gathers of updated shards beside compute train bit for bit as in place, stage 1"));
         }
         if (stage >= 2) {
           // One collective per gradient, and all in one bucket: the same bits.

@@ -58,9 +58,18 @@ class Communicator {
     if (!sequence_.defined()) sequence_ = Tensor(Shape{}, DType::i64);
     return sequence_;
   }
+  // The same for ZeRO stages 1-2's gathers of updated shards run beside
+  // compute: a sequence of their own, so they are ordered among themselves
+  // (as the backward completes their gradients) and not after every
+  // gradient collective; the schedule, the same on every rank, interleaves
+  // the two (compile checks that the ranks' orders agree).
+  Tensor& updated_gathers_run() {
+    if (!gathers_.defined()) gathers_ = Tensor(Shape{}, DType::i64);
+    return gathers_;
+  }
 
  private:
-  Tensor sequence_;
+  Tensor sequence_, gathers_;
 };
 
 }  // namespace frugal

@@ -212,14 +212,17 @@ class ShardedUpdate final : public Op {
 
 // Inputs (p, sequence [, skip]): every rank's shard of p, gathered into p on
 // every rank (Communicator::all_gather of the zero-padded chunks). Writes p
-// and the sequence; no output.
+// and the sequence; no output, unless `signals`: then an f32 scalar, for a
+// gather run beside compute (ops::CollectiveStart) to end in, its sequence
+// Communicator::updated_gathers_run().
 class AllGatherShards final : public Op {
  public:
   ~AllGatherShards() override;
-  AllGatherShards(std::shared_ptr<Communicator> c, ZeroShard s, std::string what)
-      : comm_(std::move(c)), shard_(s), what_(std::move(what)) {
+  AllGatherShards(std::shared_ptr<Communicator> c, ZeroShard s, std::string what, bool signals = false)
+      : comm_(std::move(c)), shard_(s), what_(std::move(what)), signals_(signals) {
     if (!comm_) fail("all_gather_shards: no communicator");
   }
+  bool signals() const { return signals_; }
   Communicator& communicator() const { return *comm_; }
   const ZeroShard& shard() const { return shard_; }
   const std::string& what() const { return what_; }
@@ -230,6 +233,7 @@ class AllGatherShards final : public Op {
     if (in[0].shape.numel() != shard_.numel)
       fail<ShapeError>(name(), " (", what_, "): the parameter has ", in[0].shape.numel(),
                        " elements, the shard was cut from ", shard_.numel);
+    if (signals_) return {{DType::f32, Shape{}}};
     return {};
   }
   std::vector<int> mutated_inputs() const override { return {0, 1}; }
@@ -242,6 +246,7 @@ class AllGatherShards final : public Op {
   std::shared_ptr<Communicator> comm_;
   ZeroShard shard_;
   std::string what_;
+  bool signals_ = false;
 };
 
 // ZeRO stage 3: inputs (shard, sequence) -> the whole parameter, gathered
@@ -311,6 +316,16 @@ inline Var shard_slice(Var x, const ZeroShard& s) { return apply1<ops::ShardSlic
 inline void all_gather_shards(Var p, const std::shared_ptr<Communicator>& comm, const ZeroShard& s, std::string what,
                               std::optional<Var> skip = {}) {
   frugal::apply(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what)), collective_inputs({p}, comm, skip));
+}
+// The same beside compute (start_collective), in the gathers' own sequence:
+// returns the scalar its done yields, which the step keeps as a result so
+// the done runs before the step ends (nothing in the step reads p after its
+// update).
+inline Var start_all_gather_shards(Var p, const std::shared_ptr<Communicator>& comm, const ZeroShard& s,
+                                   std::string what, std::optional<Var> skip = {}) {
+  std::vector<Var> in{p, persistent_var(comm->updated_gathers_run(), ValueKind::buffer, "communicator.updated_gathers_run")};
+  if (skip) in.push_back(*skip);
+  return start_collective(std::make_shared<ops::AllGatherShards>(comm, s, std::move(what), true), in)[0];
 }
 
 }  // namespace frugal

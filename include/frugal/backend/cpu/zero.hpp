@@ -124,13 +124,16 @@ inline std::size_t all_gather_shards_workspace(const ops::AllGatherShards& op, s
 }
 
 inline void all_gather_shards_kernel(const ops::AllGatherShards& op, const KernelArgs& a) {
+  if (op.signals()) a.out[0].as<float>()[0] = 0.0f;
   if (collective_skipped(a, 2)) return;  // the update it follows was skipped too
   const ZeroShard& s = op.shard();
   const TensorRef& p = a.in[0];
   std::int64_t& run = *a.in[1].as<std::int64_t>();
+  const std::string what = op.signals() ? cat(op.what(), ", step ", a.step + 1, ", gather of updated shards ", run + 1,
+                                              " of this communicator")
+                                        : detail::collective_label(op.what(), a, run);
   gather_chunks(op.communicator(), s, p.as<unsigned char>() + std::size_t(s.offset) * dtype_size(p.dtype), p.data,
-                p.dtype, a.workspace, true,
-                detail::collective_label(op.what(), a, run));
+                p.dtype, a.workspace, true, what);
   ++run;
 }
 

@@ -375,6 +375,8 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     reduce_bucket(sharded);
     g.set_phase(before);
   }
+  const bool beside = o.communicator && o.communicator->size() > 1 && overlap_choice(o, backend->name()).first;
+  std::vector<char> gather_later(wrt.size(), 0);
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
   for (std::size_t k = 0; k < wrt.size(); ++k) {
@@ -421,10 +423,25 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
              "' optimizer's append_update did not apply its update op through Optimizer::apply_update (which runs it "
              "on the shard); apply it that way, or pin CompileOptions::zero_stage = 0");
     }
-    if (stage != 3)
+    if (stage != 3 && beside) gather_later[k] = 1;
+    else if (stage != 3)
       all_gather_shards(wrt[k], o.communicator, s,
                         cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"), micro_skip);
   }
+  // Beside compute, each gather of updated shards starts as soon as its
+  // update has run, which the schedule puts right after the gradient's
+  // reduction: captured in the order the backward completes the gradients,
+  // in a sequence of their own, they run while the backward goes on. Each
+  // done is a result, so the step ends only once every parameter is whole.
+  for (std::size_t k : order)
+    if (gather_later[k]) {
+      const ZeroShard& s = *shard_of[k];
+      p.roots.push_back(start_all_gather_shards(wrt[k], o.communicator, s,
+                                                cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ",
+                                                    s.rank, ")"),
+                                                micro_skip)
+                            .id);
+    }
   if (guard) {
     skippable->append_guarded_step_end(*guard);
     if (scaler) scaler->append_scale_update(*guard);  // last: after every reader of the scale
@@ -532,18 +549,20 @@ struct PlannedPrepared {
 static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start);
 
 // Collectives run beside compute (ops::CollectiveStart), and of them, how
-// many gather a parameter for the forward (ZeRO stage 3).
+// many gather a parameter for the forward (ZeRO stage 3) and how many
+// gather updated shards into their parameters (stages 1 and 2).
 struct StartedCollectives {
-  int all = 0, gathers = 0;
+  int all = 0, gathers = 0, updated = 0;
   // Plan::collectives: what runs beside compute, and why.
   std::string str(int in_flight, const std::string& why) const {
     if (all == 0) return why;
-    const int grads = all - gathers;
-    std::string list;
+    std::vector<std::string> parts;
     if (gathers)
-      list = cat(gathers, " parameter gather", gathers == 1 ? "" : "s", ", each started once the one before it is done",
-                 grads ? " and " : "");
-    if (grads) list += cat(grads, " gradient collective", grads == 1 ? "" : "s");
+      parts.push_back(cat(gathers, " parameter gather", gathers == 1 ? "" : "s", ", each started once the one before it is done"));
+    if (const int grads = all - gathers - updated) parts.push_back(cat(grads, " gradient collective", grads == 1 ? "" : "s"));
+    if (updated) parts.push_back(cat(updated, " gather", updated == 1 ? "" : "s", " of updated shards"));
+    std::string list;
+    for (std::size_t i = 0; i < parts.size(); ++i) list += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
     return cat(list, " beside compute, on a thread of their own, at most ", in_flight, " in flight (", why, ")");
   }
 };
@@ -553,6 +572,7 @@ static StartedCollectives started_collectives(const Graph& g) {
     if (auto* s = dynamic_cast<const ops::CollectiveStart*>(node.op.get())) {
       ++n.all;
       n.gathers += dynamic_cast<const ops::AllGatherParameter*>(&s->inner()) != nullptr;
+      n.updated += dynamic_cast<const ops::AllGatherShards*>(&s->inner()) != nullptr;
     }
   return n;
 }
