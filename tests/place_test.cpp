@@ -39,7 +39,8 @@ Instance tiny(std::uint64_t seed, int jobs, int servers) {
 
 // The least cost over every assignment and every order on every device.
 double brute_force(const Instance& in) {
-  const std::size_t m = devices_of(in).size(), n = in.jobs.size();
+  const std::vector<Device> dev = devices_of(in);
+  const std::size_t m = dev.size(), n = in.jobs.size();
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> device(n, 0);
   for (;;) {
@@ -48,7 +49,7 @@ double brute_force(const Instance& in) {
     bool fits = true;
     for (std::size_t j = 0; j < n; ++j) {
       a.order[std::size_t(device[j])].push_back(int(j));
-      fits = fits && in.jobs[j].memory <= in.servers[std::size_t(devices_of(in)[std::size_t(device[j])].server)].memory;
+      fits = fits && in.jobs[j].memory <= in.servers[std::size_t(dev[std::size_t(device[j])].server)].memory;
     }
     if (fits) {
       // Every combination of orders: permute each device in turn.

@@ -211,16 +211,29 @@ std::optional<double> metric_of(const std::string& output_file, const std::strin
   return found;
 }
 
+// The trial with the best value, or none where every one failed.
+const Trial* best_of(const std::vector<Trial>& trials, bool maximize) {
+  const Trial* best = nullptr;
+  for (const Trial& t : trials)
+    if (t.status == "ok" && (!best || (maximize ? t.value > best->value : t.value < best->value))) best = &t;
+  return best;
+}
+
+// The best value after each trial; none before the first that succeeded.
+std::vector<std::optional<double>> best_so_far(const std::vector<Trial>& trials, bool maximize) {
+  std::vector<std::optional<double>> best;
+  std::optional<double> b;
+  for (const Trial& t : trials) {
+    if (t.status == "ok" && (!b || (maximize ? t.value > *b : t.value < *b))) b = t.value;
+    best.push_back(b);
+  }
+  return best;
+}
+
 std::string svg_best(const std::vector<Trial>& trials, bool maximize, const std::string& metric) {
   std::vector<double> best;
-  for (const Trial& t : trials) {
-    if (t.status != "ok") {
-      if (!best.empty()) best.push_back(best.back());
-      continue;
-    }
-    const double v = t.value;
-    best.push_back(best.empty() ? v : maximize ? std::max(best.back(), v) : std::min(best.back(), v));
-  }
+  for (const auto& b : best_so_far(trials, maximize))
+    if (b) best.push_back(*b);
   std::ostringstream s;
   const double w = 600, h = 300, left = 60, bottom = 30;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w + left + 20 << "\" height=\"" << h + bottom + 20
@@ -332,9 +345,7 @@ int main(int argc, char** argv) {
       running[pid] = {t, out, clock::now()};
     };
     auto report = [&](const Trial& t) {
-      const Trial* best = nullptr;
-      for (const Trial& d : done)
-        if (d.status == "ok" && (!best || (maximize ? d.value > best->value : d.value < best->value))) best = &d;
+      const Trial* best = best_of(done, maximize);
       if (t.status == "ok")
         std::fprintf(stderr, "trial %d: %s %.6g (best %.6g, trial %d) in %.1f s: %s\n", t.number, metric.c_str(), t.value,
                      best->value, best->number, t.seconds, t.command.c_str());
@@ -377,12 +388,9 @@ int main(int argc, char** argv) {
           }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    const Trial* best = nullptr;
+    const Trial* best = best_of(done, maximize);
     int failed = 0;
-    for (const Trial& d : done) {
-      failed += d.status != "ok";
-      if (d.status == "ok" && (!best || (maximize ? d.value > best->value : d.value < best->value))) best = &d;
-    }
+    for (const Trial& d : done) failed += d.status != "ok";
     if (!svg.empty()) {
       std::ofstream f(svg);
       f << svg_best(done, maximize, metric);
@@ -399,12 +407,10 @@ int main(int argc, char** argv) {
         o << (i ? "," : "") << "\"" << json_escape(space[i].name) << "\":\"" << json_escape(value_text(space[i], best->unit[i]))
           << "\"";
       o << "},\"best_so_far\":[";
-      double b = 0;
-      bool have = false;
-      for (std::size_t i = 0; i < done.size(); ++i) {
-        if (done[i].status == "ok" && (!have || (maximize ? done[i].value > b : done[i].value < b))) b = done[i].value, have = true;
+      const auto curve = best_so_far(done, maximize);
+      for (std::size_t i = 0; i < curve.size(); ++i) {
         o << (i ? "," : "");
-        if (have) o << b;
+        if (curve[i]) o << *curve[i];
         else o << "null";  // no trial has succeeded yet
       }
       o << "]}";

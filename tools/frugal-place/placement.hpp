@@ -308,14 +308,11 @@ class Annealer {
     busy_[std::size_t(d)] = t;
     pen_[std::size_t(d)] = p;
   }
-  void fix_horizon(std::initializer_list<int> changed, const std::vector<double>& was) {
-    bool was_max = false;
-    std::size_t k = 0;
-    for (int d : changed) {
-      horizon_ = std::max(horizon_, busy_[std::size_t(d)]);
-      was_max = was_max || was[k++] >= horizon_;
-    }
-    if (was_max) horizon_ = *std::max_element(busy_.begin(), busy_.end());
+  // The horizon after devices a and b, once busy for was_a and was_b, changed:
+  // a rescan only where one of them held the old maximum.
+  void fix_horizon(int a, double was_a, int b, double was_b) {
+    horizon_ = std::max({horizon_, busy_[std::size_t(a)], busy_[std::size_t(b)]});
+    if (was_a >= horizon_ || was_b >= horizon_) horizon_ = *std::max_element(busy_.begin(), busy_.end());
   }
   // A random move, applied (and remembered for undo); false if none was drawn.
   bool propose(Rng& rng) {
@@ -334,10 +331,10 @@ class Annealer {
       from.erase(from.begin() + p);
       auto& to = a_.order[std::size_t(b)];
       to.insert(to.begin() + q, j);
-      const std::vector<double> was{busy_[std::size_t(a)], busy_[std::size_t(b)]};
+      const double was_a = busy_[std::size_t(a)], was_b = busy_[std::size_t(b)];
       refresh(a);
       if (b != a) refresh(b);
-      fix_horizon({a, b}, was);
+      fix_horizon(a, was_a, b, was_b);
       return true;
     }
     const int k = int(rng.below(n));  // swap
@@ -347,10 +344,10 @@ class Annealer {
     save(a), save(b);
     a_.order[std::size_t(a)][std::size_t(p)] = k;
     a_.order[std::size_t(b)][std::size_t(q)] = j;
-    const std::vector<double> was{busy_[std::size_t(a)], busy_[std::size_t(b)]};
+    const double was_a = busy_[std::size_t(a)], was_b = busy_[std::size_t(b)];
     refresh(a);
     refresh(b);
-    fix_horizon({a, b}, was);
+    fix_horizon(a, was_a, b, was_b);
     return true;
   }
   void save(int d) {

@@ -36,9 +36,11 @@ inline void divide_by_ranks(void* data, std::size_t n, DType dtype, int ranks, c
   }
 }
 // What a collective kernel's errors call it: the op's `what`, the step,
-// and the communicator's count of collectives.
-inline std::string collective_label(const std::string& what, const KernelArgs& a, std::int64_t run) {
-  return cat(what, ", step ", a.step + 1, ", collective ", run + 1, " of this communicator");
+// and the communicator's count of collectives (or of the ones `counted`
+// names, where they have a sequence of their own).
+inline std::string collective_label(const std::string& what, const KernelArgs& a, std::int64_t run,
+                                    const char* counted = "collective") {
+  return cat(what, ", step ", a.step + 1, ", ", counted, " ", run + 1, " of this communicator");
 }
 }  // namespace detail
 

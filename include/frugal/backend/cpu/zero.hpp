@@ -129,9 +129,8 @@ inline void all_gather_shards_kernel(const ops::AllGatherShards& op, const Kerne
   const ZeroShard& s = op.shard();
   const TensorRef& p = a.in[0];
   std::int64_t& run = *a.in[1].as<std::int64_t>();
-  const std::string what = op.signals() ? cat(op.what(), ", step ", a.step + 1, ", gather of updated shards ", run + 1,
-                                              " of this communicator")
-                                        : detail::collective_label(op.what(), a, run);
+  const std::string what =
+      detail::collective_label(op.what(), a, run, op.signals() ? "gather of updated shards" : "collective");
   gather_chunks(op.communicator(), s, p.as<unsigned char>() + std::size_t(s.offset) * dtype_size(p.dtype), p.data,
                 p.dtype, a.workspace, true, what);
   ++run;

@@ -328,8 +328,9 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     return g.value(grads[a]->id).producer < g.value(grads[b]->id).producer;
   });
   const std::optional<Var> micro_skip = accumulate_gradients(g, loss, wrt, grads, order, micro_steps);
+  // Collectives beside compute (ops::CollectiveStart), or in place.
+  const bool overlap = o.communicator && overlap_choice(o, backend->name()).first;
   if (o.communicator) {
-    const bool overlap = overlap_choice(o, backend->name()).first;
     const Phase before = g.set_phase(Phase::backward);  // the backward's last work on each gradient
     auto name_of = [&](std::size_t k) { return g.value(wrt[k].id).name; };
     // Beside compute, whole gradients are all-reduced in buckets of at
@@ -375,7 +376,6 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     reduce_bucket(sharded);
     g.set_phase(before);
   }
-  const bool beside = o.communicator && o.communicator->size() > 1 && overlap_choice(o, backend->name()).first;
   std::vector<char> gather_later(wrt.size(), 0);
   Prepared p{std::move(backend), std::move(c), {loss.id}, &opt, loss.id, {}, {}, {}};
   std::vector<Var> present;
@@ -423,7 +423,7 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
              "' optimizer's append_update did not apply its update op through Optimizer::apply_update (which runs it "
              "on the shard); apply it that way, or pin CompileOptions::zero_stage = 0");
     }
-    if (stage != 3 && beside) gather_later[k] = 1;
+    if (stage != 3 && overlap) gather_later[k] = 1;
     else if (stage != 3)
       all_gather_shards(wrt[k], o.communicator, s,
                         cat("parameter '", g.value(wrt[k].id).name, "' (", s.str(), " on rank ", s.rank, ")"), micro_skip);
