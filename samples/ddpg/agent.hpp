@@ -157,6 +157,29 @@ class Learner {
     return z;
   }
 
+  // The least device bytes each inference step can be planned in (planning
+  // it under one byte fails, and the error says what the least is).
+  StepSizes plan_least() {
+    auto pf = [this](Var s) { return act_fn(s); };
+    auto sf = [this](Var s, Var a, Var r, Var s2, Var nd) { return score_fn(s, a, r, s2, nd); };
+    auto least = [](auto&& plan_under) -> std::size_t {
+      try {
+        plan_under(frugal::Budget{.device = 1});
+      } catch (const frugal::BudgetError& e) {
+        return e.smallest_feasible_bytes;
+      }
+      return 1;
+    };
+    StepSizes z;
+    z.act = least([&](const frugal::Budget& b) {
+      return frugal::plan_inference(pf, {frugal::input<float>({1, h_.obs}, "s")}, b, copts_);
+    });
+    z.score = least([&](const frugal::Budget& b) {
+      return frugal::plan_inference(sf, transition_specs(h_.score_chunk), b, copts_);
+    });
+    return z;
+  }
+
   void compile(const StepBudgets& b) {
     auto cf = [this](Var s, Var a, Var r, Var s2, Var nd) { return critic_fn(s, a, r, s2, nd); };
     auto af = [this](Var s) { return actor_fn(s); };

@@ -206,17 +206,25 @@ int main(int argc, char** argv) try {
   Learner learner(agent, h, copts);
   const StepSizes sizes = learner.plan_sizes();
   // --budget covers the four steps together (a percentage is of their
-  // unconstrained total): the inference steps take what they need, the two
-  // training steps share the rest in proportion to their needs.
+  // unconstrained total). Each inference step gets its proportional share,
+  // or the least it can run in if that is more (0: unconstrained, if its
+  // whole need fits); the two training steps share the rest in proportion
+  // to their needs.
   StepBudgets budgets;
   std::size_t budget_total = 0;
   if (!a.budget.empty()) {
     budget_total = parse_bytes(a.budget, sizes.total());
-    const std::size_t fixed = sizes.act + sizes.score;
-    if (budget_total <= fixed)
-      fail<BudgetError>("--budget ", format_bytes(budget_total), " cannot hold even the two inference steps (",
-                        format_bytes(fixed), ")");
-    const std::size_t rest = budget_total - fixed;
+    auto share = [&](std::size_t need) { return std::size_t(double(budget_total) * double(need) / double(sizes.total())); };
+    const StepSizes least = learner.plan_least();
+    std::size_t act = std::max(share(sizes.act), least.act), score = std::max(share(sizes.score), least.score);
+    budgets.act.device = act < sizes.act ? act : 0;
+    budgets.score.device = score < sizes.score ? score : 0;
+    act = std::min(act, sizes.act);
+    score = std::min(score, sizes.score);
+    if (act + score >= budget_total)
+      fail<BudgetError>("--budget ", format_bytes(budget_total), " cannot hold even the two inference steps (at least ",
+                        format_bytes(least.act + least.score), ")");
+    const std::size_t rest = budget_total - act - score;
     budgets.critic.device = std::size_t(double(rest) * double(sizes.critic) / double(sizes.critic + sizes.actor));
     budgets.actor.device = rest - budgets.critic.device;
   }
@@ -227,10 +235,12 @@ int main(int argc, char** argv) try {
   try {
     learner.compile(budgets);
   } catch (const BudgetError& e) {
-    fail<BudgetError>("--budget ", format_bytes(budget_total), " is too small for the critic and actor steps (",
-                      format_bytes(budgets.critic.device), " and ", format_bytes(budgets.actor.device),
-                      " of it; unconstrained they take ", format_bytes(sizes.critic), " and ",
-                      format_bytes(sizes.actor), "): ", e.what());
+    fail<BudgetError>("--budget ", format_bytes(budget_total), " is too small: its shares for the critic, actor, "
+                      "acting and scoring steps are ", format_bytes(budgets.critic.device), ", ",
+                      format_bytes(budgets.actor.device), ", ", format_bytes(budgets.act.device), " and ",
+                      format_bytes(budgets.score.device), " (unconstrained they take ", format_bytes(sizes.critic), ", ",
+                      format_bytes(sizes.actor), ", ", format_bytes(sizes.act), " and ", format_bytes(sizes.score),
+                      "): ", e.what());
   }
   const Plan unconstrained_critic = learner.unconstrained_critic_plan();
 
@@ -262,6 +272,8 @@ int main(int argc, char** argv) try {
                  format_bytes(sizes.actor).c_str(), format_bytes(learner.act_step().plan().total_bytes()).c_str(),
                  format_bytes(learner.score_step().plan().total_bytes()).c_str());
 
+  // The first update follows environment step first_update_after (1-based).
+  const std::int64_t first_update_after = std::max<std::int64_t>(o.warmup, 1);
   RunState st;
   st.obs.resize(std::size_t(h.obs));
   env->reset(seed, 0);
@@ -314,7 +326,7 @@ int main(int argc, char** argv) try {
     if (st.returns.size() != st.episode_ends.size() || std::int64_t(st.returns.size()) != st.episode ||
         st.step > total)
       fail<DataError>(a.resume, ": its episode history does not match its counters (or it is past --steps)");
-    const std::int64_t updates = std::max<std::int64_t>(0, st.step - o.warmup);
+    const std::int64_t updates = std::max<std::int64_t>(0, st.step - first_update_after + 1);
     if (std::int64_t(st.critic_loss.size()) != updates)
       fail<DataError>(a.resume, ": its loss history (", st.critic_loss.size(), " updates) does not match step ",
                       st.step);
@@ -379,8 +391,8 @@ int main(int argc, char** argv) try {
       env->reset(seed, std::uint64_t(st.episode));
       env->observe(st.obs.data());
     }
-    if (t + 1 >= o.warmup && t + 1 > 0) {
-      const std::int64_t update = t + 1 - o.warmup;  // updates done before this one
+    if (t + 1 >= first_update_after) {
+      const std::int64_t update = t + 1 - first_update_after;  // updates done before this one
       if (o.defence && update % o.defence_every == 0)
         st.last = defence.rescore(buf, update > 0 ? &learner : nullptr, seed, std::uint64_t(st.rounds++));
       if (buf.sample(seed, std::uint64_t(update), learner.s().data<float>(), learner.a().data<float>(),
@@ -461,6 +473,7 @@ int main(int argc, char** argv) try {
         .add("return_last10", last10)
         .add("eval_return", eval_return)
         .add("random_return", random_return)
+        .add("random_minus_eval_return", random_return - eval_return)  // below 0: the policy beats random actions
         .add("final_loss", st.critic_loss.empty() ? std::nan("") : double(st.critic_loss.back()))
         .add("attack", o.attack)
         .add("attack_kind", o.attack_kind)
