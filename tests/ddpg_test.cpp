@@ -31,14 +31,18 @@ TEST_CASE("ddpg: Pendulum's step is Gymnasium's closed form", "[ddpg]") {
   CHECK(obs[0] == float(std::cos(p.th)));
   CHECK(obs[2] == float(thdot));
 
-  // Torque clipped to 2, speed to 8, the cost's angle normalised to [-π, π).
+  // Torque clipped to 2, the cost's angle normalised to [-π, π).
   p.set_state({3.5, 7.9, 0});
   const float big = 3;
   r = p.step(&big);
   const double th_n = 3.5 - 2 * ddpg::kPi;
   CHECK(r.reward == Approx(-(th_n * th_n + 0.1 * 7.9 * 7.9 + 0.001 * 4)).epsilon(1e-12));
+  CHECK(p.thdot == Approx(7.9 + (15 * std::sin(3.5) + 3 * 2) * 0.05).epsilon(1e-12));
+  // Speed clipped to 8 (7.9 + (15 sin 0.5 + 6) 0.05 would be 8.56).
+  p.set_state({0.5, 7.9, 0});
+  p.step(&big);
   CHECK(p.thdot == 8.0);
-  CHECK(p.th == Approx(3.5 + 8 * 0.05).epsilon(1e-12));
+  CHECK(p.th == Approx(0.5 + 8 * 0.05).epsilon(1e-12));
 
   // 200 steps, then the episode is truncated (not terminal).
   p.reset(1, 0);
@@ -212,12 +216,14 @@ TEST_CASE("ddpg: the actor step follows dQ(s, mu(s))/dtheta_mu and leaves the cr
     before.emplace_back(v, v + p.numel());
     for (std::int64_t i = 0; i < p.numel(); ++i) {
       const float keep = v[i];
-      v[i] = keep + 1e-3f;
+      // a small step: a larger one may cross a ReLU's kink (the networks
+      // run in double here, so the difference loses little)
+      v[i] = keep + 1e-5f;
       const double up = loss();
-      v[i] = keep - 1e-3f;
+      v[i] = keep - 1e-5f;
       const double down = loss();
       v[i] = keep;
-      g[std::size_t(i)] = (up - down) / (double(keep + 1e-3f) - double(keep - 1e-3f));
+      g[std::size_t(i)] = (up - down) / (double(keep + 1e-5f) - double(keep - 1e-5f));
     }
     grad.push_back(g);
   }
