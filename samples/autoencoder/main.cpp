@@ -140,12 +140,7 @@ int main(int argc, char** argv) try {
   PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   samples::SampleSteps steps;
-  session.compile_steps(
-      steps, free_train.plan.total_bytes(), free_eval.plan.total_bytes(),
-      [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); },
-      [&](const Budget& b) { return plan_training(train_fn, train_in, opt, b, copts); },
-      [&](const Budget& b) { return compile_inference(eval_fn, eval_in, b, copts); },
-      [&](const Budget& b) { return plan_inference(eval_fn, eval_in, b, copts); });
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
   Step& eval = *steps.eval;
   const samples::BudgetSplit& budget = steps.budget;

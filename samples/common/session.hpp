@@ -158,6 +158,23 @@ class Session {
     eval_bytes_ = shares.at(1).budget;
   }
 
+  // The usual pair: a training step of `train_fn` over `opt` and an
+  // evaluation step of `eval_fn`, each compiled and planned with its
+  // options; `free_train` / `free_eval`: their unconstrained plans.
+  template <class TrainFn, class EvalFn>
+  void compile_steps(SampleSteps& out, const frugal::PlannedStep& free_train, const frugal::PlannedStep& free_eval,
+                     TrainFn& train_fn, std::vector<frugal::InputSpec> train_in, frugal::Optimizer& opt,
+                     frugal::CompileOptions train_opts, EvalFn& eval_fn, std::vector<frugal::InputSpec> eval_in,
+                     frugal::CompileOptions eval_opts) const {
+    using frugal::Budget;
+    compile_steps(
+        out, free_train.plan.total_bytes(), free_eval.plan.total_bytes(),
+        [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::compile(train_fn, train_in, opt, b, train_opts); },
+        [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::plan_training(train_fn, train_in, opt, b, train_opts); },
+        [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::compile_inference(eval_fn, eval_in, b, eval_opts); },
+        [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::plan_inference(eval_fn, eval_in, b, eval_opts); });
+  }
+
   // Compiles the training step in its share of the budget; if that share is
   // too small, says how large --budget must be.
   template <class CompileFn>

@@ -127,12 +127,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   model.train();
   samples::SampleSteps steps;
-  session.compile_steps(
-      steps, free_train.plan.total_bytes(), free_eval.plan.total_bytes(),
-      [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); },
-      [&](const Budget& b) { return plan_training(train_fn, train_in, opt, b, copts); },
-      [&](const Budget& b) { return compile_inference(eval_fn, eval_in, b, copts); },
-      [&](const Budget& b) { return plan_inference(eval_fn, eval_in, b, copts); });
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
   Step& eval = *steps.eval;
   const samples::BudgetSplit& budget = steps.budget;
