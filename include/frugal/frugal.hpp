@@ -38,6 +38,8 @@
 #include "nn/group_norm.hpp"
 #include "nn/upsample.hpp"
 #include "nn/batch_norm1d.hpp"
+#include "nn/mahalanobis.hpp"
+#include "nn/attention_pool.hpp"
 #include "optim/adamw.hpp"
 #include "optim/loss_scaler.hpp"
 #include "optim/sgd.hpp"

@@ -28,6 +28,7 @@
 #include "max_min.hpp"
 #include "detach.hpp"
 #include "nll_loss.hpp"
+#include "mahalanobis.hpp"
 #include "losses.hpp"
 #include "conv_transpose.hpp"
 #include "upsample.hpp"

@@ -23,10 +23,14 @@
 #include "../upsample.hpp"
 #include "../batch_norm1d.hpp"
 #include "../transformer_encoder.hpp"
+#include "../mahalanobis.hpp"
+#include "../attention_pool.hpp"
 
 namespace frugal::nn {
 
 ReLU::~ReLU() = default;
+MahalanobisHead::~MahalanobisHead() = default;
+SpatialAttentionPool::~SpatialAttentionPool() = default;
 GELU::~GELU() = default;
 Tanh::~Tanh() = default;
 Sigmoid::~Sigmoid() = default;

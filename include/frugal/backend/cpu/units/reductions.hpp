@@ -1,9 +1,11 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): sums and
-// broadcasts, softmax, cross-entropy and the loss-scaling checks.
+// broadcasts, softmax, cross-entropy, the Mahalanobis distance and loss, and
+// the loss-scaling checks.
 #include "../grad_clipping.hpp"
 #include "../loss.hpp"
 #include "../loss_scaling.hpp"
+#include "../mahalanobis.hpp"
 #include "../max_min.hpp"
 #include "../nll_loss.hpp"
 #include "../reduce.hpp"
@@ -31,6 +33,11 @@ void add_reduction_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::NllLossGrad>(nll_loss_grad_kernel);
   t.add<ops::ClipGradNormCoef>(clip_grad_norm_coef_kernel);
   t.add<ops::CountSkippedStep>(count_skipped_step_kernel);
+  t.add<ops::MahalanobisDistance>(mahalanobis_distance_kernel, mahalanobis_workspace<ops::MahalanobisDistance>);
+  t.add<ops::MahalanobisDistanceGrad>(mahalanobis_distance_grad_kernel,
+                                      mahalanobis_workspace<ops::MahalanobisDistanceGrad>);
+  t.add<ops::MahalanobisLoss>(mahalanobis_loss_kernel, mahalanobis_workspace<ops::MahalanobisLoss>);
+  t.add<ops::MahalanobisLossGrad>(mahalanobis_loss_grad_kernel, mahalanobis_workspace<ops::MahalanobisLossGrad>);
 }
 
 }  // namespace frugal::cpu
