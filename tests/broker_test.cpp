@@ -86,6 +86,23 @@ struct Family {
   }
 };
 
+// The CPU backend as a GPU looks to the executor: persistents on the
+// device are copies of each step's own (Backend::host_addressable false).
+class OwnDeviceCopies final : public Backend {
+ public:
+  std::string name() const override { return real_->name(); }
+  const KernelTable& kernels() const override { return real_->kernels(); }
+  bool host_addressable() const override { return false; }
+  void* allocate(std::size_t bytes) override { return real_->allocate(bytes); }
+  void deallocate(void* p) override { real_->deallocate(p); }
+  void copy_to_device(void* d, const void* s, std::size_t n) override { real_->copy_to_device(d, s, n); }
+  void copy_to_host(void* d, const void* s, std::size_t n) override { real_->copy_to_host(d, s, n); }
+  void fill(void* d, unsigned char b, std::size_t n) override { real_->fill(d, b, n); }
+
+ private:
+  std::unique_ptr<Backend> real_ = make_backend("cpu");
+};
+
 zoo::Config mlp_config() {
   return {.family = "mlp", .batch = 16, .layers = 2, .width = 64, .features = 32};
 }
@@ -119,6 +136,34 @@ TEST_CASE("a broker counts the weights its training and evaluation steps share o
   }
   CHECK(f.same_weights());
   CHECK(b.measured_device_bytes() <= b.planned_device_bytes());
+}
+
+TEST_CASE("on a backend with device copies of its own, a broker counts a shared weight in each step", "[broker]") {
+  Family f(mlp_config());
+  f.o.use_backend = std::make_shared<OwnDeviceCopies>();
+  const auto [train_least, train_full] = f.train_bytes();
+  const auto [eval_least, eval_full] = f.eval_bytes();
+  const std::size_t budget = train_full + eval_full;  // room for both, each with its own copy
+  MemoryBroker b(Budget{.device = budget});
+  const auto train = f.join_train(b, "train");
+  const auto eval = f.join_eval(b, "eval");
+  INFO(b.summary());
+  CHECK(b.shares()[1].persistents > 0);
+  CHECK(b.shares()[1].shared == 0);
+  CHECK(b.planned_device_bytes() == b.step(train).plan().total_bytes() + b.step(eval).plan().total_bytes());
+  f.train(b.step(train));
+  f.evaluate(b.step(eval));
+  CHECK(b.measured_device_bytes() <= budget);
+  // With no host memory both keep every weight on the device at their
+  // least; short of the two leasts by half the weights, which fits on the
+  // CPU backend (the next test), does not fit here.
+  const Budget no_host{.device = 1, .host = 1};
+  const std::size_t train_tight = Family::bytes_of([&](const Budget&) { return zoo::plan(f.w, no_host, f.o); }).first;
+  const std::size_t eval_tight =
+      Family::bytes_of([&](const Budget&) { return plan_inference(f.eval_fn, f.w.inputs, no_host, f.o); }).first;
+  MemoryBroker tight(Budget{.device = train_tight + eval_tight - f.weight_bytes() / 2, .host = 2});
+  f.join_train(tight, "train");
+  CHECK_THROWS_AS(f.join_eval(tight, "eval"), BudgetError);
 }
 
 TEST_CASE("with no host memory, a broker fits training and evaluation where counting the weights twice would not",

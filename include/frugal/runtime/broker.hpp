@@ -32,7 +32,9 @@ namespace frugal {
 
 // The persistents (by the storage of their tensor) that `plan` keeps on
 // the device, with their bytes: the parameters, optimizer state and
-// constants it counts in Plan::persistent_bytes.
+// constants it counts in Plan::persistent_bytes. On the CPU backend that is
+// the user's tensor itself, so two steps keeping it there hold it once; on
+// a GPU each step has its own device copy (Step::device_copies).
 inline std::vector<std::pair<const void*, std::size_t>> device_persistents(const Graph& g, const Plan& plan) {
   const std::vector<char> on_host = plan::persistents_on_host(g, plan.schedule);
   std::vector<std::pair<const void*, std::size_t>> out;
@@ -118,12 +120,14 @@ class MemoryBroker {
   std::vector<Share> shares() const {
     std::vector<const Plan*> plans;
     std::vector<const Graph*> graphs;
+    std::vector<char> copies;
     for (Id id : order_) {
       const Step& s = *members_.at(id).step;
       plans.push_back(&s.plan());
       graphs.push_back(&s.graph());
+      copies.push_back(s.device_copies());
     }
-    return shares_of(graphs, plans);
+    return shares_of(graphs, plans, copies);
   }
 
   // The device bytes the plans hold together: every arena, and every
@@ -179,7 +183,9 @@ class MemoryBroker {
 
   // Shares from plans, in joining order: a persistent counts for the first
   // step that keeps it on the device, and is `shared` in the later ones.
-  std::vector<Share> shares_of(const std::vector<const Graph*>& graphs, const std::vector<const Plan*>& plans) const {
+  // A step with device copies of its own shares none.
+  std::vector<Share> shares_of(const std::vector<const Graph*>& graphs, const std::vector<const Plan*>& plans,
+                               const std::vector<char>& copies) const {
     std::vector<Share> out;
     std::set<const void*> seen;
     for (std::size_t k = 0; k < order_.size(); ++k) {
@@ -188,6 +194,7 @@ class MemoryBroker {
               .unconstrained = m.unconstrained, .arena = plans[k]->arena_bytes};
       for (const auto& [storage, bytes] : device_persistents(*graphs[k], *plans[k])) {
         s.persistents += bytes;
+        if (copies[k]) continue;
         if (!seen.insert(storage).second) s.shared += bytes;
       }
       out.push_back(std::move(s));
@@ -317,11 +324,13 @@ class MemoryBroker {
     for (Id id : order_) planned.push_back(members_.at(id).plan(budget_for(shares.at(id))));
     std::vector<const Graph*> graphs;
     std::vector<const Plan*> plans;
+    std::vector<char> copies;
     for (const PlannedStep& p : planned) {
       graphs.push_back(p.graph.get());
       plans.push_back(&p.plan);
+      copies.push_back(p.device_copies);
     }
-    std::vector<Share> all = shares_of(graphs, plans);
+    std::vector<Share> all = shares_of(graphs, plans, copies);
     std::map<Id, std::size_t> credit;
     for (const Share& s : all) credit[s.id] = s.shared;
     if (out) *out = std::move(all);

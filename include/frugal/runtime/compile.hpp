@@ -348,6 +348,10 @@ struct PlannedStep {
   Plan plan;
   std::vector<ValueId> roots;
   std::size_t input_bytes = 0;  // the step's inputs, which the caller also holds on the host
+  // The backend keeps device copies of the persistents it holds on the
+  // device (a GPU): each step's copies are its own, not shared with other
+  // steps reading the same tensors.
+  bool device_copies = false;
 };
 
 // Arguments in compile()'s order: function, inputs, [optimizer,] budget, options.

@@ -108,6 +108,10 @@ class Step {
   // (plan/verify.hpp, which frugal.hpp includes, defines the report).
   plan::VerifyReport verify() const;
   const Graph& graph() const { return *p_.graph; }
+  // Whether the persistents this step keeps on the device are copies of its
+  // own (a backend that cannot address host memory, a GPU), which no other
+  // step shares.
+  bool device_copies() const { return !p_.backend->host_addressable(); }
   std::size_t arena_bytes() const { return p_.plan.arena_bytes; }
   // Device bytes in use, measured: the highest arena byte the steps so far
   // have written (the arena is filled with a marker byte when allocated and

@@ -607,7 +607,8 @@ static PlannedPrepared plan_fused(Prepared p, const Budget& budget, const Compil
 static PlannedStep planned_step(PlannedPrepared pp, const std::vector<InputSpec>& specs) {
   std::size_t in = 0;
   for (auto& s : specs) in += s.meta.nbytes();
-  return {std::move(pp.p.c.graph), std::move(pp.plan), std::move(pp.p.roots), in};
+  const bool copies = !pp.p.backend->host_addressable();
+  return {std::move(pp.p.c.graph), std::move(pp.plan), std::move(pp.p.roots), in, copies};
 }
 
 PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
