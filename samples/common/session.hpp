@@ -24,20 +24,6 @@
 
 namespace samples {
 
-// The least device budget a step can be planned in: planning it under one
-// byte fails, and the error says what the least is.
-template <class PlanFn>
-std::size_t smallest_budget(PlanFn&& plan_under) {
-  try {
-    plan_under(frugal::Budget{.device = 1});
-  } catch (const frugal::BudgetError& e) {
-    return e.smallest_feasible_bytes;
-  }
-  return 1;
-}
-
-// The device budget, split: the evaluation step gets what it needs up to a
-// quarter of the budget (more if it cannot run in less), training the rest; together they never exceed it.
 // The optimizer state a plan keeps on the host, where its update runs.
 inline std::size_t offloaded_state(const frugal::Plan& p) {
   auto it = p.offloaded_by_kind.find("optimizer state");
@@ -89,26 +75,6 @@ class Session {
   const CommonArgs& args() const { return a_; }
   const std::string& name() const { return sample_; }
 
-  // `train_total` / `eval_total`: device bytes of the unconstrained plans;
-  // `eval_min`: the least the evaluation step can run in (smallest_budget).
-  BudgetSplit split_budget(std::size_t train_total, std::size_t eval_total, std::size_t eval_min) const {
-    BudgetSplit s;
-    s.train.host = s.eval.host = a_.host.empty() ? 0 : frugal::parse_bytes(a_.host);
-    s.train.nvme_dir = a_.nvme_dir;
-    if (a_.budget.empty()) return s;
-    // A percentage is of both unconstrained steps together.
-    s.total = frugal::parse_bytes(a_.budget, train_total + eval_total);
-    const std::size_t eval_share = std::min(eval_total, std::max(eval_min, s.total / 4));
-    if (eval_share >= s.total)
-      frugal::fail<frugal::BudgetError>("--budget ", frugal::format_bytes(s.total), " (", s.total,
-                                        " bytes) cannot hold even the evaluation step, which needs at least ",
-                                        frugal::format_bytes(eval_min), ", and the training step besides");
-    s.eval.device = eval_share < eval_total ? eval_share : 0;  // 0: its unconstrained plan already fits
-    s.train.device = s.total - eval_share;
-    eval_bytes_ = eval_share;
-    return s;
-  }
-
   // The training and evaluation steps. Under --budget, one memory broker
   // (frugal::MemoryBroker) plans both within it: --budget is the device
   // memory of the whole process, and the weights both steps keep on the
@@ -155,7 +121,6 @@ class Session {
     const auto shares = out.broker->shares();
     out.budget.train.device = shares.at(0).budget;
     out.budget.eval.device = shares.at(1).budget;
-    eval_bytes_ = shares.at(1).budget;
   }
 
   // The usual pair: a training step of `train_fn` over `opt` and an
@@ -173,23 +138,6 @@ class Session {
         [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::plan_training(train_fn, train_in, opt, b, train_opts); },
         [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::compile_inference(eval_fn, eval_in, b, eval_opts); },
         [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::plan_inference(eval_fn, eval_in, b, eval_opts); });
-  }
-
-  // Compiles the training step in its share of the budget; if that share is
-  // too small, says how large --budget must be.
-  template <class CompileFn>
-  frugal::Step compile_training(const BudgetSplit& b, CompileFn&& compile_fn) const {
-    try {
-      return compile_fn(b.train);
-    } catch (const frugal::BudgetError& e) {
-      if (!b.total || !e.smallest_feasible_bytes) throw;
-      const std::size_t need = e.smallest_feasible_bytes + eval_bytes_;
-      frugal::fail<frugal::BudgetError>(
-          "--budget ", frugal::format_bytes(b.total), " is too small: the evaluation step takes ",
-          frugal::format_bytes(eval_bytes_), ", leaving ", frugal::format_bytes(b.train.device),
-          " for training, which needs at least ", frugal::format_bytes(e.smallest_feasible_bytes),
-          "; use --budget ", need, " (", frugal::format_bytes(need), ") or more.\nThe planner said: ", e.what());
-    }
   }
 
   // Prints what will happen: the plan of the training step under the budget.
@@ -299,7 +247,6 @@ class Session {
   }
   float last_loss() const { return last_loss_; }
   std::int64_t resumed_from() const { return resumed_from_; }
-  std::size_t eval_share() const { return eval_bytes_; }
 
   // The fields every sample's JSON line has.
   JsonLine summary_json(std::int64_t steps, std::size_t peak_device, const BudgetSplit& b,
@@ -352,7 +299,6 @@ class Session {
   std::int64_t total_ = 0, resumed_from_ = 0;
   float last_loss_ = std::nanf("");
   std::size_t peak_seen_ = 0;
-  mutable std::size_t eval_bytes_ = 0;
   Ranks ranks_;
   std::FILE* quiet_ = nullptr;
 };

@@ -21,8 +21,10 @@
 // Two inference steps read the same tensors: the policy on one observation
 // (acting), and the TD error |Q(s, a) - y| of a chunk of transitions (the
 // defence's score, defence.hpp).
+#include <array>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -103,11 +105,6 @@ struct Hyper {
   double gamma = 0.99, tau = 0.005, actor_lr = 1e-3, critic_lr = 1e-3;
 };
 
-// The budget of each of the four steps (device 0: unconstrained).
-struct StepBudgets {
-  frugal::Budget critic, actor, act, score;
-};
-
 // The unconstrained device bytes of each step, planned without memory.
 struct StepSizes {
   std::size_t critic = 0, actor = 0, act = 0, score = 0;
@@ -157,39 +154,51 @@ class Learner {
     return z;
   }
 
-  // The least device bytes each inference step can be planned in (planning
-  // it under one byte fails, and the error says what the least is).
-  StepSizes plan_least() {
-    auto pf = [this](Var s) { return act_fn(s); };
-    auto sf = [this](Var s, Var a, Var r, Var s2, Var nd) { return score_fn(s, a, r, s2, nd); };
-    auto least = [](auto&& plan_under) -> std::size_t {
-      try {
-        plan_under(frugal::Budget{.device = 1});
-      } catch (const frugal::BudgetError& e) {
-        return e.smallest_feasible_bytes;
-      }
-      return 1;
-    };
-    StepSizes z;
-    z.act = least([&](const frugal::Budget& b) {
-      return frugal::plan_inference(pf, {frugal::input<float>({1, h_.obs}, "s")}, b, copts_);
-    });
-    z.score = least([&](const frugal::Budget& b) {
-      return frugal::plan_inference(sf, transition_specs(h_.score_chunk), b, copts_);
-    });
-    return z;
-  }
-
-  void compile(const StepBudgets& b) {
+  // Compiles the four steps. With no device bytes in `whole`, each alone
+  // with nothing evicted; else through one memory broker within
+  // whole.device (frugal::MemoryBroker): each step gets a share between its
+  // least and its unconstrained bytes, and the weights several steps keep
+  // on the device (the critic's, which the actor and scoring steps read;
+  // the actor's, which the acting step reads) count once. The steps must
+  // then be compiled without re-planning on measured times (copts.replan
+  // false). A budget too small for all four is a BudgetError naming the
+  // bytes they need.
+  void compile(const frugal::Budget& whole) {
+    using frugal::Budget;
+    using frugal::Var;
     auto cf = [this](Var s, Var a, Var r, Var s2, Var nd) { return critic_fn(s, a, r, s2, nd); };
     auto af = [this](Var s) { return actor_fn(s); };
     auto pf = [this](Var s) { return act_fn(s); };
     auto sf = [this](Var s, Var a, Var r, Var s2, Var nd) { return score_fn(s, a, r, s2, nd); };
-    critic_step_.emplace(frugal::compile(cf, transition_specs(h_.batch), critic_opt_, b.critic, copts_));
-    actor_step_.emplace(
-        frugal::compile(af, {frugal::input<float>({h_.batch, h_.obs}, "s")}, actor_opt_, b.actor, copts_));
-    act_step_.emplace(frugal::compile_inference(pf, {frugal::input<float>({1, h_.obs}, "s")}, b.act, copts_));
-    score_step_.emplace(frugal::compile_inference(sf, transition_specs(h_.score_chunk), b.score, copts_));
+    const std::vector<frugal::InputSpec> critic_in = transition_specs(h_.batch),
+                                         actor_in{frugal::input<float>({h_.batch, h_.obs}, "s")},
+                                         act_in{frugal::input<float>({1, h_.obs}, "s")},
+                                         score_in = transition_specs(h_.score_chunk);
+    auto critic = [=, this](const Budget& b) { return frugal::compile(cf, critic_in, critic_opt_, b, copts_); };
+    auto actor = [=, this](const Budget& b) { return frugal::compile(af, actor_in, actor_opt_, b, copts_); };
+    auto act = [=, this](const Budget& b) { return frugal::compile_inference(pf, act_in, b, copts_); };
+    auto score = [=, this](const Budget& b) { return frugal::compile_inference(sf, score_in, b, copts_); };
+    if (whole.device == 0) {
+      own_.clear();
+      own_.reserve(4);  // the steps stay where they are
+      for (const auto& c : std::initializer_list<std::function<frugal::Step(const Budget&)>>{critic, actor, act, score})
+        own_.push_back(c(whole));
+      steps_ = {&own_[0], &own_[1], &own_[2], &own_[3]};
+    } else {
+      broker_ = std::make_unique<frugal::MemoryBroker>(whole);
+      auto join = [&](const char* name, auto compile_fn, auto plan_fn) {
+        return &broker_->step(broker_->join(name, std::move(compile_fn), std::move(plan_fn)));
+      };
+      // The training steps first: the weights count for the step that
+      // trains them.
+      steps_[0] = join("critic", critic,
+                       [=, this](const Budget& b) { return frugal::plan_training(cf, critic_in, critic_opt_, b, copts_); });
+      steps_[1] = join("actor", actor,
+                       [=, this](const Budget& b) { return frugal::plan_training(af, actor_in, actor_opt_, b, copts_); });
+      steps_[2] = join("acting", act, [=, this](const Budget& b) { return frugal::plan_inference(pf, act_in, b, copts_); });
+      steps_[3] = join("scoring", score,
+                       [=, this](const Budget& b) { return frugal::plan_inference(sf, score_in, b, copts_); });
+    }
     s_ = frugal::Tensor({h_.batch, h_.obs});
     a_ = frugal::Tensor({h_.batch, h_.act});
     r_ = frugal::Tensor({h_.batch, 1});
@@ -197,6 +206,15 @@ class Learner {
     nd_ = frugal::Tensor({h_.batch, 1});
     obs1_ = frugal::Tensor({1, h_.obs});
   }
+  // The device bytes the four steps hold, measured: under the broker, the
+  // weights they share once.
+  std::size_t measured_device_bytes() const {
+    if (broker_) return broker_->measured_device_bytes();
+    std::size_t sum = 0;
+    for (const frugal::Step* st : steps_) sum += st->measured_device_bytes();
+    return sum;
+  }
+  const frugal::MemoryBroker* broker() const { return broker_.get(); }
 
   // The batch the next update trains on (filled by the caller).
   frugal::Tensor& s() { return s_; }
@@ -208,8 +226,8 @@ class Learner {
   // One DDPG update on the batch: the critic, then the actor (reading the
   // updated critic), then the targets. Returns the critic's loss.
   float update() {
-    const float critic_loss = critic_step_->run(s_, a_, r_, s2_, nd_);
-    actor_loss_ = actor_step_->run(s_);
+    const float critic_loss = critic_step().run(s_, a_, r_, s2_, nd_);
+    actor_loss_ = actor_step().run(s_);
     soft_update(ag_.critic_target, ag_.critic, h_.tau);
     soft_update(ag_.actor_target, ag_.actor, h_.tau);
     targets_changed();
@@ -222,25 +240,25 @@ class Learner {
   // μ(obs) for one observation.
   void act(const float* obs, float* action) {
     std::memcpy(obs1_.raw(), obs, sizeof(float) * std::size_t(h_.obs));
-    act_step_->run(obs1_);
-    std::memcpy(action, act_step_->output().data<float>(), sizeof(float) * std::size_t(h_.act));
+    act_step().run(obs1_);
+    std::memcpy(action, act_step().output().data<float>(), sizeof(float) * std::size_t(h_.act));
   }
 
   // After the tensors the steps read were written outside them (targets,
   // a loaded checkpoint).
   void targets_changed() {
-    critic_step_->parameters_changed();
-    score_step_->parameters_changed();
+    critic_step().parameters_changed();
+    score_step().parameters_changed();
   }
   void all_changed() {
     for (frugal::Step* st : steps()) st->parameters_changed();
   }
 
-  std::vector<frugal::Step*> steps() { return {&*critic_step_, &*actor_step_, &*act_step_, &*score_step_}; }
-  frugal::Step& critic_step() { return *critic_step_; }
-  frugal::Step& actor_step() { return *actor_step_; }
-  frugal::Step& act_step() { return *act_step_; }
-  frugal::Step& score_step() { return *score_step_; }
+  std::vector<frugal::Step*> steps() { return {steps_.begin(), steps_.end()}; }
+  frugal::Step& critic_step() { return *steps_[0]; }
+  frugal::Step& actor_step() { return *steps_[1]; }
+  frugal::Step& act_step() { return *steps_[2]; }
+  frugal::Step& score_step() { return *steps_[3]; }
   frugal::optim::AdamW& critic_opt() { return critic_opt_; }
   frugal::optim::AdamW& actor_opt() { return actor_opt_; }
   const Hyper& hyper() const { return h_; }
@@ -250,7 +268,9 @@ class Learner {
   Hyper h_;
   frugal::CompileOptions copts_;
   frugal::optim::AdamW critic_opt_, actor_opt_;
-  std::optional<frugal::Step> critic_step_, actor_step_, act_step_, score_step_;
+  std::unique_ptr<frugal::MemoryBroker> broker_;  // under a budget: it owns the steps
+  std::vector<frugal::Step> own_;                  // without
+  std::array<frugal::Step*, 4> steps_{};           // critic, actor, acting, scoring
   frugal::Tensor s_, a_, r_, s2_, nd_, obs1_;
   float actor_loss_ = 0;
   frugal::Plan critic_plan_;

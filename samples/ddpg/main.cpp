@@ -202,45 +202,25 @@ int main(int argc, char** argv) try {
   h.actor_lr = o.actor_lr;
   h.critic_lr = o.critic_lr;
   Agent agent(h.obs, h.act, h.hidden);
-  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  // Steps a memory broker plans (under --budget) do not re-plan on measured times.
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads), .replan = a.budget.empty()};
   Learner learner(agent, h, copts);
   const StepSizes sizes = learner.plan_sizes();
   // --budget covers the four steps together (a percentage is of their
-  // unconstrained total). Each inference step gets its proportional share,
-  // or the least it can run in if that is more (0: unconstrained, if its
-  // whole need fits); the two training steps share the rest in proportion
-  // to their needs.
-  StepBudgets budgets;
+  // unconstrained total), through one memory broker (Learner::compile).
+  Budget whole;
+  whole.host = a.host.empty() ? 0 : parse_bytes(a.host);
+  whole.nvme_dir = a.nvme_dir;
   std::size_t budget_total = 0;
-  if (!a.budget.empty()) {
-    budget_total = parse_bytes(a.budget, sizes.total());
-    auto share = [&](std::size_t need) { return std::size_t(double(budget_total) * double(need) / double(sizes.total())); };
-    const StepSizes least = learner.plan_least();
-    std::size_t act = std::max(share(sizes.act), least.act), score = std::max(share(sizes.score), least.score);
-    budgets.act.device = act < sizes.act ? act : 0;
-    budgets.score.device = score < sizes.score ? score : 0;
-    act = std::min(act, sizes.act);
-    score = std::min(score, sizes.score);
-    if (act + score >= budget_total)
-      fail<BudgetError>("--budget ", format_bytes(budget_total), " cannot hold even the two inference steps (at least ",
-                        format_bytes(least.act + least.score), ")");
-    const std::size_t rest = budget_total - act - score;
-    budgets.critic.device = std::size_t(double(rest) * double(sizes.critic) / double(sizes.critic + sizes.actor));
-    budgets.actor.device = rest - budgets.critic.device;
-  }
-  for (Budget* b : {&budgets.critic, &budgets.actor, &budgets.act, &budgets.score}) {
-    b->host = a.host.empty() ? 0 : parse_bytes(a.host);
-    b->nvme_dir = a.nvme_dir;
-  }
+  if (!a.budget.empty()) whole.device = budget_total = parse_bytes(a.budget, sizes.total());
   try {
-    learner.compile(budgets);
+    learner.compile(whole);
   } catch (const BudgetError& e) {
-    fail<BudgetError>("--budget ", format_bytes(budget_total), " is too small: its shares for the critic, actor, "
-                      "acting and scoring steps are ", format_bytes(budgets.critic.device), ", ",
-                      format_bytes(budgets.actor.device), ", ", format_bytes(budgets.act.device), " and ",
-                      format_bytes(budgets.score.device), " (unconstrained they take ", format_bytes(sizes.critic), ", ",
-                      format_bytes(sizes.actor), ", ", format_bytes(sizes.act), " and ", format_bytes(sizes.score),
-                      "): ", e.what());
+    if (!e.smallest_feasible_bytes) throw;
+    throw BudgetError(cat("--budget ", format_bytes(budget_total), " is too small for the critic, actor, acting and "
+                          "scoring steps; use --budget ", e.smallest_feasible_bytes, " (",
+                          format_bytes(e.smallest_feasible_bytes), ") or more.\nThe planner said: ", e.what()),
+                      e.smallest_feasible_bytes);
   }
   const Plan unconstrained_critic = learner.unconstrained_critic_plan();
 
@@ -271,6 +251,7 @@ int main(int argc, char** argv) try {
                  format_bytes(sizes.critic).c_str(), format_bytes(learner.actor_step().plan().total_bytes()).c_str(),
                  format_bytes(sizes.actor).c_str(), format_bytes(learner.act_step().plan().total_bytes()).c_str(),
                  format_bytes(learner.score_step().plan().total_bytes()).c_str());
+  if (learner.broker()) std::fprintf(out, "%s", learner.broker()->summary().c_str());
 
   // The first update follows environment step first_update_after (1-based).
   const std::int64_t first_update_after = std::max<std::int64_t>(o.warmup, 1);
@@ -426,10 +407,9 @@ int main(int argc, char** argv) try {
   // Noise-free evaluation against random actions, on the same episodes.
   const double eval_return = evaluate(*eval_env, &learner, seed, o.eval_episodes);
   const double random_return = evaluate(*eval_env, nullptr, seed, o.eval_episodes);
-  std::size_t peak = 0;
+  const std::size_t peak = learner.measured_device_bytes();
   std::int64_t recomputed = 0, swapped = 0;
   for (Step* sp : learner.steps()) {
-    peak += sp->measured_device_bytes();
     recomputed += std::int64_t(sp->plan().count(plan::Choice::recompute));
     swapped += std::int64_t(sp->plan().count(plan::Choice::host));
   }
@@ -453,7 +433,7 @@ int main(int argc, char** argv) try {
     samples::write_text_file(a.plot, svg_of_run("ddpg on " + o.env + (o.attack > 0 ? ", poisoned" : "") +
                                                      (o.defence ? ", defended" : ""),
                                                  st, learner.critic_step().plan(), unconstrained_critic,
-                                                 double(budgets.critic.device),
+                                                 double(learner.critic_step().plan().budget_bytes),
                                                  double(learner.critic_step().measured_device_bytes())));
   if (a.json) {
     std::string returns = "[", ends = "[";
