@@ -14,6 +14,7 @@
 #include "plan/plan.hpp"
 #include "plan/report.hpp"
 #include "plan/verify.hpp"
+#include "runtime/broker.hpp"
 #include "runtime/compile.hpp"
 #include "runtime/process_memory.hpp"
 // No kernel is compiled here: a program compiles frugal's kernels once,

@@ -131,7 +131,7 @@ int main(int argc, char** argv) try {
   Autoencoder model(o.width, o.upsample == "bilinear" ? UpsampleMode::bilinear : UpsampleMode::nearest);
   optim::AdamW opt(model.parameters(), {.lr = o.lr});
   const std::int64_t B = o.batch;
-  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads), .replan = !session.brokered_steps()};
   auto train_fn = [&](Var x) { return reconstruction_loss(model.forward(x), x); };
   auto eval_fn = [&](Var x) { return reconstruction_loss(model.forward(x), x); };
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images")};
@@ -139,13 +139,11 @@ int main(int argc, char** argv) try {
 
   PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
-  const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, b, copts);
-  });
-  samples::BudgetSplit budget =
-      session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
-  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);  // runs the modules in eval mode
-  Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
+  samples::SampleSteps steps;
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
+  Step& step = *steps.train;
+  Step& eval = *steps.eval;
+  const samples::BudgetSplit& budget = steps.budget;
 
   data::EpochSampler sampler(d.train.size(), B, std::uint64_t(a.seed));
   const std::int64_t per_epoch = sampler.batches_per_epoch();
@@ -190,7 +188,7 @@ int main(int argc, char** argv) try {
     auto t0 = std::chrono::steady_clock::now();
     float loss = step.run(xb);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    session.step_done(s, loss, ms, step.measured_device_bytes() + eval.measured_device_bytes(), model, opt);
+    session.step_done(s, loss, ms, steps.measured_device_bytes(), model, opt);
     if ((s + 1) % per_epoch == 0 && s + 1 < total) {
       const double tl = evaluate();
       char line[128];
@@ -202,7 +200,7 @@ int main(int argc, char** argv) try {
   session.save(model, opt, s);
   const double test_loss = evaluate();
 
-  const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  const std::size_t peak = steps.measured_device_bytes();
   if (!a.json)
     std::printf("test reconstruction loss %.5f (mean squared error per pixel) on %lld images after %lld steps; median "
                 "step %.1f ms; device peak %s%s\n",

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,20 @@ inline std::size_t offloaded_state(const frugal::Plan& p) {
 struct BudgetSplit {
   std::size_t total = 0;  // 0: no budget
   frugal::Budget train, eval;
+};
+
+// A sample's training and evaluation steps (Session::compile_steps).
+struct SampleSteps {
+  BudgetSplit budget;  // --budget, and each step's share of it
+  std::unique_ptr<frugal::MemoryBroker> broker;  // under --budget: it owns the steps
+  std::optional<frugal::Step> own_train, own_eval;  // without
+  frugal::Step* train = nullptr;
+  frugal::Step* eval = nullptr;
+  // The process's device bytes in use, measured: under the broker, weights
+  // both steps keep on the device once.
+  std::size_t measured_device_bytes() const {
+    return broker ? broker->measured_device_bytes() : train->measured_device_bytes() + eval->measured_device_bytes();
+  }
 };
 
 class Session {
@@ -92,6 +107,72 @@ class Session {
     s.train.device = s.total - eval_share;
     eval_bytes_ = eval_share;
     return s;
+  }
+
+  // The training and evaluation steps. Under --budget, one memory broker
+  // (frugal::MemoryBroker) plans both within it: --budget is the device
+  // memory of the whole process, and the weights both steps keep on the
+  // device count once; each step gets a share between its least and its
+  // unconstrained bytes. A budget too small for both names the bytes
+  // needed. Without --budget each is planned alone, with nothing evicted.
+  // Steps the broker plans must not re-plan on measured times (compile
+  // them with CompileOptions::replan = brokered_steps() ? false : ...): a
+  // re-plan could move shared weights off the device.
+  // `train_total` / `eval_total`: the unconstrained plans' device bytes, the
+  // base of a --budget percentage. Each callable takes a Budget and
+  // compiles or plans its step in it; they are kept by the broker.
+  bool brokered_steps() const { return !a_.budget.empty(); }
+  template <class TrainCompile, class TrainPlan, class EvalCompile, class EvalPlan>
+  void compile_steps(SampleSteps& out, std::size_t train_total, std::size_t eval_total, TrainCompile train_compile,
+                     TrainPlan train_plan, EvalCompile eval_compile, EvalPlan eval_plan) const {
+    frugal::Budget whole;
+    whole.host = a_.host.empty() ? 0 : frugal::parse_bytes(a_.host);
+    whole.nvme_dir = a_.nvme_dir;
+    out.budget.train = out.budget.eval = whole;
+    if (a_.budget.empty()) {
+      out.own_train.emplace(train_compile(whole));
+      out.own_eval.emplace(eval_compile(whole));
+      out.train = &*out.own_train;
+      out.eval = &*out.own_eval;
+      return;
+    }
+    // A percentage is of both unconstrained steps together.
+    out.budget.total = whole.device = frugal::parse_bytes(a_.budget, train_total + eval_total);
+    out.broker = std::make_unique<frugal::MemoryBroker>(whole);
+    try {
+      const auto t = out.broker->join("training", std::move(train_compile), std::move(train_plan));
+      const auto e = out.broker->join("evaluation", std::move(eval_compile), std::move(eval_plan));
+      out.train = &out.broker->step(t);
+      out.eval = &out.broker->step(e);
+    } catch (const frugal::BudgetError& ex) {
+      const std::size_t need = ex.smallest_feasible_bytes;
+      if (!need) throw;
+      frugal::fail<frugal::BudgetError>("--budget ", frugal::format_bytes(out.budget.total), " (", out.budget.total,
+                                        " bytes) is too small for the training and evaluation steps; use --budget ",
+                                        need, " (", frugal::format_bytes(need), ") or more.\nThe planner said: ",
+                                        ex.what());
+    }
+    const auto shares = out.broker->shares();
+    out.budget.train.device = shares.at(0).budget;
+    out.budget.eval.device = shares.at(1).budget;
+    eval_bytes_ = shares.at(1).budget;
+  }
+
+  // The usual pair: a training step of `train_fn` over `opt` and an
+  // evaluation step of `eval_fn`, each compiled and planned with its
+  // options; `free_train` / `free_eval`: their unconstrained plans.
+  template <class TrainFn, class EvalFn>
+  void compile_steps(SampleSteps& out, const frugal::PlannedStep& free_train, const frugal::PlannedStep& free_eval,
+                     TrainFn& train_fn, std::vector<frugal::InputSpec> train_in, frugal::Optimizer& opt,
+                     frugal::CompileOptions train_opts, EvalFn& eval_fn, std::vector<frugal::InputSpec> eval_in,
+                     frugal::CompileOptions eval_opts) const {
+    using frugal::Budget;
+    compile_steps(
+        out, free_train.plan.total_bytes(), free_eval.plan.total_bytes(),
+        [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::compile(train_fn, train_in, opt, b, train_opts); },
+        [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::plan_training(train_fn, train_in, opt, b, train_opts); },
+        [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::compile_inference(eval_fn, eval_in, b, eval_opts); },
+        [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::plan_inference(eval_fn, eval_in, b, eval_opts); });
   }
 
   // Compiles the training step in its share of the budget; if that share is

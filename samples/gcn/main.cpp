@@ -106,7 +106,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   Tensor train_ids = ids_tensor(d.train), train_labels({n_train}, DType::i32);
   for (std::int64_t i = 0; i < n_train; ++i)
     train_labels.data<std::int32_t>()[i] = d.labels.data<std::int32_t>()[d.train[std::size_t(i)]];
-  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads), .replan = !session.brokered_steps()};
   // The feature matrix is the same every step: a constant, bound once (not
   // a step input copied in each run), which a tight budget can keep on the
   // host between its reads.
@@ -125,14 +125,12 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
   model.eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
-  const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, b, copts);
-  });
-  samples::BudgetSplit budget =
-      session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
-  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model.train();
-  Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
+  samples::SampleSteps steps;
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
+  Step& step = *steps.train;
+  Step& eval = *steps.eval;
+  const samples::BudgetSplit& budget = steps.budget;
 
   const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs : 200;
   char config[200];
@@ -171,7 +169,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
     auto t0 = std::chrono::steady_clock::now();
     float loss = step.run(train_ids, train_labels);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    session.step_done(s, loss, ms, step.measured_device_bytes() + eval.measured_device_bytes(), model, opt);
+    session.step_done(s, loss, ms, steps.measured_device_bytes(), model, opt);
     if ((s + 1) % o.eval_every == 0 && s + 1 < total) {
       eval.run();
       auto [vl, va] = measure(d.val);
@@ -185,7 +183,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   eval.run();
   auto [val_loss, val_acc] = measure(d.val);
   auto [test_loss, test_acc] = measure(d.test);
-  const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  const std::size_t peak = steps.measured_device_bytes();
   char line[200];
   std::snprintf(line, sizeof line, "seed %lld: test accuracy %.2f%% (validation %.2f%%) after %lld steps; median step %.2f ms",
                 static_cast<long long>(seed), 100 * test_acc, 100 * val_acc, static_cast<long long>(s),

@@ -109,7 +109,7 @@ int main(int argc, char** argv) try {
                  .heads = o.heads, .dropout = o.dropout});
   optim::AdamW opt(model.parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = o.weight_decay});
   const std::int64_t B = o.batch, T = o.context, EB = 8;
-  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads), .replan = !session.brokered_steps()};
   CompileOptions train_opts = copts;  // the evaluation step runs on each rank alone
   ranks.apply(train_opts);
   auto train_fn = [&](Var x, Var y) { return model.loss(x, y); };
@@ -121,15 +121,12 @@ int main(int argc, char** argv) try {
   PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, train_opts);
   model.eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
-  const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, b, copts);
-  });
-  samples::BudgetSplit budget =
-      session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
-  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model.train();
-  Step step =
-      session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, train_opts); });
+  samples::SampleSteps steps;
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, train_opts, eval_fn, eval_in, copts);
+  Step& step = *steps.train;
+  Step& eval = *steps.eval;
+  const samples::BudgetSplit& budget = steps.budget;
 
   const std::int64_t per_epoch = std::max<std::int64_t>(1, std::int64_t(split.train.size()) / (B * T));
   const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs * per_epoch : 1800;
@@ -178,7 +175,7 @@ int main(int argc, char** argv) try {
     auto t0 = std::chrono::steady_clock::now();
     float loss = step.run(x, y);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    session.step_done(s, loss, ms, step.measured_device_bytes() + eval.measured_device_bytes(), model, opt);
+    session.step_done(s, loss, ms, steps.measured_device_bytes(), model, opt);
     if ((s + 1) % o.eval_every == 0 && s + 1 < total) {
       double v = validation_loss(o.eval_batches);
       char line[96];
@@ -222,7 +219,7 @@ int main(int argc, char** argv) try {
     }
   }
 
-  const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  const std::size_t peak = steps.measured_device_bytes();
   if (!session.leader()) return 0;  // rank 0 reports
   if (!a.json) {
     std::printf("validation loss %.4f after %lld steps; median step %.1f ms; device peak %s%s\n", val,

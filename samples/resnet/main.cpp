@@ -113,7 +113,7 @@ int main(int argc, char** argv) try {
   optim::SGD opt(model->parameters(),
                  {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = true});
   const std::int64_t B = o.batch;
-  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads), .replan = !session.brokered_steps()};
   CompileOptions train_opts = copts;  // the evaluation step runs on each rank alone
   ranks.apply(train_opts);
   auto train_fn = [&](Var x, Var y) { return cross_entropy(model->forward(x), y); };
@@ -124,15 +124,12 @@ int main(int argc, char** argv) try {
   PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, train_opts);
   model->eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
-  const std::size_t eval_min = o.common.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, b, copts);
-  });
-  samples::BudgetSplit budget =
-      session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
-  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model->train();
-  Step step =
-      session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, train_opts); });
+  samples::SampleSteps steps;
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, train_opts, eval_fn, eval_in, copts);
+  Step& step = *steps.train;
+  Step& eval = *steps.eval;
+  const samples::BudgetSplit& budget = steps.budget;
 
   // A global batch of B images per rank; rank r trains on its r-th B of them
   // (batch norm's statistics are each rank's own, as under DDP without SyncBN).
@@ -196,7 +193,7 @@ int main(int argc, char** argv) try {
     auto t0 = std::chrono::steady_clock::now();
     float loss = step.run(xb, yb);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    session.step_done(s, loss, ms, step.measured_device_bytes() + eval.measured_device_bytes(), *model, opt);
+    session.step_done(s, loss, ms, steps.measured_device_bytes(), *model, opt);
     if ((s + 1) % per_epoch == 0 && s + 1 < total) {
       auto [tl, acc] = evaluate();
       char line[128];
@@ -208,7 +205,7 @@ int main(int argc, char** argv) try {
   session.save(*model, opt, s);
   auto [test_loss, accuracy] = evaluate();
 
-  const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  const std::size_t peak = steps.measured_device_bytes();
   if (!session.leader()) return 0;  // rank 0 reports
   if (!a.json)
     std::printf("test accuracy %.2f%% (test loss %.4f) on %lld images after %lld steps; median step %.1f ms; device "

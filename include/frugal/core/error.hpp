@@ -16,8 +16,10 @@ struct ShapeError : Error {
 };
 struct BudgetError : Error {
   using Error::Error;
-  BudgetError(const std::string& what, std::size_t smallest) : Error(what), smallest_feasible_bytes(smallest) {}
+  BudgetError(const std::string& what, std::size_t smallest, std::size_t unconstrained = 0)
+      : Error(what), smallest_feasible_bytes(smallest), unconstrained_bytes(unconstrained) {}
   std::size_t smallest_feasible_bytes = 0;  // the least device budget that plan fits, when known
+  std::size_t unconstrained_bytes = 0;      // what the step needs with nothing evicted, when known
 };
 struct DataError : Error {
   using Error::Error;

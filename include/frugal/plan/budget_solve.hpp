@@ -143,7 +143,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
                       " (the same on every machine: no measured speed enters it). Give a device budget of at least ",
                       min_feasible, " bytes", budget.host ? ", or a larger host pool" : "",
                       ". Largest consumers at that plan's peak:", largest_consumers(*least.graph, least.plan)),
-                      min_feasible);
+                      min_feasible, base.total_bytes());
   least.plan.min_feasible_bytes = min_feasible;
 
   std::int64_t target = std::int64_t(budget.device);

@@ -96,6 +96,9 @@ class Step {
   // How many times the step re-planned with measured op times (0 or 1), and
   // the measured median step time that decided it (0 before it is known).
   int replans() const { return replans_; }
+  // Whether a later run may still re-plan on measured times (the plan made
+  // budget decisions and CompileOptions::replan was on).
+  bool may_replan() const { return bool(p_.replanner) && !replanned_; }
   double measured_step_ms() const { return measured_ms_; }
 
   const Plan& plan() const { return p_.plan; }

@@ -1,0 +1,257 @@
+// The memory broker (runtime/broker.hpp): several steps on one device
+// budget, joining and leaving, each computing the bits it computes alone.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <frugal/frugal.hpp>
+
+#include "../tools/model_zoo.hpp"
+
+using namespace frugal;
+
+namespace {
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// A model's training step and an evaluation step over the same weights,
+// as the broker plans them, beside a twin (the same model, built the same
+// way) whose two steps run alone with nothing evicted.
+struct Family {
+  DeviceProfile profile = DeviceProfile::defaults("cpu", 2);
+  // No re-planning on measured times: the broker asks for it (a timed
+  // re-plan could move weights another step shares off the device).
+  CompileOptions o{.profile = &profile, .replan = false};
+  zoo::Workload w, twin;
+  std::function<Var(Var, Var)> eval_fn, twin_eval_fn;
+  Step train_alone, eval_alone;
+  std::vector<Tensor> batch;
+
+  explicit Family(const zoo::Config& c)
+      : w(zoo::make(c)), twin(zoo::make(c)),
+        eval_fn([this](Var a, Var b) { return w.loss({a, b}); }),
+        twin_eval_fn([this](Var a, Var b) { return twin.loss({a, b}); }),
+        train_alone(zoo::compile(twin, {}, o)), eval_alone(compile_inference(twin_eval_fn, twin.inputs, {}, o)),
+        batch(w.batch(7)) {}
+
+  MemoryBroker::Id join_train(MemoryBroker& b, const std::string& name) {
+    return b.join(name, [this](const Budget& bu) { return zoo::compile(w, bu, o); },
+                  [this](const Budget& bu) { return zoo::plan(w, bu, o); });
+  }
+  MemoryBroker::Id join_eval(MemoryBroker& b, const std::string& name) {
+    return b.join(name, [this](const Budget& bu) { return compile_inference(eval_fn, w.inputs, bu, o); },
+                  [this](const Budget& bu) { return plan_inference(eval_fn, w.inputs, bu, o); });
+  }
+  // The least and the unconstrained bytes of each step alone.
+  std::pair<std::size_t, std::size_t> train_bytes() {
+    return bytes_of([&](const Budget& b) { return zoo::plan(w, b, o); });
+  }
+  std::pair<std::size_t, std::size_t> eval_bytes() {
+    return bytes_of([&](const Budget& b) { return plan_inference(eval_fn, w.inputs, b, o); });
+  }
+  template <class PlanFn>
+  static std::pair<std::size_t, std::size_t> bytes_of(PlanFn&& plan) {
+    try {
+      plan(Budget{.device = 1});
+    } catch (const BudgetError& e) {
+      return {e.smallest_feasible_bytes, e.unconstrained_bytes};
+    }
+    FAIL("a step planned in one byte");
+    return {};
+  }
+  std::size_t weight_bytes() const {
+    std::size_t n = 0;
+    for (const Tensor& p : w.model->parameters()) n += p.nbytes();
+    return n;
+  }
+  // One training step in the broker and in the twin: the same loss bits.
+  void train(Step& s) {
+    const float got = s.run(batch[0], batch[1]);
+    const float want = train_alone.run(batch[0], batch[1]);
+    CHECK(bits_of(got) == bits_of(want));
+  }
+  void evaluate(Step& s) {
+    s.run(batch[0], batch[1]);
+    eval_alone.run(batch[0], batch[1]);
+    CHECK(bits_of(s.output().item<float>()) == bits_of(eval_alone.output().item<float>()));
+  }
+  bool same_weights() const {
+    const auto a = w.model->parameters(), b = twin.model->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
+    return true;
+  }
+};
+
+zoo::Config mlp_config() {
+  return {.family = "mlp", .batch = 16, .layers = 2, .width = 64, .features = 32};
+}
+zoo::Config gpt_config() {
+  return {.family = "gpt", .batch = 2, .layers = 1, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+}
+
+}  // namespace
+
+TEST_CASE("a broker counts the weights its training and evaluation steps share once", "[broker]") {
+  Family f(mlp_config());
+  const auto [train_least, train_full] = f.train_bytes();
+  const auto [eval_least, eval_full] = f.eval_bytes();
+  // Unconstrained, both keep the weights on the device: a budget short of
+  // the two by half the weights fits them only if the weights count once.
+  const std::size_t budget = train_full + eval_full - f.weight_bytes() / 2;
+  MemoryBroker b(Budget{.device = budget});
+  const auto train = f.join_train(b, "train");
+  const auto eval = f.join_eval(b, "eval");
+  INFO(b.summary());
+  const auto shares = b.shares();
+  REQUIRE(shares.size() == 2);
+  CHECK(shares[0].shared == 0);
+  CHECK(shares[1].shared > 0);
+  CHECK(shares[0].budget + shares[1].budget > budget);  // each plan counts the weights; the broker once
+  CHECK(b.planned_device_bytes() <= budget);
+  for (int k = 0; k < 3; ++k) {
+    f.train(b.step(train));
+    f.evaluate(b.step(eval));
+    CHECK(b.measured_device_bytes() <= budget);
+  }
+  CHECK(f.same_weights());
+  CHECK(b.measured_device_bytes() <= b.planned_device_bytes());
+}
+
+TEST_CASE("with no host memory, a broker fits training and evaluation where counting the weights twice would not",
+          "[broker]") {
+  Family f(mlp_config());
+  // A host pool of one byte each: nothing can be swapped, so at their least
+  // both keep every weight on the device.
+  const Budget no_host{.device = 1, .host = 1};
+  const std::size_t train_least = Family::bytes_of([&](const Budget&) { return zoo::plan(f.w, no_host, f.o); }).first;
+  const std::size_t eval_least =
+      Family::bytes_of([&](const Budget&) { return plan_inference(f.eval_fn, f.w.inputs, no_host, f.o); }).first;
+  const std::size_t budget = train_least + eval_least - f.weight_bytes() / 2;
+  MemoryBroker b(Budget{.device = budget, .host = 2});
+  const auto train = f.join_train(b, "train");
+  const auto eval = f.join_eval(b, "eval");
+  INFO(b.summary());
+  CHECK(b.shares()[1].shared >= f.weight_bytes() / 2);
+  CHECK(b.planned_device_bytes() <= budget);
+  for (int k = 0; k < 2; ++k) {
+    f.train(b.step(train));
+    f.evaluate(b.step(eval));
+    CHECK(b.measured_device_bytes() <= budget);
+  }
+  CHECK(f.same_weights());
+}
+
+TEST_CASE("a step that cannot fit beside the others is refused at admission with the bytes it needs", "[broker]") {
+  Family gpt(gpt_config()), mlp(mlp_config());
+  const auto [gpt_least, gpt_full] = gpt.train_bytes();
+  const auto [mlp_least, mlp_full] = mlp.train_bytes();
+  const std::size_t budget = gpt_least + mlp_least - 1;  // the two share nothing
+  MemoryBroker b(Budget{.device = budget});
+  const auto g = gpt.join_train(b, "gpt");
+  Step* before = &b.step(g);
+  const std::size_t share = b.shares()[0].budget;
+  gpt.train(b.step(g));
+  try {
+    mlp.join_train(b, "mlp");
+    FAIL("the broker admitted a step that does not fit");
+  } catch (const BudgetError& e) {
+    CHECK(e.smallest_feasible_bytes == gpt_least + mlp_least);
+    const std::string what = e.what();
+    CHECK(what.find("'mlp'") != std::string::npos);
+    CHECK(what.find(std::to_string(gpt_least + mlp_least)) != std::string::npos);
+  }
+  // The step already there is untouched: the same share, the same object,
+  // the same bits as it goes on.
+  REQUIRE(b.size() == 1);
+  CHECK(&b.step(g) == before);
+  CHECK(b.shares()[0].budget == share);
+  gpt.train(b.step(g));
+  CHECK(gpt.same_weights());
+}
+
+TEST_CASE("a step leaving gives its bytes to the others, which go on with the same bits", "[broker]") {
+  Family gpt(gpt_config()), mlp(mlp_config());
+  const auto [gpt_least, gpt_full] = gpt.train_bytes();
+  const auto [mlp_least, mlp_full] = mlp.train_bytes();
+  REQUIRE(gpt_least < gpt_full);
+  // Room for gpt unconstrained, but not beside mlp.
+  const std::size_t budget = gpt_full + mlp_least / 2;
+  MemoryBroker b(Budget{.device = budget});
+  const auto g = gpt.join_train(b, "gpt");
+  CHECK(b.step(g).plan().decisions.empty());  // alone it needs nothing evicted
+  const auto m = mlp.join_train(b, "mlp");
+  CHECK(b.shares()[0].budget < gpt_full);
+  CHECK_FALSE(b.step(g).plan().decisions.empty());
+  for (int k = 0; k < 2; ++k) {
+    gpt.train(b.step(g));
+    mlp.train(b.step(m));
+  }
+  CHECK(b.step(g).steps_run() == 3 - 1);
+  b.leave(m);
+  CHECK(b.shares()[0].budget == gpt_full);
+  CHECK(b.step(g).plan().decisions.empty());
+  CHECK(b.step(g).steps_run() == 2);  // the step counter carries over a re-plan
+  gpt.train(b.step(g));
+  CHECK(gpt.same_weights());
+  CHECK(mlp.same_weights());
+  CHECK_THROWS_WITH(b.leave(m), Catch::Contains("no step"));
+}
+
+TEST_CASE("steps joining and leaving at random never take the broker past its budget, and compute what they "
+          "compute alone",
+          "[broker]") {
+  Family gpt(gpt_config()), mlp(mlp_config());
+  struct Kind {
+    Family* f;
+    bool train;
+    std::string name;
+    std::optional<MemoryBroker::Id> id;
+  };
+  std::vector<Kind> kinds{{&mlp, true, "mlp train", {}}, {&mlp, false, "mlp eval", {}},
+                          {&gpt, true, "gpt train", {}}, {&gpt, false, "gpt eval", {}}};
+  // A budget under what all four need at their least, so some joins are
+  // refused, and far under what they need unconstrained.
+  std::size_t least = 0, full = 0;
+  for (Family* f : {&mlp, &gpt}) {
+    const auto t = f->train_bytes(), e = f->eval_bytes();
+    least += t.first + e.first;
+    full += t.second + e.second;
+  }
+  REQUIRE(least < full);
+  const std::size_t budget = least * 3 / 4;
+  MemoryBroker b(Budget{.device = budget});
+  Rng rng(2026);
+  int joins = 0, leaves = 0, refused = 0;
+  for (int event = 0; event < 24; ++event) {
+    Kind& k = kinds[rng.below(kinds.size())];
+    if (k.id) {
+      b.leave(*k.id);
+      k.id.reset();
+      ++leaves;
+    } else {
+      const std::size_t there = b.size();
+      try {
+        k.id = k.train ? k.f->join_train(b, k.name) : k.f->join_eval(b, k.name);
+        ++joins;
+      } catch (const BudgetError& e) {
+        ++refused;
+        CHECK(e.smallest_feasible_bytes > budget);
+        CHECK(b.size() == there);
+      }
+    }
+    INFO("event " << event << ": " << b.summary());
+    CHECK(b.planned_device_bytes() <= budget);
+    for (Kind& r : kinds)
+      if (r.id) r.train ? r.f->train(b.step(*r.id)) : r.f->evaluate(b.step(*r.id));
+    CHECK(b.measured_device_bytes() <= budget);
+  }
+  CHECK(joins > 3);
+  CHECK(leaves > 1);
+  CHECK(refused > 0);
+  CHECK(mlp.same_weights());
+  CHECK(gpt.same_weights());
+}
