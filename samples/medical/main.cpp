@@ -425,7 +425,7 @@ int main(int argc, char** argv) try {
 
   optim::AdamW opt(model->parameters(), {.lr = o.lr, .weight_decay = o.weight_decay});
   const std::int64_t B = o.batch, EB = std::min({o.eval_batch, o.val, o.test});
-  CompileOptions copts{.backend = a.device, .threads = int(a.threads)};
+  CompileOptions copts{.backend = a.device, .threads = int(a.threads), .replan = !session.brokered_steps()};
   auto train_fn = [&](Var x, Var y) { return forward(x, y).loss; };
   auto eval_fn = [&](Var x) {
     Forward f = forward(x, std::nullopt);
@@ -439,13 +439,14 @@ int main(int argc, char** argv) try {
   PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, copts);
   model->eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
-  const std::size_t eval_min = a.budget.empty() ? 0 : samples::smallest_budget([&](const Budget& b) {
-    return plan_inference(eval_fn, eval_in, b, copts);
-  });
-  samples::BudgetSplit budget = session.split_budget(free_train.plan.total_bytes(), free_eval.plan.total_bytes(), eval_min);
-  Step eval = compile_inference(eval_fn, eval_in, budget.eval, copts);
   model->train();
-  Step step = session.compile_training(budget, [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); });
+  // Under --budget one memory broker plans both steps within it, the
+  // weights both keep on the device counted once (samples/common/session.hpp).
+  samples::SampleSteps steps;
+  session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
+  Step& step = *steps.train;
+  Step& eval = *steps.eval;
+  const samples::BudgetSplit& budget = steps.budget;
 
   data::EpochSampler sampler(train.size(), B, std::uint64_t(a.seed));
   const std::int64_t per_epoch = sampler.batches_per_epoch();
@@ -516,7 +517,7 @@ int main(int argc, char** argv) try {
     const auto t0 = std::chrono::steady_clock::now();
     const float loss = step.run(xb, yb);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    session.step_done(s, loss, ms, step.measured_device_bytes() + eval.measured_device_bytes(), *model, opt);
+    session.step_done(s, loss, ms, steps.measured_device_bytes(), *model, opt);
     if ((s + 1) % per_epoch == 0 && s + 1 < total) {
       const Scores v = evaluate(val);
       char line[160];
@@ -586,7 +587,7 @@ int main(int argc, char** argv) try {
                  o.attention_png.c_str());
   }
 
-  const std::size_t peak = step.measured_device_bytes() + eval.measured_device_bytes();
+  const std::size_t peak = steps.measured_device_bytes();
   std::string recall = "[";
   for (int c = 0; c < kClasses; ++c) recall += (c ? "," : "") + std::to_string(t.recall[std::size_t(c)]);
   recall += "]";
