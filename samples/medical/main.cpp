@@ -440,6 +440,8 @@ int main(int argc, char** argv) try {
   model->eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   model->train();
+  // Under --budget one memory broker plans both steps within it, the
+  // weights both keep on the device counted once (samples/common/session.hpp).
   samples::SampleSteps steps;
   session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
