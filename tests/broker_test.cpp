@@ -6,6 +6,7 @@
 #include <frugal/frugal.hpp>
 
 #include "../tools/model_zoo.hpp"
+#include "separate_memory_backend.hpp"
 
 using namespace frugal;
 
@@ -86,22 +87,6 @@ struct Family {
   }
 };
 
-// The CPU backend as a GPU looks to the executor: persistents on the
-// device are copies of each step's own (Backend::host_addressable false).
-class OwnDeviceCopies final : public Backend {
- public:
-  std::string name() const override { return real_->name(); }
-  const KernelTable& kernels() const override { return real_->kernels(); }
-  bool host_addressable() const override { return false; }
-  void* allocate(std::size_t bytes) override { return real_->allocate(bytes); }
-  void deallocate(void* p) override { real_->deallocate(p); }
-  void copy_to_device(void* d, const void* s, std::size_t n) override { real_->copy_to_device(d, s, n); }
-  void copy_to_host(void* d, const void* s, std::size_t n) override { real_->copy_to_host(d, s, n); }
-  void fill(void* d, unsigned char b, std::size_t n) override { real_->fill(d, b, n); }
-
- private:
-  std::unique_ptr<Backend> real_ = make_backend("cpu");
-};
 
 zoo::Config mlp_config() {
   return {.family = "mlp", .batch = 16, .layers = 2, .width = 64, .features = 32};
@@ -140,7 +125,7 @@ TEST_CASE("a broker counts the weights its training and evaluation steps share o
 
 TEST_CASE("on a backend with device copies of its own, a broker counts a shared weight in each step", "[broker]") {
   Family f(mlp_config());
-  f.o.use_backend = std::make_shared<OwnDeviceCopies>();
+  f.o.use_backend = std::make_shared<test_backends::SeparateMemory>();
   const auto [train_least, train_full] = f.train_bytes();
   const auto [eval_least, eval_full] = f.eval_bytes();
   const std::size_t budget = train_full + eval_full;  // room for both, each with its own copy

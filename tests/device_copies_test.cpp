@@ -10,30 +10,13 @@
 #include <cstring>
 #include <frugal/frugal.hpp>
 
+#include "separate_memory_backend.hpp"
+
 using namespace frugal;
 
 namespace {
 
-class SeparateMemory final : public Backend {
- public:
-  std::string name() const override { return real_->name(); }
-  const KernelTable& kernels() const override { return real_->kernels(); }
-  bool host_addressable() const override { return false; }
-  void* allocate(std::size_t bytes) override { return real_->allocate(bytes); }
-  void deallocate(void* p) override { real_->deallocate(p); }
-  void copy_to_device(void* d, const void* s, std::size_t n) override { real_->copy_to_device(d, s, n); }
-  void copy_to_host(void* d, const void* s, std::size_t n) override { real_->copy_to_host(d, s, n); }
-  void fill(void* d, unsigned char b, std::size_t n) override { real_->fill(d, b, n); }
-  void before_transfer() override { ++issued; }
-  void transfer(void* d, const void* s, std::size_t n, bool to_device) override {
-    ++moved;
-    Backend::transfer(d, s, n, to_device);
-  }
-  std::atomic<int> issued{0}, moved{0};
-
- private:
-  std::unique_ptr<Backend> real_ = make_backend("cpu");
-};
+using test_backends::SeparateMemory;
 
 struct Mlp : nn::Module {
   nn::Linear fc1{20, 16}, fc2{16, 4};
