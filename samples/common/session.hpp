@@ -105,22 +105,39 @@ class Session {
     // A percentage is of both unconstrained steps together.
     out.budget.total = whole.device = frugal::parse_bytes(a_.budget, train_total + eval_total);
     out.broker = std::make_unique<frugal::MemoryBroker>(whole);
+    bool trained = false;
     try {
       const auto t = out.broker->join("training", std::move(train_compile), std::move(train_plan));
-      const auto e = out.broker->join("evaluation", std::move(eval_compile), std::move(eval_plan));
+      trained = true;
+      const auto e = out.broker->join("evaluation", std::move(eval_compile), eval_plan);
       out.train = &out.broker->step(t);
       out.eval = &out.broker->step(e);
     } catch (const frugal::BudgetError& ex) {
-      const std::size_t need = ex.smallest_feasible_bytes;
+      std::size_t need = ex.smallest_feasible_bytes;
       if (!need) throw;
-      frugal::fail<frugal::BudgetError>("--budget ", frugal::format_bytes(out.budget.total), " (", out.budget.total,
-                                        " bytes) is too small for the training and evaluation steps; use --budget ",
-                                        need, " (", frugal::format_bytes(need), ") or more.\nThe planner said: ",
-                                        ex.what());
+      // Training alone did not fit: both need at most the two leasts.
+      if (!trained) need += least_of(eval_plan, whole);
+      throw frugal::BudgetError(frugal::cat("--budget ", frugal::format_bytes(out.budget.total), " (",
+                                            out.budget.total, " bytes) is too small for the training and evaluation "
+                                            "steps; use --budget ", need, " (", frugal::format_bytes(need),
+                                            ") or more.\nThe planner said: ", ex.what()),
+                                need);
     }
     const auto shares = out.broker->shares();
     out.budget.train.device = shares.at(0).budget;
     out.budget.eval.device = shares.at(1).budget;
+  }
+
+  // The least device bytes `plan` (a step's planner) can plan its step in.
+  template <class PlanFn>
+  static std::size_t least_of(PlanFn& plan, frugal::Budget b) {
+    b.device = 1;
+    try {
+      plan(b);
+    } catch (const frugal::BudgetError& e) {
+      return e.smallest_feasible_bytes;
+    }
+    return 0;
   }
 
   // The usual pair: a training step of `train_fn` over `opt` and an
