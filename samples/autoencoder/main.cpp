@@ -143,7 +143,7 @@ int main(int argc, char** argv) try {
   session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
   Step& eval = *steps.eval;
-  const samples::BudgetSplit& budget = steps.budget;
+  const std::size_t budget_total = steps.budget_total;
 
   data::EpochSampler sampler(d.train.size(), B, std::uint64_t(a.seed));
   const std::int64_t per_epoch = sampler.batches_per_epoch();
@@ -159,7 +159,7 @@ int main(int argc, char** argv) try {
                static_cast<long long>(d.train.size()), static_cast<long long>(n_test),
                static_cast<long long>(model.num_parameters()), static_cast<long long>(total),
                double(total) / double(per_epoch));
-  session.print_plan(step, eval, budget, free_train.plan.total_bytes());
+  session.print_plan(step, eval, budget_total, free_train.plan.total_bytes());
   const std::int64_t first = session.resume(model, opt, {&step, &eval}, config);
   if (first > total) fail("the checkpoint is at step ", first, ", past --steps ", total);
 
@@ -178,7 +178,7 @@ int main(int argc, char** argv) try {
   };
 
   Tensor xb({B, 1, 28, 28});
-  session.start(first, total, "img", double(B), budget.total);
+  session.start(first, total, "img", double(B), budget_total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
@@ -206,13 +206,13 @@ int main(int argc, char** argv) try {
                 "step %.1f ms; device peak %s%s\n",
                 test_loss, static_cast<long long>(n_test / EB * EB), static_cast<long long>(s),
                 session.step_ms_median(), format_bytes(peak).c_str(),
-                budget.total ? (" of a " + format_bytes(budget.total) + " budget").c_str() : "");
+                budget_total ? (" of a " + format_bytes(budget_total) + " budget").c_str() : "");
   session.write_plot("autoencoder on " + std::string(real ? "Fashion-MNIST" : "generated images"), step.plan(),
-                     free_train.plan, budget.total, step.measured_device_bytes(), "test loss",
+                     free_train.plan, budget_total, step.measured_device_bytes(), "test loss",
                      std::make_pair(s, test_loss));
   if (a.json) {
     samples::JsonLine j =
-        session.summary_json(s, peak, budget, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
+        session.summary_json(s, peak, budget_total, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
     j.add("data", real ? "fashion-mnist" : "generated")
         .add("metric", "test_loss")
         .add("test_loss", test_loss)

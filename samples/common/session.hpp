@@ -30,14 +30,9 @@ inline std::size_t offloaded_state(const frugal::Plan& p) {
   return it == p.offloaded_by_kind.end() ? 0 : it->second;
 }
 
-struct BudgetSplit {
-  std::size_t total = 0;  // 0: no budget
-  frugal::Budget train, eval;
-};
-
 // A sample's training and evaluation steps (Session::compile_steps).
 struct SampleSteps {
-  BudgetSplit budget;  // --budget, and each step's share of it
+  std::size_t budget_total = 0;  // --budget in bytes; 0: none
   std::unique_ptr<frugal::MemoryBroker> broker;  // under --budget: it owns the steps
   std::optional<frugal::Step> own_train, own_eval;  // without
   frugal::Step* train = nullptr;
@@ -75,26 +70,41 @@ class Session {
   const CommonArgs& args() const { return a_; }
   const std::string& name() const { return sample_; }
 
-  // The training and evaluation steps. Under --budget, one memory broker
-  // (frugal::MemoryBroker) plans both within it: --budget is the device
-  // memory of the whole process, and the weights both steps keep on the
-  // device count once; each step gets a share between its least and its
-  // unconstrained bytes. A budget too small for both names the bytes
-  // needed. Without --budget each is planned alone, with nothing evicted.
-  // Steps the broker plans must not re-plan on measured times (compile
-  // them with CompileOptions::replan = brokered_steps() ? false : ...): a
-  // re-plan could move shared weights off the device.
-  // `train_total` / `eval_total`: the unconstrained plans' device bytes, the
-  // base of a --budget percentage. Each callable takes a Budget and
-  // compiles or plans its step in it; they are kept by the broker.
+  // The training and evaluation steps: a training step of `train_fn` over
+  // `opt` and an evaluation step of `eval_fn`, each with its options.
+  // Under --budget, one memory broker (frugal::MemoryBroker) plans both
+  // within it: --budget is the device memory of the whole process, and the
+  // weights both steps keep on the device count once; each step gets a
+  // share between its least and its unconstrained bytes. A budget too small
+  // for both names the bytes needed. Without --budget each is planned
+  // alone, with nothing evicted. Steps the broker plans must not re-plan on
+  // measured times (compile them with CompileOptions::replan =
+  // !brokered_steps()): a re-plan could move shared weights off the device.
+  // `free_train` / `free_eval`: the unconstrained plans, the base of a
+  // --budget percentage.
   bool brokered_steps() const { return !a_.budget.empty(); }
-  template <class TrainCompile, class TrainPlan, class EvalCompile, class EvalPlan>
-  void compile_steps(SampleSteps& out, std::size_t train_total, std::size_t eval_total, TrainCompile train_compile,
-                     TrainPlan train_plan, EvalCompile eval_compile, EvalPlan eval_plan) const {
-    frugal::Budget whole;
+  template <class TrainFn, class EvalFn>
+  void compile_steps(SampleSteps& out, const frugal::PlannedStep& free_train, const frugal::PlannedStep& free_eval,
+                     TrainFn& train_fn, std::vector<frugal::InputSpec> train_in, frugal::Optimizer& opt,
+                     frugal::CompileOptions train_opts, EvalFn& eval_fn, std::vector<frugal::InputSpec> eval_in,
+                     frugal::CompileOptions eval_opts) const {
+    using frugal::Budget;
+    // Kept by the broker, which plans the steps again as shares change.
+    auto train_compile = [&train_fn, train_in, &opt, train_opts](const Budget& b) {
+      return frugal::compile(train_fn, train_in, opt, b, train_opts);
+    };
+    auto train_plan = [&train_fn, train_in, &opt, train_opts](const Budget& b) {
+      return frugal::plan_training(train_fn, train_in, opt, b, train_opts);
+    };
+    auto eval_compile = [&eval_fn, eval_in, eval_opts](const Budget& b) {
+      return frugal::compile_inference(eval_fn, eval_in, b, eval_opts);
+    };
+    auto eval_plan = [&eval_fn, eval_in, eval_opts](const Budget& b) {
+      return frugal::plan_inference(eval_fn, eval_in, b, eval_opts);
+    };
+    Budget whole;
     whole.host = a_.host.empty() ? 0 : frugal::parse_bytes(a_.host);
     whole.nvme_dir = a_.nvme_dir;
-    out.budget.train = out.budget.eval = whole;
     if (a_.budget.empty()) {
       out.own_train.emplace(train_compile(whole));
       out.own_eval.emplace(eval_compile(whole));
@@ -103,13 +113,14 @@ class Session {
       return;
     }
     // A percentage is of both unconstrained steps together.
-    out.budget.total = whole.device = frugal::parse_bytes(a_.budget, train_total + eval_total);
+    out.budget_total = whole.device =
+        frugal::parse_bytes(a_.budget, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
     out.broker = std::make_unique<frugal::MemoryBroker>(whole);
     bool trained = false;
     try {
-      const auto t = out.broker->join("training", std::move(train_compile), std::move(train_plan));
+      const auto t = out.broker->join("training", train_compile, train_plan);
       trained = true;
-      const auto e = out.broker->join("evaluation", std::move(eval_compile), eval_plan);
+      const auto e = out.broker->join("evaluation", eval_compile, eval_plan);
       out.train = &out.broker->step(t);
       out.eval = &out.broker->step(e);
     } catch (const frugal::BudgetError& ex) {
@@ -117,15 +128,12 @@ class Session {
       if (!need) throw;
       // Training alone did not fit: both need at most the two leasts.
       if (!trained) need += least_of(eval_plan, whole);
-      throw frugal::BudgetError(frugal::cat("--budget ", frugal::format_bytes(out.budget.total), " (",
-                                            out.budget.total, " bytes) is too small for the training and evaluation "
+      throw frugal::BudgetError(frugal::cat("--budget ", frugal::format_bytes(out.budget_total), " (",
+                                            out.budget_total, " bytes) is too small for the training and evaluation "
                                             "steps; use --budget ", need, " (", frugal::format_bytes(need),
                                             ") or more.\nThe planner said: ", ex.what()),
                                 need);
     }
-    const auto shares = out.broker->shares();
-    out.budget.train.device = shares.at(0).budget;
-    out.budget.eval.device = shares.at(1).budget;
   }
 
   // The least device bytes `plan` (a step's planner) can plan its step in.
@@ -140,30 +148,13 @@ class Session {
     return 0;
   }
 
-  // The usual pair: a training step of `train_fn` over `opt` and an
-  // evaluation step of `eval_fn`, each compiled and planned with its
-  // options; `free_train` / `free_eval`: their unconstrained plans.
-  template <class TrainFn, class EvalFn>
-  void compile_steps(SampleSteps& out, const frugal::PlannedStep& free_train, const frugal::PlannedStep& free_eval,
-                     TrainFn& train_fn, std::vector<frugal::InputSpec> train_in, frugal::Optimizer& opt,
-                     frugal::CompileOptions train_opts, EvalFn& eval_fn, std::vector<frugal::InputSpec> eval_in,
-                     frugal::CompileOptions eval_opts) const {
-    using frugal::Budget;
-    compile_steps(
-        out, free_train.plan.total_bytes(), free_eval.plan.total_bytes(),
-        [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::compile(train_fn, train_in, opt, b, train_opts); },
-        [&train_fn, train_in, &opt, train_opts](const Budget& b) { return frugal::plan_training(train_fn, train_in, opt, b, train_opts); },
-        [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::compile_inference(eval_fn, eval_in, b, eval_opts); },
-        [&eval_fn, eval_in, eval_opts](const Budget& b) { return frugal::plan_inference(eval_fn, eval_in, b, eval_opts); });
-  }
-
   // Prints what will happen: the plan of the training step under the budget.
-  void print_plan(const frugal::Step& train, const frugal::Step& eval, const BudgetSplit& b,
+  void print_plan(const frugal::Step& train, const frugal::Step& eval, std::size_t budget_total,
                   std::size_t unconstrained_train) const {
     std::fprintf(out_, "%s", train.summary().c_str());
-    if (b.total)
+    if (budget_total)
       std::fprintf(out_, "device budget %s: training step %s (unconstrained %s), evaluation step %s\n",
-                   frugal::format_bytes(b.total).c_str(), frugal::format_bytes(train.plan().total_bytes()).c_str(),
+                   frugal::format_bytes(budget_total).c_str(), frugal::format_bytes(train.plan().total_bytes()).c_str(),
                    frugal::format_bytes(unconstrained_train).c_str(),
                    frugal::format_bytes(eval.plan().total_bytes()).c_str());
     std::fflush(out_);
@@ -266,7 +257,7 @@ class Session {
   std::int64_t resumed_from() const { return resumed_from_; }
 
   // The fields every sample's JSON line has.
-  JsonLine summary_json(std::int64_t steps, std::size_t peak_device, const BudgetSplit& b,
+  JsonLine summary_json(std::int64_t steps, std::size_t peak_device, std::size_t budget_total,
                         const frugal::Step& train, std::size_t unconstrained_total) const {
     JsonLine j;
     j.add("sample", sample_)
@@ -274,7 +265,7 @@ class Session {
         .add("final_loss", double(last_loss_))
         .add("step_ms_median", step_ms_median())
         .add("peak_device_bytes", peak_device)
-        .add("budget_bytes", b.total)
+        .add("budget_bytes", budget_total)
         .add("unconstrained_bytes", unconstrained_total)
         .add("train_step_bytes", train.plan().total_bytes())
         .add("eval_step_bytes", peak_device - train.measured_device_bytes())

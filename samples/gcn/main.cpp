@@ -130,7 +130,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, copts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
   Step& eval = *steps.eval;
-  const samples::BudgetSplit& budget = steps.budget;
+  const std::size_t budget_total = steps.budget_total;
 
   const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs : 200;
   char config[200];
@@ -142,7 +142,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
                  real ? "Cora" : "a generated graph", static_cast<long long>(N),
                  static_cast<long long>(d.adjacency.nnz() / 2), static_cast<long long>(F),
                  static_cast<long long>(d.classes), static_cast<long long>(model.num_parameters()));
-    session.print_plan(step, eval, budget, free_train.plan.total_bytes());
+    session.print_plan(step, eval, budget_total, free_train.plan.total_bytes());
   }
   const std::int64_t first = session.resume(model, opt, {&step, &eval}, config);
   if (first > total) fail("the checkpoint is at step ", first, ", past --steps ", total);
@@ -162,7 +162,7 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
     return std::make_pair(loss / double(nodes.size()), double(correct) / double(nodes.size()));
   };
 
-  session.start(first, total, "graph", 1, budget.total);
+  session.start(first, total, "graph", 1, budget_total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
@@ -191,8 +191,8 @@ RunResult run_one(Options& o, const data::NodeClassification& d, const SparseMat
   session.note(line);
   if (last_run)
     session.write_plot("gcn on " + std::string(real ? "Cora" : "a generated graph"), step.plan(), free_train.plan,
-                       budget.total, step.measured_device_bytes(), "validation loss", std::make_pair(s, val_loss));
-  samples::JsonLine j = session.summary_json(s, peak, budget, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
+                       budget_total, step.measured_device_bytes(), "validation loss", std::make_pair(s, val_loss));
+  samples::JsonLine j = session.summary_json(s, peak, budget_total, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
   j.add("data", real ? "cora" : "generated").add("val_accuracy", val_acc).add("test_loss", test_loss);
   return {test_acc, val_acc, j.str()};
 }

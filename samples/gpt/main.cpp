@@ -126,7 +126,7 @@ int main(int argc, char** argv) try {
   session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, train_opts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
   Step& eval = *steps.eval;
-  const samples::BudgetSplit& budget = steps.budget;
+  const std::size_t budget_total = steps.budget_total;
 
   const std::int64_t per_epoch = std::max<std::int64_t>(1, std::int64_t(split.train.size()) / (B * T));
   const std::int64_t total = a.steps > 0 ? a.steps : a.epochs > 0 ? a.epochs * per_epoch : 1800;
@@ -139,7 +139,7 @@ int main(int argc, char** argv) try {
   std::fprintf(session.out(), "gpt: %s text, %zu characters (%lld distinct), %zu train / %zu validation; %lld parameters\n",
                real ? "Tiny Shakespeare" : "generated", text.size(), static_cast<long long>(vocab.size()),
                split.train.size(), split.val.size(), static_cast<long long>(model.num_parameters()));
-  session.print_plan(step, eval, budget, free_train.plan.total_bytes());
+  session.print_plan(step, eval, budget_total, free_train.plan.total_bytes());
   const std::int64_t first = session.resume(model, opt, {&step, &eval}, config);
   if (first > total) fail("the checkpoint is at step ", first, ", past --steps ", total);
 
@@ -165,7 +165,7 @@ int main(int argc, char** argv) try {
   };
 
   Tensor x({B, T}, DType::i32), y({B, T}, DType::i32);
-  session.start(first, total, "tok", double(B * T * ranks.size), budget.total);
+  session.start(first, total, "tok", double(B * T * ranks.size), budget_total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
@@ -224,15 +224,15 @@ int main(int argc, char** argv) try {
   if (!a.json) {
     std::printf("validation loss %.4f after %lld steps; median step %.1f ms; device peak %s%s\n", val,
                 static_cast<long long>(s), session.step_ms_median(), format_bytes(peak).c_str(),
-                budget.total ? (" of a " + format_bytes(budget.total) + " budget").c_str() : "");
+                budget_total ? (" of a " + format_bytes(budget_total) + " budget").c_str() : "");
     if (!passage.empty()) std::printf("\n--- sampled at temperature %.2f ---\n%s%s\n", o.temperature, o.prompt.c_str(), passage.c_str());
   } else if (!passage.empty()) {
     std::fprintf(stderr, "\n--- sampled at temperature %.2f ---\n%s%s\n", o.temperature, o.prompt.c_str(), passage.c_str());
   }
   session.write_plot("gpt on " + std::string(real ? "Tiny Shakespeare" : "generated text"), step.plan(), free_train.plan,
-                     budget.total, step.measured_device_bytes(), "validation loss", std::make_pair(s, val));
+                     budget_total, step.measured_device_bytes(), "validation loss", std::make_pair(s, val));
   if (a.json) {
-    samples::JsonLine j = session.summary_json(s, peak, budget, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
+    samples::JsonLine j = session.summary_json(s, peak, budget_total, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
     j.add("data", real ? "shakespeare" : "generated")
         .add("metric", "val_loss")
         .add("val_loss", val)

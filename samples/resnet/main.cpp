@@ -129,7 +129,7 @@ int main(int argc, char** argv) try {
   session.compile_steps(steps, free_train, free_eval, train_fn, train_in, opt, train_opts, eval_fn, eval_in, copts);
   Step& step = *steps.train;
   Step& eval = *steps.eval;
-  const samples::BudgetSplit& budget = steps.budget;
+  const std::size_t budget_total = steps.budget_total;
 
   // A global batch of B images per rank; rank r trains on its r-th B of them
   // (batch norm's statistics are each rank's own, as under DDP without SyncBN).
@@ -144,7 +144,7 @@ int main(int argc, char** argv) try {
                o.model.c_str(), real ? "Fashion-MNIST" : "generated images", static_cast<long long>(d.train.size()),
                static_cast<long long>(n_test), static_cast<long long>(model->num_parameters()),
                static_cast<long long>(total), double(total) / double(per_epoch));
-  session.print_plan(step, eval, budget, free_train.plan.total_bytes());
+  session.print_plan(step, eval, budget_total, free_train.plan.total_bytes());
   const std::int64_t first = session.resume(*model, opt, {&step, &eval}, config);
   if (first > total) fail("the checkpoint is at step ", first, ", past --steps ", total);
 
@@ -176,7 +176,7 @@ int main(int argc, char** argv) try {
   };
 
   Tensor xb({B, 1, 28, 28}), yb({B}, DType::i32);
-  session.start(first, total, "img", double(B * ranks.size), budget.total);
+  session.start(first, total, "img", double(B * ranks.size), budget_total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
@@ -212,11 +212,11 @@ int main(int argc, char** argv) try {
                 "peak %s%s\n",
                 100 * accuracy, test_loss, static_cast<long long>(n_test / EB * EB), static_cast<long long>(s),
                 session.step_ms_median(), format_bytes(peak).c_str(),
-                budget.total ? (" of a " + format_bytes(budget.total) + " budget").c_str() : "");
+                budget_total ? (" of a " + format_bytes(budget_total) + " budget").c_str() : "");
   session.write_plot(o.model + " on " + (real ? "Fashion-MNIST" : "generated images"), step.plan(), free_train.plan,
-                     budget.total, step.measured_device_bytes(), "test loss", std::make_pair(s, test_loss));
+                     budget_total, step.measured_device_bytes(), "test loss", std::make_pair(s, test_loss));
   if (a.json) {
-    samples::JsonLine j = session.summary_json(s, peak, budget, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
+    samples::JsonLine j = session.summary_json(s, peak, budget_total, step, free_train.plan.total_bytes() + free_eval.plan.total_bytes());
     j.add("data", real ? "fashion-mnist" : "generated")
         .add("model", o.model)
         .add("metric", "accuracy")
