@@ -181,8 +181,10 @@ class Learner {
     if (whole.device == 0) {
       own_.clear();
       own_.reserve(4);  // the steps stay where they are
-      for (const auto& c : std::initializer_list<std::function<frugal::Step(const Budget&)>>{critic, actor, act, score})
-        own_.push_back(c(whole));
+      own_.push_back(critic(whole));
+      own_.push_back(actor(whole));
+      own_.push_back(act(whole));
+      own_.push_back(score(whole));
       steps_ = {&own_[0], &own_[1], &own_[2], &own_[3]};
     } else {
       broker_ = std::make_unique<frugal::MemoryBroker>(whole);
