@@ -8,7 +8,7 @@
 //   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
 //               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse] [--ab]
-//               [--show-live]
+//               [--show-live] [--least-saved]
 //
 // --budget runs the step within a device byte budget (bytes such as 48MiB,
 // a percentage of the unconstrained device bytes, or `min`: the smallest
@@ -27,6 +27,9 @@
 // --show-live prints to stderr the arena values live where the backward
 // starts and at the plan's peak, and every decision's reason: where the
 // memory goes, to compare with what the peer saves for its backward.
+// --least-saved plans with PlanOptions::least_saved_activations: as few
+// forward activations held where the backward starts as the budget allows,
+// at a time cost (what torch.utils.checkpoint minimises).
 // --audit runs two more steps with the arena pattern-filled afterwards and
 // reports the bytes the step really wrote (audit_*), so device bytes can
 // be checked against the budget.
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   std::string budget_arg;
   Budget budget;
-  bool audit = false, show_live = false, fuse = CompileOptions{}.plan.fuse, ab = false;
+  bool audit = false, show_live = false, fuse = CompileOptions{}.plan.fuse, ab = false, least_saved = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-fuse") fuse = false;
     else if (a == "--fuse") fuse = true;
     else if (a == "--ab") ab = true;
+    else if (a == "--least-saved") least_saved = true;
     else {
       std::fprintf(stderr, "train_bench: unknown argument '%s'\n", a.c_str());
       return 2;
@@ -124,6 +128,7 @@ int main(int argc, char** argv) {
     nn::manual_seed(seed);
     std::unique_ptr<bench::Workload> w = bench::make_workload(workload, threads);
     w->plan_options().plan.fuse = fuse;
+    w->plan_options().plan.least_saved_activations = least_saved;
     if (warmup < 0) warmup = w->default_warmup;
     if (steps < 0) steps = w->default_steps;
 
@@ -194,21 +199,11 @@ int main(int argc, char** argv) {
                        ",\"audit_within_budget\":",
                        budget.device == 0 || device_written <= budget.device ? "true" : "false");
     }
-    // Activations the forward leaves for the backward: the arena bytes of
-    // forward values still live where the backward starts. This is what
-    // the peer's activation_mib counts (tensors autograd saves; with
+    // What the peer's activation_mib counts (tensors autograd saves; with
     // torch.utils.checkpoint, the segment boundaries), so the two compare.
     const Graph& g = w->compiled().graph();
-    int first_backward = -1;
-    for (int t = 0; t < int(p.schedule.size()) && first_backward < 0; ++t)
-      if (g.node(p.schedule[std::size_t(t)]).phase == Phase::backward) first_backward = t;
-    std::size_t saved_activation_bytes = 0;
-    for (const auto& iv : p.intervals) {
-      const Value& v = g.value(iv.value);
-      if (first_backward < 0 || v.kind != ValueKind::activation || v.producer < 0) continue;
-      if (g.node(v.producer).phase == Phase::forward && iv.first < first_backward && first_backward <= iv.last)
-        saved_activation_bytes += iv.bytes;
-    }
+    const int first_backward = plan::backward_start(g, p.schedule);
+    const std::size_t saved_activation_bytes = plan::saved_for_backward_bytes(g, p);
     audit_json += cat(",\"saved_activation_bytes\":", saved_activation_bytes);
     if (show_live) {
       for (int at : {first_backward, p.peak_position}) {

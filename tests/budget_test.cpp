@@ -220,13 +220,15 @@ struct ModelRun {
   std::vector<std::vector<char>> params;
   Plan plan;
   std::size_t device_high_water = 0;  // the audited arena high-water mark plus the device-resident persistents
+  std::size_t saved = 0;              // forward activations live where the backward starts
 };
 
-ModelRun train_model(const zoo::Config& c, Budget budget, int steps) {
+ModelRun train_model(const zoo::Config& c, Budget budget, int steps, CompileOptions o = {}) {
   zoo::Workload w = zoo::make(c);
-  Step step = zoo::compile(w, budget);
+  Step step = zoo::compile(w, budget, o);
   ModelRun r;
   r.plan = step.plan();
+  r.saved = plan::saved_for_backward_bytes(step.graph(), r.plan);
   for (int s = 0; s < steps; ++s) {
     auto batch = w.batch(std::uint64_t(s + 1));
     std::vector<const Tensor*> in;
@@ -268,6 +270,34 @@ TEST_CASE("mlp, resnet, gpt and gcn train bit for bit at 100%, 60%, 35% and the 
       CHECK(tight.params == free.params);
       if (budget < full) CHECK_FALSE(tight.plan.decisions.empty());
     }
+  }
+}
+
+TEST_CASE("least_saved_activations holds fewer forward values where the backward starts, inside the budget, "
+          "bit for bit", "[budget][recompute][saved]") {
+  // Recomputation only (a 1-byte host pool): the default plan keeps the last
+  // block's values, which its backward reads first, since that lowers no
+  // peak; the option trades step time for holding fewer of them.
+  const zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  ModelRun free = train_model(c, {}, 4);
+  const std::size_t full = free.plan.total_bytes();
+  const std::size_t least = train_model(c, Budget{.device = full - 1, .host = 1}, 0).plan.min_feasible_bytes;
+  CompileOptions fewer;
+  fewer.plan.least_saved_activations = true;
+  // The least budget, one 5% of the unconstrained bytes above it, and one
+  // that does not bind (the option still makes its choices under it).
+  for (std::size_t budget : {least, least + full / 20, full}) {
+    INFO("budget " << budget << " of " << full << " (smallest feasible " << least << ")");
+    ModelRun fast = budget == full ? free : train_model(c, Budget{.device = budget, .host = 1}, 4);
+    ModelRun lean = train_model(c, Budget{.device = budget, .host = 1}, 4, fewer);
+    INFO("saved for backward: " << lean.saved << " with the option, " << fast.saved << " without");
+    CHECK(lean.saved <= fast.saved);
+    if (budget > least) CHECK(lean.saved < fast.saved);
+    CHECK(lean.plan.total_bytes() <= budget);
+    CHECK(lean.device_high_water <= budget);
+    CHECK(lean.plan.host_bytes <= 1);
+    CHECK(lean.losses == free.losses);
+    CHECK(lean.params == free.params);
   }
 }
 

@@ -5,7 +5,7 @@
 //   frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N]
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
-//               [--no-inplace] [--no-fuse] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
+//               [--no-inplace] [--no-fuse] [--least-saved] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
 //               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]
 //               [--overlap auto|0|1]] [--offload auto|0|1]
 //
@@ -44,7 +44,7 @@ using namespace frugal;
   std::cerr << "frugal-plan: " << why
             << "\nusage: frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
                "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
-               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse]\n"
+               "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse] [--least-saved]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
                "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n"
                "                   [--offload auto|0|1]\n";
@@ -96,6 +96,7 @@ int main(int argc, char** argv) try {
     else if (k == "--no-inplace") o.plan.inplace = false;
     else if (k == "--fuse") o.plan.fuse = true;  // merge elementwise chains (PlanOptions::fuse, the default)
     else if (k == "--no-fuse") o.plan.fuse = false;
+    else if (k == "--least-saved") o.plan.least_saved_activations = true;  // fewest forward values held for the backward
     else if (k == "--budget") budget_arg = val();
     else if (k == "--host") budget.host = parse_bytes(val());
     else if (k == "--nvme-dir") budget.nvme_dir = val();

@@ -21,7 +21,12 @@
 
 namespace frugal::plan {
 
-inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound, int max_rounds = 64) {
+//
+// With `hold_at` >= 0, a trial must also leave at most `hold_cap` device
+// bytes at that position (least_saved_activations: cheaper, but holding no
+// more where the backward starts).
+inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound, int max_rounds = 64,
+                        int hold_at = -1, std::int64_t hold_cap = 0) {
   const std::size_t C = p.candidates.size();
   const RequirementRepair repair(p);
   auto fits = [&](const Evaluation& e) { return fits_target(p, e, bound); };
@@ -55,6 +60,7 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
         if (!repair.repair(trial, i, at_high, undo)) continue;
         const Evaluation e = evaluate(p, trial);
         if (!fits(e) || e.cost_ms >= now.cost_ms - 1e-9) continue;
+        if (hold_at >= 0 && profiles(p, trial).device[std::size_t(hold_at)] > hold_cap) continue;
         choice = std::move(trial);
         now = e;
         moved = true;

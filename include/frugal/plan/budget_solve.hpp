@@ -26,6 +26,7 @@
 #include "budget_exact.hpp"
 #include "budget_greedy.hpp"
 #include "budget_least.hpp"
+#include "budget_saved.hpp"
 #include "cost_model.hpp"
 #include "plan.hpp"
 #include "rewrite.hpp"
@@ -94,7 +95,8 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   base.unconstrained_bytes = base.total_bytes();
   base.predicted_step_ms = base_ms;
   base.budget_bytes = budget.device;
-  if (budget.device == 0 || base.total_bytes() <= budget.device) {
+  const bool shrink = o.least_saved_activations && budget.device > 0;
+  if (budget.device == 0 || (base.total_bytes() <= budget.device && !shrink)) {
     base.min_feasible_bytes = 0;  // not searched: no eviction was needed (the summary says so)
     return {g, std::move(base)};
   }
@@ -146,6 +148,28 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
                       min_feasible, base.total_bytes());
   least.plan.min_feasible_bytes = min_feasible;
 
+  // With least_saved_activations, a plan that fits is realized with fewer
+  // activations held where the backward starts, its live bytes bounded by
+  // the budget, else by the bound it was solved for, else by its own peak
+  // (the arena adds the gaps its offsets leave); else it stays as it was.
+  const int backward_at = backward_start(*g, schedule);
+  const std::vector<int> checkpointed = shrink ? checkpoint_start(problem).choice : std::vector<int>{};
+  auto fewer_saved = [&](BudgetedPlan fitted, const Solution& s, std::int64_t bound) {
+    if (!shrink) return fitted;
+    for (std::int64_t b : {std::int64_t(budget.device), bound, s.eval.device_peak}) {
+      if (b > std::int64_t(budget.device)) continue;
+      Solution fewer = fewest_saved(problem, {s.choice, least_choice, checkpointed}, b, backward_at);
+      if (!fewer.feasible || fewer.choice == s.choice) continue;
+      BudgetedPlan bp = realize(fewer);
+      if (bp.plan.total_bytes() <= budget.device) {
+        bp.plan.min_feasible_bytes = fitted.plan.min_feasible_bytes;
+        bp.plan.least_memory_fallback = fitted.plan.least_memory_fallback;
+        return bp;
+      }
+    }
+    return fitted;
+  };
+
   std::int64_t target = std::int64_t(budget.device);
   for (int attempt = 0; attempt < 6 && target > 0; ++attempt) {
     Solution s = solve_for(target);
@@ -153,7 +177,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     BudgetedPlan bp = realize(s);
     if (bp.plan.total_bytes() <= budget.device) {
       bp.plan.min_feasible_bytes = min_feasible;
-      return bp;
+      return fewer_saved(std::move(bp), s, target);
     }
     // The abstract problem counts live bytes (its peak is the realized
     // plan's live-bytes lower bound plus its persistents, exactly); the arena
@@ -182,11 +206,11 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     if (bp.plan.total_bytes() <= budget.device) {
       bp.plan.min_feasible_bytes = min_feasible;
       bp.plan.least_memory_fallback = true;
-      return bp;
+      return fewer_saved(std::move(bp), relaxed, bound);
     }
   }
   least.plan.least_memory_fallback = true;
-  return least;
+  return fewer_saved(std::move(least), make_solution(problem, least_choice, least_peak), least_peak);
 }
 
 inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const ValueId> roots, const Budget& budget,

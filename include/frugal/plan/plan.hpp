@@ -38,6 +38,12 @@ struct PlanOptions {
   // keeping or swapping what it gathered. Every rank must decide alike: a
   // collective one rank runs and another does not waits forever.
   bool recompute_collectives = true;
+  // Under a device budget, hold as few forward activations as the budget
+  // allows where the backward starts, at a time cost, instead of keeping
+  // every one there is room for (plan/budget_saved.hpp): what a pipeline
+  // multiplies by its micro-batches in flight, and what
+  // torch.utils.checkpoint minimises. The peak stays within the budget.
+  bool least_saved_activations = false;
 };
 
 struct Plan {

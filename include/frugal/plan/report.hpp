@@ -64,6 +64,30 @@ inline Breakdown at_peak(const Graph& g, const Plan& p) {
   return b;
 }
 
+// The first position of the backward in a schedule, or -1 where it has none.
+inline int backward_start(const Graph& g, const std::vector<NodeId>& schedule) {
+  for (std::size_t t = 0; t < schedule.size(); ++t)
+    if (g.node(schedule[t]).phase == Phase::backward) return int(t);
+  return -1;
+}
+
+// Activations the forward leaves for the backward: arena bytes of forward
+// values live where the backward starts. What torch.utils.checkpoint
+// minimises, and what PlanOptions::least_saved_activations lowers; 0 for a
+// step with no backward.
+inline std::size_t saved_for_backward_bytes(const Graph& g, const Plan& p) {
+  const int at = backward_start(g, p.schedule);
+  if (at < 0) return 0;
+  std::size_t bytes = 0;
+  for (const auto& iv : p.intervals) {
+    const Value& v = g.value(iv.value);
+    if (v.kind == ValueKind::activation && v.producer >= 0 && g.node(v.producer).phase == Phase::forward &&
+        iv.first < at && at <= iv.last)
+      bytes += iv.bytes;
+  }
+  return bytes;
+}
+
 // The budget solve's outcome: what it fits in, what it decided and why.
 inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t show = 12) {
   std::ostringstream os;
@@ -159,7 +183,8 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
        << "\",\"what\":\"" << json_escape(describe_value(g, iv.value)) << "\",\"first\":" << iv.first
        << ",\"last\":" << iv.last << "}";
   }
-  os << "],\"fused_chains\":" << p.fused_chains << ",\"fused_away_bytes\":" << p.fused_away_bytes;
+  os << "],\"fused_chains\":" << p.fused_chains << ",\"fused_away_bytes\":" << p.fused_away_bytes
+     << ",\"saved_for_backward_bytes\":" << saved_for_backward_bytes(g, p);
   if (p.zero_stage >= 0)
     os << ",\"zero_stage\":" << p.zero_stage << ",\"zero_reason\":\"" << json_escape(p.zero_reason) << "\"";
   if (!p.collectives.empty()) os << ",\"collectives\":\"" << json_escape(p.collectives) << "\"";

@@ -815,7 +815,9 @@ Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
 
 // plan_prepared from the step already planned unconstrained.
 static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start) {
-  const bool binding = budget.device > 0 && start.plan.total_bytes() > budget.device;
+  // least_saved_activations makes choices under any device budget, binding or not.
+  const bool binding =
+      budget.device > 0 && (start.plan.total_bytes() > budget.device || o.plan.least_saved_activations);
   // An unconstrained plan makes no choice; its predicted time is priced at
   // the built-in rates, measuring nothing.
   Pricing pricing = binding ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);
