@@ -21,7 +21,6 @@
 
 namespace frugal::plan {
 
-//
 // With `hold_at` >= 0, a trial must also leave at most `hold_cap` device
 // bytes at that position (least_saved_activations: cheaper, but holding no
 // more where the backward starts).

@@ -79,9 +79,9 @@ inline Solution shrink_saved(const BudgetProblem& p, std::vector<int> choice, st
 
 // shrink_saved from each start (the priced answer, whose choices depend on
 // the machine's rates; the least-memory answer and checkpointing's plan,
-// which do not), the
-// one holding the fewest bytes at `at` taken (the cheaper on a tie), then
-// made cheaper without holding more there or breaking the bound.
+// which do not), the one holding the fewest bytes at `at` taken (the
+// cheaper on a tie), then made cheaper without holding more there or
+// breaking the bound.
 inline Solution fewest_saved(const BudgetProblem& p, const std::vector<std::vector<int>>& starts, std::int64_t bound,
                              int at) {
   if (starts.empty()) return Solution{};
