@@ -20,16 +20,6 @@ using V = Vars;
 
 namespace {
 
-Case unary(std::string name, In in, std::function<Var(Var)> build, std::function<ref::Array(const ref::Array&)> refn) {
-  return {std::move(name), {std::move(in)}, [build](const V& v) { return build(v[0]); },
-          [refn](const A& a) { return refn(a[0]); }};
-}
-Case binary(std::string name, In a, In b, std::function<Var(Var, Var)> build,
-            std::function<ref::Array(const ref::Array&, const ref::Array&)> refn) {
-  return {std::move(name), {std::move(a), std::move(b)}, [build](const V& v) { return build(v[0], v[1]); },
-          [refn](const A& a) { return refn(a[0], a[1]); }};
-}
-
 // The tensors' values, bound as persistent inputs of one inference step,
 // through fn; returns output 0.
 Tensor eval(const std::vector<Tensor>& ts, const std::function<Var(const V&)>& fn) {

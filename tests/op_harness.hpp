@@ -331,4 +331,36 @@ std::string error_message(const std::function<void()>& fn) {
   return {};
 }
 
+// The ShapeError a capture of `build` over tensors of these shapes raises
+// (f32 unless `dtypes` names another).
+inline std::string capture_error(std::vector<ref::Dims> shapes, std::function<frugal::Var(const Vars&)> build,
+                                 std::vector<frugal::DType> dtypes = {}) {
+  std::vector<frugal::Tensor> ts;
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    ts.emplace_back(frugal::Shape(shapes[i]), i < dtypes.size() ? dtypes[i] : frugal::DType::f32);
+  return error_message<frugal::ShapeError>([&] {
+    auto step = frugal::compile_inference(
+        [&] {
+          Vars vs;
+          for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
+          return build(vs);
+        },
+        {});
+  });
+}
+
+// A one-input case: build and reference each take the single input.
+inline Case unary(std::string name, In in, std::function<frugal::Var(frugal::Var)> build,
+                  std::function<ref::Array(const ref::Array&)> refn) {
+  return {std::move(name), {std::move(in)}, [build](const Vars& v) { return build(v[0]); },
+          [refn](const Arrays& a) { return refn(a[0]); }};
+}
+
+// A two-input case.
+inline Case binary(std::string name, In a, In b, std::function<frugal::Var(frugal::Var, frugal::Var)> build,
+                   std::function<ref::Array(const ref::Array&, const ref::Array&)> refn) {
+  return {std::move(name), {std::move(a), std::move(b)}, [build](const Vars& v) { return build(v[0], v[1]); },
+          [refn](const Arrays& a) { return refn(a[0], a[1]); }};
+}
+
 }  // namespace optest

@@ -13,23 +13,6 @@ using frugal::DType;
 using A = Arrays;
 using V = Vars;
 
-namespace {
-
-// A one-input case: build and reference each take the single input.
-Case unary(std::string name, In in, std::function<Var(Var)> build, std::function<ref::Array(const ref::Array&)> refn) {
-  return {std::move(name), {std::move(in)}, [build](const V& v) { return build(v[0]); },
-          [refn](const A& a) { return refn(a[0]); }};
-}
-
-// A two-input case.
-Case binary(std::string name, In a, In b, std::function<Var(Var, Var)> build,
-            std::function<ref::Array(const ref::Array&, const ref::Array&)> refn) {
-  return {std::move(name), {std::move(a), std::move(b)}, [build](const V& v) { return build(v[0], v[1]); },
-          [refn](const A& a) { return refn(a[0], a[1]); }};
-}
-
-}  // namespace
-
 // ---- elementwise unary -----------------------------------------------------
 
 TEST_CASE("relu forward and backward", "[ops]") {
@@ -446,24 +429,6 @@ TEST_CASE("large inputs take the multi-threaded paths and still match the refere
 
 // ---- errors ----------------------------------------------------------------------
 
-namespace {
-// The ShapeError a capture of `build` over f32 tensors of these shapes raises.
-std::string capture_error(std::vector<ref::Dims> shapes, std::function<Var(const V&)> build,
-                          std::vector<DType> dtypes = {}) {
-  std::vector<frugal::Tensor> ts;
-  for (std::size_t i = 0; i < shapes.size(); ++i)
-    ts.emplace_back(frugal::Shape(shapes[i]), i < dtypes.size() ? dtypes[i] : DType::f32);
-  return error_message<frugal::ShapeError>([&] {
-    auto step = frugal::compile_inference(
-        [&] {
-          V vs;
-          for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
-          return build(vs);
-        },
-        {});
-  });
-}
-}  // namespace
 
 TEST_CASE("wrong shapes raise a ShapeError naming the op and both shapes", "[ops]") {
   using Catch::Matchers::Contains;

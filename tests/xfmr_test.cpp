@@ -17,34 +17,6 @@ using A = Arrays;
 using V = Vars;
 using Catch::Matchers::Contains;
 
-namespace {
-
-// The ShapeError a capture of `build` over tensors of these shapes raises.
-std::string capture_error(std::vector<ref::Dims> shapes, std::function<Var(const V&)> build,
-                          std::vector<DType> dtypes = {}) {
-  std::vector<frugal::Tensor> ts;
-  for (std::size_t i = 0; i < shapes.size(); ++i)
-    ts.emplace_back(frugal::Shape(shapes[i]), i < dtypes.size() ? dtypes[i] : DType::f32);
-  return error_message<frugal::ShapeError>([&] {
-    auto step = frugal::compile_inference(
-        [&] {
-          V vs;
-          for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
-          return build(vs);
-        },
-        {});
-  });
-}
-
-// A one-input case.
-Case unary(std::string name, In in, std::function<Var(Var)> build, std::function<ref::Array(const ref::Array&)> refn) {
-  return {std::move(name),
-          {std::move(in)},
-          [build](const V& v) { return build(v[0]); },
-          [refn](const A& a) { return refn(a[0]); }};
-}
-
-}  // namespace
 
 // ---- layer_norm -------------------------------------------------------------
 
