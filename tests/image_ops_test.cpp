@@ -325,18 +325,6 @@ TEST_CASE("nn::BatchNorm1d updates its running statistics once per step over N *
 
 namespace {
 
-std::string shape_error(std::function<Var(const Vars&)> build, std::vector<frugal::Tensor> ts) {
-  return error_message<frugal::ShapeError>([&] {
-    auto step = frugal::compile_inference(
-        [&] {
-          Vars vs;
-          for (auto& t : ts) vs.push_back(frugal::persistent_var(t, frugal::ValueKind::parameter, "t"));
-          return build(vs);
-        },
-        {});
-  });
-}
-
 frugal::Tensor T(frugal::Shape s, DType dt = DType::f32) { return frugal::Tensor(std::move(s), dt); }
 
 }  // namespace

@@ -331,13 +331,9 @@ std::string error_message(const std::function<void()>& fn) {
   return {};
 }
 
-// The ShapeError a capture of `build` over tensors of these shapes raises
-// (f32 unless `dtypes` names another).
-inline std::string capture_error(std::vector<ref::Dims> shapes, std::function<frugal::Var(const Vars&)> build,
-                                 std::vector<frugal::DType> dtypes = {}) {
-  std::vector<frugal::Tensor> ts;
-  for (std::size_t i = 0; i < shapes.size(); ++i)
-    ts.emplace_back(frugal::Shape(shapes[i]), i < dtypes.size() ? dtypes[i] : frugal::DType::f32);
+// The ShapeError a capture of `build` over these tensors (bound as
+// parameters of one inference step) raises.
+inline std::string shape_error(std::function<frugal::Var(const Vars&)> build, std::vector<frugal::Tensor> ts) {
   return error_message<frugal::ShapeError>([&] {
     auto step = frugal::compile_inference(
         [&] {
@@ -347,6 +343,15 @@ inline std::string capture_error(std::vector<ref::Dims> shapes, std::function<fr
         },
         {});
   });
+}
+
+// The same over tensors of these shapes (f32 unless `dtypes` names another).
+inline std::string capture_error(std::vector<ref::Dims> shapes, std::function<frugal::Var(const Vars&)> build,
+                                 std::vector<frugal::DType> dtypes = {}) {
+  std::vector<frugal::Tensor> ts;
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    ts.emplace_back(frugal::Shape(shapes[i]), i < dtypes.size() ? dtypes[i] : frugal::DType::f32);
+  return shape_error(std::move(build), std::move(ts));
 }
 
 // A one-input case: build and reference each take the single input.
