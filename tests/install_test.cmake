@@ -14,6 +14,7 @@ run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${work}/prefix)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install_consumer -B ${work}/build -DCMAKE_BUILD_TYPE=Release
     -DCMAKE_PREFIX_PATH=${work}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
     -DFRUGAL_WITH_AVX512=OFF  # what an aarch64 or AVX2-only machine builds
-    -DFRUGAL_KERNEL_OPT=-O0)  # the same bits, compiled 20-30% faster than at -O1: this test is about the package
+    -DFRUGAL_KERNEL_OPT=-O0  # the same bits, compiled 20-30% faster than at -O1: this test is about the package
+    "-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG")  # and the consumer's own file likewise
 run(${CMAKE_COMMAND} --build ${work}/build --parallel 2)
 run(${work}/build/consumer)
