@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/frugal.hpp>
+#include <frugal/runtime/nvme_store.hpp>  // testing::nvme_read_fault_in
+
+#include "../tools/model_zoo.hpp"
 
 using namespace frugal;
 
@@ -84,6 +87,47 @@ std::size_t parameter_elements() {
   std::size_t n = 0;
   for (const Tensor& p : m.parameters()) n += std::size_t(p.numel());
   return n;
+}
+
+
+// ZeRO-Infinity's NVMe offload (plan/nvme_home.hpp): a 2-layer gpt whose
+// larger tensors (8 to 16 KiB, several pages each) can live on NVMe.
+zoo::Config nvme_gpt() {
+  return {.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+}
+std::filesystem::path nvme_test_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / cat("frugal-nvme-home-", name, "-", ::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+CompileOptions pinned_to_nvme(bool state, bool parameters) {
+  CompileOptions o;
+  o.threads = 1;
+  o.plan.nvme_offload.optimizer_state = state;
+  o.plan.nvme_offload.parameters = parameters;
+  return o;
+}
+std::vector<std::vector<char>> bytes_of_all(const std::vector<Tensor>& ts) {
+  std::vector<std::vector<char>> out;
+  for (const Tensor& t : ts) out.emplace_back(static_cast<const char*>(t.raw()), static_cast<const char*>(t.raw()) + t.nbytes());
+  return out;
+}
+std::vector<Tensor> state_tensors(const Optimizer& opt) {
+  std::vector<Tensor> out;
+  for (auto& s : opt.state()) out.push_back(s.tensor);
+  return out;
+}
+// Whether every whole page inside t's storage reads as zeros (its pages
+// were given back), and there is at least one.
+bool pages_given_back(const Tensor& t) {
+  const std::uintptr_t page = std::uintptr_t(sysconf(_SC_PAGESIZE));
+  const std::uintptr_t b = (std::uintptr_t(t.raw()) + page - 1) / page * page;
+  const std::uintptr_t e = (std::uintptr_t(t.raw()) + t.nbytes()) / page * page;
+  if (e <= b) return false;
+  for (std::uintptr_t a = b; a < e; ++a)
+    if (*reinterpret_cast<const unsigned char*>(a) != 0) return false;
+  return true;
 }
 
 }  // namespace offload_test
@@ -248,4 +292,168 @@ TEST_CASE("offload: guarded by a loss scaler, the offloaded updates give the sam
   CHECK(host.scale > 1024);  // it grew: the guarded updates ran
   CHECK(host.losses == device.losses);
   CHECK(same_bits(host.params, device.params));
+}
+
+TEST_CASE("nvme offload: pinned, parameters and optimizer state live on NVMe between steps, with the same bits",
+          "[offload][nvme]") {
+  const auto dir = nvme_test_dir("pinned");
+  zoo::Workload ref = zoo::make(nvme_gpt()), nv = zoo::make(nvme_gpt());
+  Step a = zoo::compile(ref);
+  Step b = zoo::compile(nv, Budget{.nvme_dir = dir.string()}, pinned_to_nvme(true, true));
+  const Plan& p = b.plan();
+  // Every parameter and state tensor of at least 1 KiB lives there, and the
+  // device keeps only the rest: the bytes add up to the unconstrained plan's.
+  std::size_t big_state = 0, big_params = 0, homes = 0, big_param_count = 0;
+  for (const Tensor& t : state_tensors(*nv.opt)) big_state += t.nbytes() >= 1024 ? t.nbytes() : 0, homes += t.nbytes() >= 1024;
+  for (const Tensor& t : nv.model->parameters())
+    big_params += t.nbytes() >= 1024 ? t.nbytes() : 0, big_param_count += t.nbytes() >= 1024;
+  homes += big_param_count;
+  REQUIRE(big_state > 0);
+  CHECK(of_kind(p.nvme_home_by_kind, "optimizer state") == big_state);
+  CHECK(of_kind(p.nvme_home_by_kind, "parameters") == big_params);
+  CHECK(p.nvme_home_bytes == big_state + big_params);
+  CHECK(p.count(plan::Choice::nvme_home) == homes);
+  CHECK(p.offloaded_bytes == 0);
+  CHECK(p.persistent_bytes + p.nvme_home_bytes == a.plan().persistent_bytes);
+  CHECK(p.nvme_bytes >= 2 * p.nvme_home_bytes);  // two slots each
+  CHECK_THAT(p.optimizer_offload, Catch::Contains("live on NVMe between steps") && Catch::Contains("pinned"));
+
+  std::vector<Tensor> handles = state_tensors(*nv.opt);
+  for (const Tensor& t : nv.model->parameters()) handles.push_back(t);
+  for (std::uint64_t s = 1; s <= 4; ++s) {
+    auto batch = ref.batch(s);
+    CHECK(a.run(batch[0], batch[1]) == b.run(batch[0], batch[1]));
+  }
+  // Between steps the tensors hold nothing: their pages went back. (Read
+  // through handles taken before training: Optimizer::state() and
+  // Module::parameters() would bring the bytes back.)
+  CHECK(NvmeHomes::registry().held() == homes);
+  int checked = 0;
+  for (const Tensor& t : handles)
+    if (t.nbytes() >= 3 * 4096) {
+      CHECK(pages_given_back(t));
+      ++checked;
+    }
+  CHECK(checked > 0);
+  // Another step reading the parameters gets them back first.
+  Step eval_a = zoo::with_step_fn(ref, [&](auto fn) { return compile_inference(fn, ref.inputs); });
+  Step eval_b = zoo::with_step_fn(nv, [&](auto fn) { return compile_inference(fn, nv.inputs); });
+  auto held = ref.batch(9);
+  eval_a.run(held[0], held[1]);
+  eval_b.run(held[0], held[1]);
+  CHECK(bytes_of_all({eval_a.output()}) == bytes_of_all({eval_b.output()}));
+  CHECK(NvmeHomes::registry().held() == homes - big_param_count);  // the state stays there
+  // sync_to_host brings the rest back, bit for bit; the next run takes them again.
+  b.sync_to_host();
+  CHECK(NvmeHomes::registry().held() == 0);
+  for (const Tensor& t : handles)
+    if (t.nbytes() >= 3 * 4096) CHECK_FALSE(pages_given_back(t));
+  CHECK(bytes_of_all(state_tensors(*nv.opt)) == bytes_of_all(state_tensors(*ref.opt)));
+  CHECK(bytes_of_all(nv.model->parameters()) == bytes_of_all(ref.model->parameters()));
+  auto batch = ref.batch(5);
+  CHECK(a.run(batch[0], batch[1]) == b.run(batch[0], batch[1]));
+  CHECK(NvmeHomes::registry().held() == homes);
+  // Optimizer::state() and Module::parameters() bring them back themselves.
+  CHECK(bytes_of_all(state_tensors(*nv.opt)) == bytes_of_all(state_tensors(*ref.opt)));
+  CHECK(bytes_of_all(nv.model->parameters()) == bytes_of_all(ref.model->parameters()));
+  CHECK(NvmeHomes::registry().held() == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("nvme offload: where neither the device nor the host pool holds them, the budget solve homes tensors on "
+          "NVMe, inside the budget and bit for bit",
+          "[offload][nvme][budget]") {
+  const auto dir = nvme_test_dir("auto");
+  zoo::Workload probe = zoo::make(nvme_gpt());
+  Budget b{.device = zoo::plan(probe).plan.total_bytes() - 1, .host = 1, .nvme_dir = dir.string()};
+  b.device = zoo::plan(probe, b).plan.min_feasible_bytes;
+  zoo::Workload ref = zoo::make(nvme_gpt()), nv = zoo::make(nvme_gpt());
+  Step a = zoo::compile(ref);
+  Step s = zoo::compile(nv, b);
+  REQUIRE(s.plan().count(plan::Choice::nvme_home) > 0);
+  CHECK(s.plan().nvme_home_bytes > 0);
+  CHECK_THAT(s.plan().optimizer_offload, Catch::Contains("chosen by the budget solve"));
+  for (const auto& d : s.plan().decisions)
+    if (d.choice == plan::Choice::nvme_home) CHECK_THAT(d.reason, Catch::Contains("lives on NVMe between steps"));
+  for (std::uint64_t k = 1; k <= 3; ++k) {
+    auto batch = ref.batch(k);
+    CHECK(a.run(batch[0], batch[1]) == s.run(batch[0], batch[1]));
+  }
+  CHECK(bytes_of_all(nv.model->parameters()) == bytes_of_all(ref.model->parameters()));
+  CHECK(bytes_of_all(state_tensors(*nv.opt)) == bytes_of_all(state_tensors(*ref.opt)));
+  auto batch = ref.batch(4);
+  Step::Audit audit = s.audit(batch[0], batch[1]);
+  CHECK(audit.canary_intact);
+  CHECK(audit.high_water + s.plan().persistent_bytes <= b.device);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("nvme offload: checkpoints read and write tensors that live on NVMe, and training resumes bit for bit",
+          "[offload][nvme][io]") {
+  const auto dir = nvme_test_dir("io");
+  const auto file = dir / "checkpoint.safetensors";
+  zoo::Workload w = zoo::make(nvme_gpt());
+  Step s = zoo::compile(w, Budget{.nvme_dir = dir.string()}, pinned_to_nvme(true, true));
+  std::vector<float> through;
+  for (std::uint64_t k = 1; k <= 5; ++k) {
+    if (k == 4) io::save_checkpoint(file, *w.model, *w.opt, 3);
+    auto batch = w.batch(k);
+    const float l = s.run(batch[0], batch[1]);
+    if (k >= 4) through.push_back(l);
+  }
+  // Into the same step, whose tensors live on NVMe: loading writes them,
+  // and the next run takes what was loaded.
+  s.set_steps_run(io::load_checkpoint(file, *w.model, *w.opt).step);
+  std::vector<float> again;
+  for (std::uint64_t k = 4; k <= 5; ++k) {
+    auto batch = w.batch(k);
+    again.push_back(s.run(batch[0], batch[1]));
+  }
+  CHECK(again == through);
+  // Into a fresh model and step.
+  zoo::Workload fresh = zoo::make(nvme_gpt());
+  Step t = zoo::compile(fresh, Budget{.nvme_dir = dir.string()}, pinned_to_nvme(true, true));
+  t.set_steps_run(io::load_checkpoint(file, *fresh.model, *fresh.opt).step);
+  std::vector<float> resumed;
+  for (std::uint64_t k = 4; k <= 5; ++k) {
+    auto batch = fresh.batch(k);
+    resumed.push_back(t.run(batch[0], batch[1]));
+  }
+  CHECK(resumed == through);
+  io::save_weights(dir / "a.safetensors", *w.model);
+  io::save_weights(dir / "b.safetensors", *fresh.model);
+  CHECK(bytes_of_all(w.model->parameters()) == bytes_of_all(fresh.model->parameters()));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("nvme offload: a step whose NVMe read fails part way leaves the state it started from", "[offload][nvme][atomic]") {
+  const auto dir = nvme_test_dir("undo");
+  auto& fault = frugal::testing::nvme_read_fault_in();
+  auto train = [&](bool with_failure) {
+    zoo::Workload w = zoo::make(nvme_gpt());
+    Step s = zoo::compile(w, Budget{.nvme_dir = dir.string()}, pinned_to_nvme(true, true));
+    long reads = 0;
+    std::vector<float> losses;
+    for (std::uint64_t k = 1; k <= 6; ++k) {
+      auto batch = w.batch(k);
+      if (k == 1) fault = 1L << 40;
+      if (with_failure && k == 4) {
+        fault = reads - 1;  // this step's last NVMe read fails, after updates have written back
+        CHECK_THROWS_AS(s.run(batch[0], batch[1]), IoError);
+        CHECK(fault.load() == -1);
+      }
+      losses.push_back(s.run(batch[0], batch[1]));
+      if (k == 1) reads = (1L << 40) - fault.load(), fault = -1;
+    }
+    s.sync_to_host();
+    auto all = bytes_of_all(w.model->parameters());
+    for (auto& st : bytes_of_all(state_tensors(*w.opt))) all.push_back(st);
+    return std::pair{losses, all};
+  };
+  auto good = train(false);
+  auto failed = train(true);
+  fault = -1;
+  CHECK(failed.first == good.first);
+  CHECK(failed.second == good.second);
+  std::filesystem::remove_all(dir);
 }

@@ -120,7 +120,7 @@ struct CommonArgs {
   std::int64_t log_every = 0;  // plain-line interval when not on a terminal; 0: about 20 lines
   std::string zero;            // under mpirun: the ZeRO stage, "auto" (the planner's) or 0-3; "" when not given
   std::string overlap;         // under mpirun: gradient collectives beside compute, "auto", "0" or "1"; "" when not given
-  std::string offload;         // optimizer state on the host, updated there: "auto", "0" or "1"; "" when not given
+  std::string offload;         // "auto", "0", "1" (host), "nvme", "nvme+params"; "" when not given
 
   void declare(Cli& cli, const std::string& default_data) {
     data = default_data;
@@ -144,7 +144,8 @@ struct CommonArgs {
                "under mpirun: gradient collectives beside the backward: auto (where a core is free, the default), 0 or 1");
     cli.option("--offload", offload,
                "optimizer state on the host, where its update runs (ZeRO-Offload): auto (where the budget binds, the "
-               "default), 0 or 1");
+               "default), 0 or 1; or its home on NVMe between steps (ZeRO-Infinity, with --nvme-dir): nvme, or "
+               "nvme+params for the f32 parameters too");
   }
   void check(const Cli& cli) const {
     if (steps < 0 || epochs < 0 || threads <= 0 || save_every < 0 || log_every < 0)
@@ -154,8 +155,11 @@ struct CommonArgs {
       cli.usage_error("--zero takes auto, 0, 1, 2 or 3");
     if (!overlap.empty() && overlap != "auto" && overlap != "0" && overlap != "1")
       cli.usage_error("--overlap takes auto, 0 or 1");
-    if (!offload.empty() && offload != "auto" && offload != "0" && offload != "1")
-      cli.usage_error("--offload takes auto, 0 or 1");
+    if (!offload.empty() && offload != "auto" && offload != "0" && offload != "1" && offload != "nvme" &&
+        offload != "nvme+params")
+      cli.usage_error("--offload takes auto, 0, 1, nvme or nvme+params");
+    if (offload.starts_with("nvme") && nvme_dir.empty())
+      cli.usage_error("--offload " + offload + " keeps tensors in the NVMe tier: give it a directory with --nvme-dir");
   }
 };
 

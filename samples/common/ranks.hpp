@@ -25,7 +25,8 @@ struct Ranks {
   int rank = 0, size = 1;
   std::optional<int> zero;      // --zero; unset: the planner's choice
   std::optional<bool> overlap;  // --overlap; unset: the planner's choice
-  std::optional<bool> offload;  // --offload; unset: the planner's choice (also without mpirun)
+  std::optional<bool> offload;  // --offload 0|1; unset: the planner's choice (also without mpirun)
+  bool nvme_state = false, nvme_parameters = false;  // --offload nvme, nvme+params
   bool leader() const { return rank == 0; }
   // The training step's options for this job.
   void apply(frugal::CompileOptions& o) const {
@@ -33,6 +34,8 @@ struct Ranks {
     o.zero_stage = zero;
     o.overlap_collectives = overlap;
     o.offload_optimizer = offload;
+    o.plan.nvme_offload.optimizer_state = nvme_state;
+    o.plan.nvme_offload.parameters = nvme_parameters;
   }
   // The mean over the ranks of each rank's value, in rank order (every rank
   // calls it, and gets the same number).
@@ -57,7 +60,9 @@ inline Ranks join_ranks(const CommonArgs& a) {
   Ranks r;
   if (!a.zero.empty() && a.zero != "auto") r.zero = std::stoi(a.zero);
   if (!a.overlap.empty() && a.overlap != "auto") r.overlap = a.overlap == "1";
-  if (!a.offload.empty() && a.offload != "auto") r.offload = a.offload == "1";
+  if (a.offload == "0" || a.offload == "1") r.offload = a.offload == "1";
+  r.nvme_state = a.offload.starts_with("nvme");
+  r.nvme_parameters = a.offload == "nvme+params";
   if (!started_by_mpirun()) {
     if (!a.zero.empty())
       frugal::fail("--zero shards the training over the ranks of an MPI job: start the sample with mpirun -np N");

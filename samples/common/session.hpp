@@ -277,7 +277,10 @@ class Session {
         .add("ranks", ranks_.size)
         .add("zero_stage", train.plan().zero_stage)
         .add("collectives", train.plan().collectives)
-        .add("optimizer_state_on_host_bytes", std::int64_t(offloaded_state(train.plan())));
+        .add("optimizer_state_on_host_bytes", std::int64_t(offloaded_state(train.plan())))
+        .add("on_nvme_bytes", std::int64_t(train.plan().nvme_home_bytes))
+        .add("host_rss_bytes", std::int64_t(frugal::current_rss_bytes()))
+        .add("peak_rss_bytes", std::int64_t(frugal::peak_rss_bytes()));
     return j;
   }
 

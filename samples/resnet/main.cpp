@@ -121,7 +121,8 @@ int main(int argc, char** argv) try {
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images"), input<std::int32_t>({B}, "labels")};
   std::vector<InputSpec> eval_in{input<float>({EB, 1, 28, 28}, "images")};
 
-  PlannedStep free_train = plan_training(train_fn, train_in, opt, {}, train_opts);
+  // (With --offload nvme, unconstrained means with the state on NVMe, as pinned.)
+  PlannedStep free_train = plan_training(train_fn, train_in, opt, Budget{.nvme_dir = a.nvme_dir}, train_opts);
   model->eval();
   PlannedStep free_eval = plan_inference(eval_fn, eval_in, {}, copts);
   model->train();

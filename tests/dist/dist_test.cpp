@@ -180,6 +180,7 @@ struct Trained {
   std::size_t state_bytes = 0;         // the plan's optimizer-state bytes on this rank
   std::size_t param_bytes = 0;         // and its parameter bytes
   std::size_t host_state_bytes = 0;    // optimizer state it keeps on the host (offload)
+  std::size_t nvme_home_bytes = 0;     // parameters and state it keeps on NVMe between steps
   std::string collectives;             // where the plan runs them, and why
   int started = 0;                     // collectives run beside compute (ops::CollectiveStart)
   int overlapping = 0;                 // of those, with compute scheduled before their done
@@ -203,6 +204,7 @@ void note_plan(const Step& step, Trained& t) {
   t.param_bytes = it == kinds.end() ? 0 : it->second;
   it = step.plan().offloaded_by_kind.find("optimizer state");
   t.host_state_bytes = it == step.plan().offloaded_by_kind.end() ? 0 : it->second;
+  t.nvme_home_bytes = step.plan().nvme_home_bytes;
   // Each started collective, and whether an op that is not communication
   // runs between its start and its done.
   const Graph& g = step.graph();
@@ -282,6 +284,7 @@ struct GptRun {
   bool overlap_collectives = true;
   std::size_t bucket_bytes = 1024;  // buckets of a few of its 29 gradients
   std::optional<bool> offload;      // CompileOptions::offload_optimizer
+  bool nvme = false;                // PlanOptions::nvme_offload: state and parameters on NVMe between steps
   int layers = 2;
   bool recompute_collectives = true;  // PlanOptions::recompute_collectives
 };
@@ -300,6 +303,8 @@ Trained train_gpt(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   o.bucket_bytes = run.bucket_bytes;
   o.offload_optimizer = run.offload;
   o.plan.recompute_collectives = run.recompute_collectives;
+  o.plan.nvme_offload.optimizer_state = o.plan.nvme_offload.parameters = run.nvme;
+  if (run.nvme) run.budget.nvme_dir = std::filesystem::temp_directory_path().string();  // each rank's own anonymous file
   Step step = compile([&](Var x, Var y) { return m.loss(x, y); },
                       {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, run.budget, o);
   Trained t;
@@ -740,6 +745,20 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
                   " bytes of AdamW moments on the host (ZeRO's accounting: ", expect, ") and ", z.state_bytes,
                   " bytes of optimizer state on the device"));
         if (!whole_grads) offloaded[std::size_t(stage)] = z.host_state_bytes, offloaded_param[std::size_t(stage)] = z.param_bytes;
+      }
+      // NVMe offload (ZeRO-Infinity) at every stage this run allows: each
+      // rank's moments (its shard) and f32 parameters (at stage 3 its shard)
+      // live in its own NVMe file between steps; the same bits.
+      for (int stage = 0; stage <= (whole_grads ? 1 : 3); ++stage) {
+        GptRun r = base;
+        r.zero_stage = stage;
+        r.nvme = true;
+        Trained z = train_gpt(c, me * rows, rows, steps, r);
+        check(z.losses == s0.losses && same_params(z.params, s0.params),
+              cat("gpt", with, ": ZeRO stage ", stage, " with parameters and state on NVMe trains bit for bit as stage 0 over ",
+                  n, " ranks"));
+        check(z.nvme_home_bytes > 0, cat("gpt stage ", stage, with, ": rank ", me, " keeps ", z.nvme_home_bytes,
+                                         " bytes of parameters and state on NVMe"));
       }
       // Stage 3 under a budget it meets only with no host memory to swap
       // to: parameters freed after the forward and gathered again for the

@@ -7,7 +7,7 @@
 //               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--least-saved] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
 //               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]
-//               [--overlap auto|0|1]] [--offload auto|0|1]
+//               [--overlap auto|0|1]] [--offload auto|0|1|nvme|nvme+params]
 //
 // With --ranks N, the step of each of N data-parallel ranks (each on a batch
 // of --batch rows) is planned as under mpirun, at the ZeRO stage --zero pins
@@ -22,7 +22,9 @@
 // --offload pins optimizer offload (CompileOptions::offload_optimizer): 1
 // keeps the optimizer state on the host, where its update runs; 0 keeps it
 // on the device; auto (the default) lets the budget solve move it there
-// where the budget binds.
+// where the budget binds. nvme pins its home to the NVMe file between steps
+// (ZeRO-Infinity; needs --nvme-dir), nvme+params the parameters' too; with
+// --nvme-dir the budget solve may also choose that itself.
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
 // device bytes), it shows the budget solver's decisions; an infeasible
@@ -47,7 +49,7 @@ using namespace frugal;
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse] [--least-saved]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
                "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n"
-               "                   [--offload auto|0|1]\n";
+               "                   [--offload auto|0|1|nvme|nvme+params]\n";
   std::exit(2);
 }
 
@@ -116,7 +118,8 @@ int main(int argc, char** argv) try {
     }
     else if (k == "--offload") {
       offload = val();
-      if (offload != "auto" && offload != "0" && offload != "1") usage("--offload takes auto, 0 or 1");
+      if (offload != "auto" && offload != "0" && offload != "1" && offload != "nvme" && offload != "nvme+params")
+        usage("--offload takes auto, 0, 1, nvme or nvme+params");
     }
     else if (k == "--help" || k == "-h") usage("plans a training step without running it");
     else usage("unknown option " + k);
@@ -127,7 +130,9 @@ int main(int argc, char** argv) try {
   if (zero != "auto") o.zero_stage = std::stoi(zero);
   if (overlap != "auto" && !ranks) usage("--overlap needs --ranks N");
   if (overlap != "auto") o.overlap_collectives = overlap == "1";
-  if (offload != "auto") o.offload_optimizer = offload == "1";
+  if (offload == "0" || offload == "1") o.offload_optimizer = offload == "1";
+  o.plan.nvme_offload.optimizer_state = offload.starts_with("nvme");
+  o.plan.nvme_offload.parameters = offload == "nvme+params";
   auto w = zoo::make(c);
   if (ranks) {
     std::vector<PlannedStep> per_rank;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../nn/module.hpp"
+#include "../runtime/nvme_homes.hpp"
 #include "../runtime/optimizer.hpp"
 #include "safetensors.hpp"
 
@@ -27,8 +28,11 @@ inline constexpr const char* kCheckpointFormat = "frugal-checkpoint-1";
 
 namespace detail {
 
-// Parameters, then buffers, under their state_dict names.
+// Parameters, then buffers, under their state_dict names. Tensors a step
+// keeps in its NVMe file between steps get their bytes back first: a file
+// reads them, or a load writes them (and the step's next run takes that).
 inline NamedTensors model_tensors(const nn::Module& model) {
+  NvmeHomes::registry().bring_back_all();
   NamedTensors out = model.named_parameters();
   for (auto& nb : model.named_buffers()) out.push_back(std::move(nb));
   return out;
@@ -58,6 +62,7 @@ inline NamedTensors optimizer_tensors(const nn::Module& model, const Optimizer& 
 // The optimizer's state as it lives: its state() and, under ZeRO stage 3,
 // the rank's parameter shards (the parameters it trains).
 inline std::vector<Optimizer::StateTensor> live_state(const Optimizer& opt) {
+  NvmeHomes::registry().bring_back_all();  // as model_tensors
   auto state = opt.state();
   for (auto& s : opt.parameter_shards()) state.push_back(s);
   return state;
@@ -214,6 +219,7 @@ namespace detail {
 // part of it), each sliced from the file's where `slice_of` says so.
 inline TrainingState load_checkpoint_into(const std::filesystem::path& path, nn::Module& model, Optimizer& opt,
                                           const std::vector<Optimizer::StateTensor>& state, const SliceOf& slice_of) {
+  NvmeHomes::registry().bring_back_all();  // as model_tensors: the copies below write them
   const std::string p = path.string();
   SafetensorsFile f = read_safetensors(path);
   auto md = f.metadata;

@@ -35,6 +35,7 @@ inline ZeroShard shard_held(const Communicator& comm, std::int64_t whole, std::i
 inline void save_gathered_checkpoint(const std::filesystem::path& path, const nn::Module& model, Optimizer& opt,
                                      std::int64_t step, Communicator& comm, const Metadata& metadata = {},
                                      const NamedTensors& extra = {}) {
+  NvmeHomes::registry().bring_back_all();  // tensors a step keeps on NVMe (io/checkpoint.hpp)
   const std::string what = cat("save_gathered_checkpoint(", path.string(), ")");
   for (const auto& s : opt.parameter_shards()) {  // stage 3: the parameters trained
     Tensor whole = opt.params().at(s.param);
@@ -77,6 +78,7 @@ inline void save_gathered_checkpoint(const std::filesystem::path& path, const nn
 // step.parameters_changed() on the step, as after io::load_checkpoint.
 inline TrainingState load_gathered_checkpoint(const std::filesystem::path& path, nn::Module& model, Optimizer& opt,
                                               Communicator& comm) {
+  NvmeHomes::registry().bring_back_all();  // tensors a step keeps on NVMe (io/checkpoint.hpp)
   auto slice = [&](const std::string&, const Tensor& live, const Tensor& file) -> std::optional<std::size_t> {
     const ZeroShard z = ZeroShard::of(file.numel(), comm.rank(), comm.size());
     if (!z.every_rank_has_elements() || live.numel() != z.length) return std::nullopt;

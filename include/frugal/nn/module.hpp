@@ -8,6 +8,7 @@
 
 #include "../graph/capture.hpp"
 #include "../graph/modes.hpp"
+#include "../runtime/nvme_homes.hpp"
 
 namespace frugal::nn {
 
@@ -73,10 +74,13 @@ class Module {
   }
 
   // Parameters of this module and all below it, depth first, named like
-  // PyTorch's state_dict keys ("fc1.weight").
+  // PyTorch's state_dict keys ("fc1.weight"). One a step keeps on NVMe
+  // between steps (PlanOptions::nvme_offload) gets its bytes back first, so
+  // what this returns reads and writes the current weights.
   std::vector<std::pair<std::string, Tensor>> named_parameters() const {
     std::vector<std::pair<std::string, Tensor>> out;
     collect("", out);
+    for (auto& [_, t] : out) NvmeHomes::registry().bring_back(t.raw());
     return out;
   }
   std::vector<Tensor> parameters() const {

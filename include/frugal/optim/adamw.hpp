@@ -111,6 +111,9 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   std::string kind() const override { return "adamw"; }
   // Per parameter "exp_avg" and "exp_avg_sq"; "steps_taken" under loss scaling.
   std::vector<StateTensor> state() const override {
+    for (std::size_t i = 0; i < params_.size(); ++i)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
+      for (const Tensor* t : {&m_[i], &v_[i]})
+        if (t->defined()) NvmeHomes::registry().bring_back(t->raw());
     std::vector<StateTensor> out;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (m_[i].defined()) {

@@ -112,6 +112,8 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   std::string kind() const override { return "sgd"; }
   // Per parameter "momentum_buffer"; "steps_taken" under loss scaling.
   std::vector<StateTensor> state() const override {
+    for (const Tensor& t : momentum_)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
+      if (t.defined()) NvmeHomes::registry().bring_back(t.raw());
     std::vector<StateTensor> out;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (momentum_[i].defined()) out.push_back({i, "momentum_buffer", momentum_[i]});

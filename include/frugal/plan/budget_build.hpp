@@ -60,7 +60,7 @@ struct BuiltProblem {
 inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeId>& schedule,
                                          std::span<const ValueId> roots, const Budget& budget, const Prices& prices,
                                          bool inplace = true, bool host_updates = false,
-                                         bool recompute_collectives = true) {
+                                         bool recompute_collectives = true, NvmeHomeOptions nvme_homes = {}) {
   const int T = int(schedule.size());
   BuiltProblem built;
   BudgetProblem& p = built.problem;
@@ -128,6 +128,11 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     if (!dynamic_cast<const ops::CollectiveDone*>(n.op.get())) continue;
     const int s = pos_of[std::size_t(g.value(n.inputs[0]).producer)];
     for (ValueId in : n.inputs) in_flight[std::size_t(view_root(g, in))].push_back({s, t});
+    // The done does not read the persistents the start writes (stages 1-2
+    // gather updated shards into the parameter itself): those are in
+    // flight until it too.
+    for (ValueId in : g.node(g.value(n.inputs[0]).producer).inputs)
+      if (is_persistent(g.value(in).kind)) in_flight[std::size_t(in)].push_back({s, t});
   }
   // Off the device over positions a+1..b-1 meets such a span.
   auto meets_in_flight = [&](ValueId v, int a, int b) {
@@ -169,10 +174,20 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     const std::int64_t bytes = std::int64_t(val.meta.nbytes());
     const bool dirty = !mutated_at[std::size_t(v)].empty();
     const double ci = prices.copy_ms(val.meta.nbytes()), co = dirty ? ci : 0.0;
-    Candidate c{v, std::size_t(bytes), u.back(), u.front(), true, {Option{}}};
+    // Its last use: a collective started on it beside compute (stages 1-2
+    // gather the updated shards into the parameter in place) uses it until
+    // its done, and a write back must wait for that.
+    int last = u.back();
+    for (auto [s0, d] : in_flight[std::size_t(v)]) last = std::max(last, d);
+    Candidate c{v, std::size_t(bytes), last, u.front(), true, {Option{}}};
+    // A kind pinned to NVMe (PlanOptions::nvme_offload) is offered no other
+    // home: the solve chooses between keeping it and its NVMe options, and
+    // the pin then moves a kept one there (plan/nvme_home.hpp).
+    const bool pinned = nvme && nvme_homes.pins(val.kind);
     for (bool jit : {false, true}) {
+      if (pinned) break;
       double exposed = 0;
-      int out = jit ? u.back() : dirty ? evict_done(u.back(), T - 1, co, exposed) : u.back();
+      int out = jit ? last : dirty ? evict_done(last, T - 1, co, exposed) : last;
       double in_exposed = 0;
       int in = jit ? u.front() : fetch_start(u.front(), 0, ci, in_exposed);
       // A fetch that cannot hide behind the ops before its reader starts in
@@ -184,7 +199,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       // cannot start earlier: then that one already is the price-free one.
       if (jit && c.options.size() > 1 && c.options.back().price_free) continue;
       Option o{Choice::host, exposed + prices.overlap_slowdown * (ci + co)};
-      o.price_free = out == u.back() && in == u.front();
+      o.price_free = out == last && in == u.front();
       o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
       o.host = {{{0, T - 1}, bytes}};
       o.out_done = out;
@@ -196,11 +211,40 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       if (o.device[0].span.empty() && o.device[1].span.empty()) continue;
       c.options.push_back(std::move(o));
     }
+    // Its home the NVMe file (ZeRO-Infinity): off the device and the host
+    // between steps, read before its first use and written back after its
+    // update, twice its bytes in the file (the plan keeps the copy the step
+    // read until the step has succeeded: plan/nvme_home.hpp).
+    const std::uint32_t host_staged = ((1u << c.options.size()) - 1) & ~1u;
+    if (nvme && (nvme_homes.automatic || pinned) && (val.kind == ValueKind::state || val.kind == ValueKind::parameter)) {
+      const double ri = prices.nvme_read_ms(val.meta.nbytes()), wo = dirty ? prices.nvme_write_ms(val.meta.nbytes()) : 0.0;
+      const std::size_t first_nvme = c.options.size();
+      for (bool jit : {false, true}) {
+        double exposed = 0;
+        int out = jit ? last : dirty ? evict_done(last, T - 1, wo, exposed) : last;
+        int in = jit ? u.front() : fetch_start(u.front(), 0, ri, exposed);  // never issued in the step before
+        if (jit) exposed = ri + wo;
+        if (jit && c.options.size() > first_nvme && c.options.back().price_free) continue;
+        Option o{Choice::nvme_home, exposed + prices.overlap_slowdown * (ri + wo)};
+        o.price_free = out == last && in == u.front();
+        o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
+        o.nvme = {{{0, T - 1}, 2 * tier_bytes(val.meta.nbytes())}};
+        o.out_done = out;
+        o.in_start = in;
+        o.reason = cat("lives on NVMe between steps: read before its first use (", ri, " ms)",
+                       dirty ? cat(", written back after its update (", wo, " ms)") : std::string(), ", ", exposed,
+                       " ms not hidden by compute");
+        // Read first and updated last: no device bytes saved, but the host's
+        // still are, which is what a pin asks for.
+        if (o.device[0].span.empty() && o.device[1].span.empty() && !pinned) continue;
+        c.options.push_back(std::move(o));
+      }
+    }
+    const std::uint32_t nvme_staged = ((1u << c.options.size()) - 1) & ~1u & ~host_staged;
     // Its update run on the host, reading it there: off the device the
     // whole step, no copy at all. On a backend whose kernels use host
     // memory (the only ones host_updates is set for) that costs nothing.
-    const std::uint32_t staged = ((1u << c.options.size()) - 1) & ~1u;  // the fetched options
-    if (updatable_on_host[std::size_t(v)] && val.kind == ValueKind::state) {
+    if (updatable_on_host[std::size_t(v)] && val.kind == ValueKind::state && !pinned) {
       Option o{Choice::host_update, 0};
       o.price_free = true;
       o.device = {{{0, T - 1}, -bytes}};
@@ -211,7 +255,6 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     if (c.options.size() < 2) continue;
     built.wrap_of[std::size_t(v)] = int(p.candidates.size());
     const int wrap = int(p.candidates.size());
-    const std::uint32_t on_host = staged;  // a window's drop and fetch again needs a staged copy
     p.candidates.push_back(std::move(c));
     for (std::size_t k = 0; k + 1 < u.size(); ++k) {
       int a = u[k], b = u[k + 1];
@@ -219,21 +262,29 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       if (std::find(mutated_at[std::size_t(v)].begin(), mutated_at[std::size_t(v)].end(), a) !=
           mutated_at[std::size_t(v)].end())
         continue;  // a dirty copy would need a write back first
+      // A window's drop and fetch again needs a staged copy: fetched again
+      // from the home the wrap-around option chose (the host, or NVMe).
       Candidate inner{v, std::size_t(bytes), a, b, false, {Option{}}};
-      for (bool jit : {false, true}) {
-        double ex = jit ? ci : 0;
-        int s = jit ? b : fetch_start(b, a + 1, ci, ex);
-        if (s - 1 < a + 1) continue;
-        if (jit && inner.options.size() > 1 && inner.options.back().price_free) continue;
-        Option d{Choice::host, ex + prices.overlap_slowdown * ci};
-        d.price_free = s == b;
-        d.device = {{{a + 1, s - 1}, -bytes}};
-        d.in_start = s;
-        d.out_done = a;
-        d.requires_ = {{wrap, on_host}};
-        d.reason = cat("device copy dropped after position ", a, " and fetched again from the host (", ci, " ms, ", ex,
-                       " ms not hidden)");
-        inner.options.push_back(std::move(d));
+      for (Choice from : {Choice::host, Choice::nvme}) {
+        const std::uint32_t staged = from == Choice::host ? host_staged : nvme_staged;
+        if (staged == 0) continue;
+        const double fi = from == Choice::host ? ci : prices.nvme_read_ms(val.meta.nbytes());
+        const std::size_t first = inner.options.size();
+        for (bool jit : {false, true}) {
+          double ex = jit ? fi : 0;
+          int s = jit ? b : fetch_start(b, a + 1, fi, ex);
+          if (s - 1 < a + 1) continue;
+          if (jit && inner.options.size() > first && inner.options.back().price_free) continue;
+          Option d{from, ex + prices.overlap_slowdown * fi};
+          d.price_free = s == b;
+          d.device = {{{a + 1, s - 1}, -bytes}};
+          d.in_start = s;
+          d.out_done = a;
+          d.requires_ = {{wrap, staged}};
+          d.reason = cat("device copy dropped after position ", a, " and fetched again from ",
+                         from == Choice::host ? "the host" : "NVMe", " (", fi, " ms, ", ex, " ms not hidden)");
+          inner.options.push_back(std::move(d));
+        }
       }
       if (inner.options.size() < 2) continue;
       gaps[std::size_t(v)].push_back({a, b, int(p.candidates.size())});

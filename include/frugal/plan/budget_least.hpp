@@ -56,13 +56,13 @@ inline constexpr double kLeastMemoryCbcBackstopSeconds = 60;
 // A fixed preference among options that reads no rate: fewer bytes moved
 // off the device, then a host update (which copies nothing: its state
 // stays where it lives) before recomputation before a host round trip
-// before an NVMe one. Only used to break ties among answers of equal peak.
+// before an NVMe one (a spill, or a home there). Only used to break ties among answers of equal peak.
 inline double canonical_cost(const Candidate& c, const Option& o) {
   const double weight = o.choice == Choice::host_update ? 0.5
                         : o.choice == Choice::recompute ? 1
                         : o.choice == Choice::host      ? 2
-                        : o.choice == Choice::nvme      ? 3
-                                                        : 0;
+                        : o.choice == Choice::nvme || o.choice == Choice::nvme_home ? 3
+                                                                                    : 0;
   return weight * (1 + double(c.bytes) / double(1 << 20));
 }
 

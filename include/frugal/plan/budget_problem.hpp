@@ -32,7 +32,10 @@ struct MemEffect {
 
 // host_update: optimizer state that lives on the host, where its update
 // runs and reads it in place (ZeRO-Offload; plan/offload.hpp).
-enum class Choice : std::uint8_t { keep, recompute, host, nvme, host_update };
+// nvme_home: a parameter or optimizer state that lives in the NVMe file
+// between steps, read before its first use and written back after its
+// update (ZeRO-Infinity; plan/nvme_home.hpp).
+enum class Choice : std::uint8_t { keep, recompute, host, nvme, host_update, nvme_home };
 
 inline const char* choice_name(Choice c) {
   switch (c) {
@@ -41,9 +44,22 @@ inline const char* choice_name(Choice c) {
     case Choice::host: return "swap to host";
     case Choice::nvme: return "spill to NVMe";
     case Choice::host_update: return "update on the host";
+    case Choice::nvme_home: return "lives on NVMe";
   }
   return "?";
 }
+
+// Which parameters and optimizer state the budget problem may home on NVMe
+// (PlanOptions::nvme_offload, given a directory): any where that helps
+// (`automatic`), and the kinds pinned there (offered no other home).
+struct NvmeHomeOptions {
+  bool automatic = false;
+  bool optimizer_state = false;
+  bool parameters = false;
+  bool pins(ValueKind k) const {
+    return (k == ValueKind::state && optimizer_state) || (k == ValueKind::parameter && parameters);
+  }
+};
 
 // Candidate `candidate` must take one of the options whose bit is set in
 // `allowed` (bit j for option j).

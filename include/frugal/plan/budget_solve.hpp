@@ -28,6 +28,7 @@
 #include "budget_least.hpp"
 #include "budget_saved.hpp"
 #include "cost_model.hpp"
+#include "nvme_home.hpp"
 #include "plan.hpp"
 #include "rewrite.hpp"
 
@@ -96,28 +97,50 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   base.predicted_step_ms = base_ms;
   base.budget_bytes = budget.device;
   const bool shrink = o.least_saved_activations && budget.device > 0;
-  if (budget.device == 0 || (base.total_bytes() <= budget.device && !shrink)) {
+  const bool pinned = o.nvme_offload.optimizer_state || o.nvme_offload.parameters;
+  if (pinned && budget.nvme_dir.empty())
+    fail("PlanOptions::nvme_offload pins ", o.nvme_offload.optimizer_state ? "the optimizer state" : "the parameters",
+         " to NVMe, but the budget names no NVMe directory: set Budget::nvme_dir (--nvme-dir)");
+  const bool binding = budget.device > 0 && (base.total_bytes() > budget.device || shrink);
+  if (!binding && !pinned) {
     base.min_feasible_bytes = 0;  // not searched: no eviction was needed (the summary says so)
     return {g, std::move(base)};
   }
 
   Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
   for (NodeId n : schedule) prices.op_ms.push_back(price.op_ms(*g, n));
-  BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace, !o.offload_optimizer.has_value(),
-                                            o.recompute_collectives);
+  Budget solved_for = budget;
+  if (!binding) solved_for.device = std::max(budget.device, base.total_bytes());
+  BuiltProblem built = build_budget_problem(*g, schedule, roots, solved_for, prices, o.inplace,
+                                            !o.offload_optimizer.has_value() && !o.nvme_offload.optimizer_state,
+                                            o.recompute_collectives,
+                                            {o.nvme_offload.automatic, o.nvme_offload.optimizer_state,
+                                             o.nvme_offload.parameters});
   const BudgetProblem& problem = built.problem;
 
   auto realize = [&](const Solution& s) {
-    Rewritten rw = rewrite_for_budget(*g, schedule, problem, s.choice);
+    // The pinned NVMe homes replace what the solve chose for those tensors
+    // with an option that holds them on the device no longer.
+    const std::vector<int> choice =
+        pinned ? pin_nvme_homes(problem, *g, s.choice, o.nvme_offload.optimizer_state, o.nvme_offload.parameters)
+               : s.choice;
+    Rewritten rw = rewrite_for_budget(*g, schedule, problem, choice);
     Plan p = plan_schedule(*rw.graph, rw.schedule, roots, o.inplace);
     p.transfer_slots = rw.transfer_slots;
     p.original_nodes = NodeId(g->num_nodes());
     for (auto& d : rw.decisions) p.decisions.push_back({d.value, d.choice, d.bytes, d.from, d.to, d.wraps, d.cost_ms, d.reason});
-    p.predicted_step_ms = base_ms + s.eval.cost_ms;
+    place_nvme_homes(*rw.graph, p);
+    p.predicted_step_ms = base_ms + (choice == s.choice ? s.eval.cost_ms : evaluate(problem, choice).cost_ms);
     p.unconstrained_bytes = base.total_bytes();
     p.budget_bytes = budget.device;
     return BudgetedPlan{std::move(rw.graph), std::move(p)};
   };
+  if (!binding) {  // only the pinned homes move
+    BudgetedPlan bp = realize(make_solution(problem, std::vector<int>(problem.candidates.size(), 0),
+                                            std::numeric_limits<std::int64_t>::max()));
+    bp.plan.min_feasible_bytes = 0;
+    return bp;
+  }
 
   const bool exact = problem.positions <= kExactPositions &&
                      (kExactSolverHasGlpk || option_combinations(problem) <= kExhaustiveCombinationLimit);

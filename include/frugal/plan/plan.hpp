@@ -33,6 +33,19 @@ struct PlanOptions {
   // for each state where the budget binds. false: never. true: all of it,
   // moved there before planning (compile does, by offload_optimizer_state).
   std::optional<bool> offload_optimizer;
+  // ZeRO-Infinity's offload to NVMe (plan/nvme_home.hpp): parameters (the
+  // f32 master weights) and optimizer state whose home between steps is the
+  // NVMe file (Budget::nvme_dir), so they take neither device nor host
+  // memory between their uses. `automatic`: with a directory, the budget
+  // solve may choose it for each tensor where the device and host budgets
+  // bind, as one more option beside swapping and spilling. The other two pin
+  // it for every tensor of a kind (of at least 1 KiB), budget or not.
+  struct NvmeOffload {
+    bool optimizer_state = false;
+    bool parameters = false;
+    bool automatic = true;
+  };
+  NvmeOffload nvme_offload;
   // Whether the budget solve may run a repeatable collective again (stage
   // 3's all-gather of a parameter, before the backward reads it) instead of
   // keeping or swapping what it gathered. Every rank must decide alike: a
@@ -65,7 +78,14 @@ struct Plan {
   std::map<std::string, std::size_t> offloaded_by_kind;  // of it: parameters, optimizer state...
   std::vector<std::optional<std::size_t>> tier_offset_of;  // by value id: host pool or NVMe offset
   std::size_t host_bytes = 0;  // the host pool this plan needs
-  std::size_t nvme_bytes = 0;  // the NVMe file this plan needs
+  std::size_t nvme_bytes = 0;  // the NVMe file this plan needs (spills, then the homes below)
+  // Persistents whose home between steps is the NVMe file (ZeRO-Infinity,
+  // plan/nvme_home.hpp): by value id, the offset of their two slots (the
+  // copy the step reads, and the one its write back fills), and their bytes
+  // (not in offloaded_bytes, which counts the host's).
+  std::vector<std::optional<std::size_t>> nvme_home_of;
+  std::size_t nvme_home_bytes = 0;
+  std::map<std::string, std::size_t> nvme_home_by_kind;
   int transfer_slots = 0;      // copy-engine events
   NodeId original_nodes = 0;   // nodes of the captured graph; a rewrite's own nodes come after
   // Fetches of host-resident persistents that step i starts for step i+1:

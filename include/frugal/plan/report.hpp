@@ -108,8 +108,10 @@ inline std::string budget_summary(const Graph& g, const Plan& p, std::size_t sho
   if (!p.optimizer_offload.empty()) os << "  optimizer offload: " << p.optimizer_offload << "\n";
   if (p.decisions.empty()) return os.str();
   os << "  decisions: " << p.count(Choice::recompute) << " recompute, " << p.count(Choice::host) << " swap to host, "
-     << p.count(Choice::nvme) << " spill to NVMe, " << p.count(Choice::host_update) << " update on the host";
+     << p.count(Choice::nvme) << " spill to NVMe, " << p.count(Choice::host_update) << " update on the host, "
+     << p.count(Choice::nvme_home) << " live on NVMe";
   if (p.offloaded_bytes) os << "; " << format_bytes(p.offloaded_bytes) << " of parameters/state live on the host";
+  if (p.nvme_home_bytes) os << "; " << format_bytes(p.nvme_home_bytes) << " of parameters/state live on NVMe";
   os << "\n  host pool " << format_bytes(p.host_bytes) << ", NVMe " << format_bytes(p.nvme_bytes) << "\n";
   std::vector<std::size_t> order(p.decisions.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -195,10 +197,11 @@ inline std::string json(const Graph& g, const Plan& p, const std::string& model)
        << ",\"unconstrained_bytes\":" << p.unconstrained_bytes << ",\"predicted_step_ms\":" << p.predicted_step_ms
        << ",\"priced_with\":\"" << json_escape(p.priced_with) << "\""
        << ",\"host_bytes\":" << p.host_bytes << ",\"nvme_bytes\":" << p.nvme_bytes
-       << ",\"offloaded_bytes\":" << p.offloaded_bytes << ",\"decision_counts\":{\"recompute\":"
+       << ",\"offloaded_bytes\":" << p.offloaded_bytes << ",\"nvme_home_bytes\":" << p.nvme_home_bytes
+       << ",\"decision_counts\":{\"recompute\":"
        << p.count(Choice::recompute) << ",\"swap_host\":" << p.count(Choice::host)
        << ",\"spill_nvme\":" << p.count(Choice::nvme) << ",\"update_on_host\":" << p.count(Choice::host_update)
-       << "},\"decisions\":[";
+       << ",\"nvme_home\":" << p.count(Choice::nvme_home) << "},\"decisions\":[";
     for (std::size_t k = 0; k < p.decisions.size(); ++k) {
       const auto& d = p.decisions[k];
       os << (k ? "," : "") << "{\"what\":\"" << json_escape(describe_value(g, d.value)) << "\",\"choice\":\""
@@ -320,6 +323,7 @@ struct RankRow {
   std::size_t parameters = 0, optimizer_state = 0, gradients = 0, activations = 0, scratch = 0, communication = 0,
               total = 0, host = 0, nvme = 0;
   std::size_t host_state = 0, host_parameters = 0;  // of host: optimizer state (offloaded) and parameters
+  std::size_t nvme_state = 0, nvme_parameters = 0;  // living on NVMe between steps (two slots each in `nvme`)
   int zero_stage = -1;
 };
 template <class PlannedSteps>
@@ -344,6 +348,12 @@ std::vector<RankRow> rank_rows(const PlannedSteps& steps) {
     r.host_state = on_host("optimizer state");
     r.host_parameters = on_host("parameters");
     r.nvme = p.nvme_bytes;
+    auto on_nvme = [&](const char* kind) {
+      auto it = p.nvme_home_by_kind.find(kind);
+      return it == p.nvme_home_by_kind.end() ? std::size_t(0) : it->second;
+    };
+    r.nvme_state = on_nvme("optimizer state");
+    r.nvme_parameters = on_nvme("parameters");
     r.zero_stage = p.zero_stage;
     rows.push_back(r);
   }
@@ -353,22 +363,25 @@ template <class PlannedSteps>
 std::string ranks_table(const PlannedSteps& steps) {
   std::ostringstream os;
   os << "  rank  stage  parameters  optimizer state  gradients*  activations*  scratch*  communication*  device total"
-        "  |  host  of it state  of it parameters  NVMe\n";
+        "  |  host  of it state  of it parameters  |  NVMe  of it state  of it parameters\n";
   auto rows = rank_rows(steps);
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const RankRow& r = rows[k];
-    char line[320];
-    std::snprintf(line, sizeof line, "  %4zu  %5d  %10s  %15s  %10s  %12s  %8s  %15s  %12s  |  %4s  %11s  %16s  %4s\n",
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "  %4zu  %5d  %10s  %15s  %10s  %12s  %8s  %15s  %12s  |  %4s  %11s  %16s  |  %4s  %11s  %16s\n",
                   k, r.zero_stage,
                   format_bytes(r.parameters).c_str(), format_bytes(r.optimizer_state).c_str(),
                   format_bytes(r.gradients).c_str(), format_bytes(r.activations).c_str(), format_bytes(r.scratch).c_str(),
                   format_bytes(r.communication).c_str(), format_bytes(r.total).c_str(), format_bytes(r.host).c_str(),
                   format_bytes(r.host_state).c_str(), format_bytes(r.host_parameters).c_str(),
-                  format_bytes(r.nvme).c_str());
+                  format_bytes(r.nvme).c_str(), format_bytes(r.nvme_state).c_str(),
+                  format_bytes(r.nvme_parameters).c_str());
     os << line;
   }
   os << "  (* live at the rank's peak; the device total also counts the arena's packing; the host holds swapped\n"
-        "   values, parameters staged from there, and optimizer state updated there)\n";
+        "   values, parameters staged from there, and optimizer state updated there; NVMe holds spilled values and\n"
+        "   two slots of each parameter and state living there between steps)\n";
   if (!steps.empty() && steps.front().plan.zero_stage >= 0)
     os << "  rank 0: ZeRO stage " << steps.front().plan.zero_stage << ": " << steps.front().plan.zero_reason << "\n";
   if (!steps.empty() && !steps.front().plan.collectives.empty())
@@ -388,7 +401,9 @@ std::string ranks_json(const PlannedSteps& steps, const std::string& model) {
        << ",\"optimizer_state\":" << r.optimizer_state << ",\"gradients\":" << r.gradients
        << ",\"activations\":" << r.activations << ",\"scratch\":" << r.scratch << ",\"communication\":" << r.communication
        << ",\"device_total\":" << r.total << ",\"host\":" << r.host << ",\"host_optimizer_state\":" << r.host_state
-       << ",\"host_parameters\":" << r.host_parameters << ",\"nvme\":" << r.nvme << ",\"zero_reason\":\""
+       << ",\"host_parameters\":" << r.host_parameters << ",\"nvme\":" << r.nvme
+       << ",\"nvme_optimizer_state\":" << r.nvme_state << ",\"nvme_parameters\":" << r.nvme_parameters
+       << ",\"zero_reason\":\""
        << json_escape(steps[k].plan.zero_reason) << "\",\"collectives\":\"" << json_escape(steps[k].plan.collectives)
        << "\"}";
   }

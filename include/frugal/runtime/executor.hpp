@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <chrono>
+#include <cstdio>
 
 #include "../plan/cost_model.hpp"
 #include "../ops/collective.hpp"
@@ -19,6 +20,7 @@
 #include "comm_engine.hpp"
 #include "copy_engine.hpp"
 #include "host_pool.hpp"
+#include "nvme_homes.hpp"
 #include "nvme_store.hpp"
 #include "undo_journal.hpp"
 
@@ -89,11 +91,30 @@ class Executor {
     if (!previous.fits(plan))
       fail("internal error: a re-plan that needs more memory than the step reserved was handed its memory");
     previous.forget_prefetch();  // binding fills the arena, over what its last run fetched early
+    previous.sync_to_host();     // the NVMe homes' slots may be another plan's now
     bind(plan, previous.memory_);
     memory_ = std::move(previous.memory_);  // the addresses bound above stay valid: a move keeps the blocks
   }
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
+  // The tensors whose home is this step's NVMe file get their bytes back:
+  // the file goes with the step.
+  ~Executor() {
+    try {
+      sync_to_host();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "frugal: reading the NVMe homes back into their tensors failed: %s\n", e.what());
+    }
+    for (const Home& h : homes_) NvmeHomes::registry().drop(h.host, this);
+  }
+
+  // Parameters and optimizer state whose home is the NVMe file (the plan's
+  // nvme_home_of): their bytes back in their tensors, for a program that
+  // reads them between steps. The next run takes them again.
+  void sync_to_host() {
+    for (const Home& h : homes_) NvmeHomes::registry().bring_back(h.host);
+  }
+  std::size_t nvme_homes() const { return homes_.size(); }
 
   // Whether `plan` runs in the memory this executor reserved.
   bool fits(const Plan& plan) const {
@@ -115,6 +136,8 @@ class Executor {
     // written the host-resident parameter it was fetched from.
     const bool fetched = prefetched_;
     prefetched_ = false;
+    bring_back_others();
+    take_homes();
     load_mirrors(false);
     journal_.begin();
     try {
@@ -152,6 +175,7 @@ class Executor {
     if (copies_) copies_->drain();
     backend_.synchronize();
     store_mirrors();
+    for (Home& h : homes_) h.current ^= std::uint8_t(h.written);  // the slot this step wrote holds the state now
     prefetched_ = !early_fetch_count_zero();
   }
 
@@ -257,6 +281,23 @@ class Executor {
       else if (val.kind == ValueKind::host)
         address_[std::size_t(v)] = m.host.at(*plan.tier_offset_of[std::size_t(v)]);
     }
+    // The persistents whose home is the NVMe file, and the others this step
+    // binds (another step may hold one of those in its file).
+    homes_.clear();
+    home_of_.assign(graph_->num_values(), -1);
+    externals_.clear();
+    for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
+      const Value& val = graph_->value(v);
+      if (!is_persistent(val.kind) || !val.external.defined()) continue;
+      if (std::size_t(v) >= plan.nvme_home_of.size() || !plan.nvme_home_of[std::size_t(v)]) {
+        externals_.push_back(val.external.raw());
+        continue;
+      }
+      if (!nvme_) fail("internal error: ", plan::describe_value(*graph_, v), " lives on NVMe in a plan with no NVMe file");
+      home_of_[std::size_t(v)] = int(homes_.size());
+      homes_.push_back({val.external.raw(), val.meta.nbytes(), *plan.nvme_home_of[std::size_t(v)],
+                        align_up(std::max<std::size_t>(val.meta.nbytes(), 1), plan::kTierAlignment)});
+    }
     for (NodeId n : plan.schedule) {
       const Node& node = graph_->node(n);
       if (auto* t = node.op->as_transfer()) {
@@ -294,7 +335,7 @@ class Executor {
     for (ValueId v = 0; v < ValueId(graph_->num_values()); ++v) {
       const Value& val = graph_->value(v);
       if (is_persistent(val.kind) && val.external.defined() &&
-          !plan.offset_of[std::size_t(v)])
+          !plan.offset_of[std::size_t(v)] && home_of_[std::size_t(v)] < 0)
         persistent_.emplace(val.external.raw(), WriteGenerations::of(val.external.raw()));
     }
     auto generation = [&](ValueId v) -> WriteGenerations::Counter* {
@@ -352,6 +393,7 @@ class Executor {
     std::uint64_t nvme_offset = 0;
     bool to_device = false;  // a fetch: host -> arena
     enum Via : std::uint8_t { memory, nvme_write, nvme_read } via = memory;
+    int home = -1;  // an NVMe home's index (homes_): its slot is chosen when the copy starts
   };
   struct Bound {
     const Op* op;
@@ -383,7 +425,16 @@ class Executor {
       if (!nvme_) fail("internal error: a transfer uses the NVMe tier, which this plan did not size");
       return std::uint64_t(*plan.tier_offset_of[std::size_t(v)]);
     };
-    if (graph_->value(to).kind == ValueKind::nvme) {
+    if (t.kind() == K::write_back_start && home_of_[std::size_t(to)] >= 0) {  // into its NVMe home
+      m.via = Move::nvme_write;
+      m.home = home_of_[std::size_t(to)];
+      homes_[std::size_t(m.home)].written = true;
+      m.src = address_[std::size_t(from)];
+    } else if (t.kind() == K::fetch_start && home_of_[std::size_t(from)] >= 0) {  // from its NVMe home
+      m.via = Move::nvme_read;
+      m.home = home_of_[std::size_t(from)];
+      m.dst = address_[std::size_t(to)];
+    } else if (graph_->value(to).kind == ValueKind::nvme) {
       m.via = Move::nvme_write;
       m.nvme_offset = nvme_slot(to);
       m.src = address_[std::size_t(from)];
@@ -411,8 +462,40 @@ class Executor {
         else
           copies_->wait(m.slot);
         return;
-      case Move::nvme_write: return copies_->write_nvme(m.slot, *nvme_, m.nvme_offset, m.src, m.bytes);
-      case Move::nvme_read: return copies_->read_nvme(m.slot, *nvme_, m.nvme_offset, m.dst, m.bytes);
+      case Move::nvme_write: return copies_->write_nvme(m.slot, *nvme_, nvme_offset(m), m.src, m.bytes);
+      case Move::nvme_read: return copies_->read_nvme(m.slot, *nvme_, nvme_offset(m), m.dst, m.bytes);
+    }
+  }
+  // A home is read from its current slot and written back into the other.
+  std::uint64_t nvme_offset(const Move& m) const {
+    if (m.home < 0) return m.nvme_offset;
+    const Home& h = homes_[std::size_t(m.home)];
+    const unsigned slot = m.via == Move::nvme_read ? h.current : 1u - h.current;
+    return h.offset + slot * h.slot_bytes;
+  }
+
+  // Before a run: the persistents this step binds that another step holds
+  // in its NVMe file come back into their tensors; and this step's homes
+  // take what their tensors hold where a tensor holds its bytes (the first
+  // run, or after they were brought back for a checkpoint or another step,
+  // which may have changed them), giving the tensor's pages back.
+  void bring_back_others() {
+    if (NvmeHomes::registry().held() == 0) return;
+    for (const void* e : externals_) NvmeHomes::registry().bring_back(e, this);
+  }
+  void take_homes() {
+    for (std::size_t i = 0; i < homes_.size(); ++i) {
+      Home& h = homes_[i];
+      NvmeHomes::registry().bring_back(h.host, this);  // from another step's file first
+      if (!h.in_host) continue;
+      nvme_->write(h.offset + h.current * h.slot_bytes, h.host, h.bytes);
+      NvmeHomes::release_pages(h.host, h.bytes);
+      h.in_host = false;
+      NvmeHomes::registry().hold(h.host, this, [this, i] {
+        Home& back = homes_[i];
+        nvme_->read(back.offset + back.current * back.slot_bytes, back.host, back.bytes);
+        back.in_host = true;
+      });
     }
   }
   void run_collective(const Bound& b, std::uint64_t step) {
@@ -460,6 +543,23 @@ class Executor {
     bool written;                           // a kernel of the step writes it
   };
   std::vector<Mirror> mirrors_;
+
+  // Persistents whose home is the NVMe file (plan/nvme_home.hpp): two slots
+  // each, `current` the one holding the state; a run reads it and writes
+  // back into the other, which becomes current once the run has succeeded,
+  // so a run that fails part way leaves the state it started from.
+  struct Home {
+    void* host;  // the user's tensor: its bytes only while in_host
+    std::size_t bytes;
+    std::uint64_t offset;      // the first slot's; the second follows
+    std::uint64_t slot_bytes;  // aligned for O_DIRECT
+    std::uint8_t current = 0;
+    bool written = false;  // the step writes it back
+    bool in_host = true;   // the tensor holds the bytes (the file's slot may be stale)
+  };
+  std::vector<Home> homes_;
+  std::vector<int> home_of_;             // by value id: index in homes_, or -1
+  std::vector<const void*> externals_;   // the other persistents' storage
 
   // What a failed step must put back: the persistents written in place, and
   // the homes written back to, before the step's last NVMe transfer (an I/O

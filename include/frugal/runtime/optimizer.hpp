@@ -10,6 +10,7 @@
 
 #include "../graph/var.hpp"
 #include "../ops/zero.hpp"
+#include "nvme_homes.hpp"
 
 namespace frugal {
 
@@ -92,6 +93,8 @@ class Optimizer {
   }
   // The stage-3 shards, as checkpoint state ("parameter_shard" of each).
   std::vector<StateTensor> parameter_shards() const {
+    for (const Tensor& t : shards_)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
+      if (t.defined()) NvmeHomes::registry().bring_back(t.raw());
     std::vector<StateTensor> out;
     for (std::size_t i = 0; i < shards_.size(); ++i)
       if (shards_[i].defined()) out.push_back({i, "parameter_shard", shards_[i]});

@@ -133,6 +133,13 @@ class Step {
   // editing weights), so the next step fetches them again (and so does any
   // other step that fetched them early).
   void parameters_changed();
+  // Under a plan whose parameters or optimizer state live on NVMe between
+  // steps (PlanOptions::nvme_offload, Plan::nvme_home_bytes), their tensors
+  // give their pages back after each run and read as zeros. This reads
+  // them back from the file, for a program that reads or edits them itself;
+  // checkpoints, weight files and other steps do it on their own. The next
+  // run takes what they hold then.
+  void sync_to_host();
   // ZeRO stage 3 (CompileOptions::zero_stage): the step trains this rank's
   // shard of each parameter, and the module's tensors keep what they held at
   // compile. This gathers every rank's shard into them (a collective: every

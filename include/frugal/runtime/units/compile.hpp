@@ -14,6 +14,7 @@
 #include "../../plan/budget_solve.hpp"
 #include "../../plan/verify.hpp"
 #include "../calibrate.hpp"
+#include "../nvme_homes.hpp"
 #include "../compile.hpp"
 #include "../non_finite_guard.hpp"
 #include "../../ops/zero.hpp"
@@ -192,6 +193,7 @@ static std::function<void()> shards_into_parameters(const std::vector<GatheredPa
   std::vector<Target> targets;
   for (const auto& gp : gathered) targets.push_back({opt.parameter_shard(gp.index, gp.s), opt.params()[gp.index], gp.s});
   return [targets, comm] {
+    for (const Target& t : targets) NvmeHomes::registry().bring_back(t.shard.raw());  // a shard living on NVMe
     for (const Target& t : targets)
       gather_shards(*comm, t.s, t.shard.raw(), t.whole.raw(), t.whole.dtype(),
                     cat("Step::gather_parameters: a parameter of ", t.s.numel, " elements"));
@@ -515,23 +517,44 @@ static PlanOptions plan_options(const CompileOptions& o, const Backend& backend)
            " backend: its kernels cannot read host memory, and running the update on the host is not built there "
            "yet; leave it unset, or use the cpu backend");
     po.offload_optimizer = false;
+    if (po.nvme_offload.optimizer_state || po.nvme_offload.parameters)
+      fail("compile: PlanOptions::nvme_offload on the ", backend.name(),
+           " backend: its NVMe tier is not built yet (file I/O would be handed device memory); "
+           "leave it unset, or use the cpu backend");
+    po.nvme_offload.automatic = false;
   }
+  if (o.offload_optimizer == true && po.nvme_offload.optimizer_state)
+    fail("compile: CompileOptions::offload_optimizer pins the optimizer state to the host and "
+         "PlanOptions::nvme_offload.optimizer_state pins it to NVMe; set one of the two");
   return po;
 }
 static void offload_pinned(Prepared& p, const CompileOptions& o) {
   if (o.offload_optimizer == true && p.opt) plan::offload_optimizer_state(*p.c.graph);
 }
-// Plan::optimizer_offload: how much state lives on the host, and why.
+// Plan::optimizer_offload: how much state lives on the host or on NVMe, and why.
 static std::string offload_note(const Plan& plan, const CompileOptions& o) {
-  auto it = plan.offloaded_by_kind.find("optimizer state");
-  const std::size_t bytes = it == plan.offloaded_by_kind.end() ? 0 : it->second;
+  auto bytes_of = [](const std::map<std::string, std::size_t>& m, const char* kind) {
+    auto it = m.find(kind);
+    return it == m.end() ? std::size_t(0) : it->second;
+  };
+  std::string nvme;
+  if (plan.nvme_home_bytes) {
+    const auto& pin = o.plan.nvme_offload;
+    nvme = cat(format_bytes(bytes_of(plan.nvme_home_by_kind, "optimizer state")), " of optimizer state and ",
+               format_bytes(bytes_of(plan.nvme_home_by_kind, "parameters")), " of parameters (",
+               plan.count(plan::Choice::nvme_home), " tensors) live on NVMe between steps, read before their first "
+               "use and written back after their update: ",
+               pin.optimizer_state || pin.parameters ? "pinned by PlanOptions::nvme_offload" : "chosen by the budget solve");
+  }
+  const std::size_t bytes = bytes_of(plan.offloaded_by_kind, "optimizer state");
+  std::string host;
   if (o.offload_optimizer == true)
-    return cat(format_bytes(bytes), " of optimizer state on the host, updated there in place "
+    host = cat(format_bytes(bytes), " of optimizer state on the host, updated there in place "
                "(pinned by CompileOptions::offload_optimizer)");
-  const std::size_t chosen = plan.count(plan::Choice::host_update);
-  if (chosen == 0) return "";
-  return cat(format_bytes(bytes), " of optimizer state (", chosen, " tensor", chosen == 1 ? "" : "s",
-             ") on the host, updated there in place: chosen by the budget solve, at no copy");
+  else if (const std::size_t chosen = plan.count(plan::Choice::host_update))
+    host = cat(format_bytes(bytes), " of optimizer state (", chosen, " tensor", chosen == 1 ? "" : "s",
+               ") on the host, updated there in place: chosen by the budget solve, at no copy");
+  return host.empty() ? nvme : nvme.empty() ? host : host + "; " + nvme;
 }
 static void note_fusion(Plan& plan, const ops::FusionReport& r) {
   plan.fused_chains = r.chains;
@@ -815,9 +838,11 @@ Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
 
 // plan_prepared from the step already planned unconstrained.
 static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileOptions& o, plan::Unconstrained start) {
-  // least_saved_activations makes choices under any device budget, binding or not.
+  // least_saved_activations makes choices under any device budget, binding
+  // or not; pinned NVMe homes are a choice with no device budget too.
   const bool binding =
-      budget.device > 0 && (start.plan.total_bytes() > budget.device || o.plan.least_saved_activations);
+      (budget.device > 0 && (start.plan.total_bytes() > budget.device || o.plan.least_saved_activations)) ||
+      o.plan.nvme_offload.optimizer_state || o.plan.nvme_offload.parameters;
   // An unconstrained plan makes no choice; its predicted time is priced at
   // the built-in rates, measuring nothing.
   Pricing pricing = binding ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);

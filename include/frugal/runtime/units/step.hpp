@@ -197,6 +197,7 @@ std::size_t Step::measured_device_bytes() const {
   return std::max(earlier_device_bytes_, executor_->high_water() + p_.plan.persistent_bytes);
 }
 void Step::parameters_changed() { executor_->storage_changed(); }
+void Step::sync_to_host() { executor_->sync_to_host(); }
 std::uint64_t Step::fetches_performed() const { return executor_->fetches(); }
 std::size_t Step::undo_journal_bytes() const { return executor_->journal_bytes(); }
 Step::CommunicationTime Step::communication_time() const {
