@@ -5,10 +5,12 @@
 // there). One process per mode (so each one's resident memory is its own),
 // a gpt from tools/model_zoo.hpp trained with AdamW.
 //
-// Per mode: the plan's bytes on NVMe, the resident set after the last step
-// (the host memory the model holds between steps) and its growth over the
-// process before compiling, and the median step time over the steps after
-// the first two.
+// Per mode: the plan's device bytes (on the CPU backend, host memory too)
+// and bytes on NVMe, the resident set after the last step (the host memory
+// the model holds between steps) and its growth over the process before
+// compiling, the undo journal (host bytes that let a step whose NVMe read
+// fails part way be undone: the parameters it updates in place), and the
+// median step time over the steps after the first two.
 //
 //   nvme_offload --mode memory|host|nvme|nvme+params --nvme-dir DIR
 //                [--layers 4] [--width 512] [--vocab 8192] [--seq 128]
@@ -79,9 +81,9 @@ int main(int argc, char** argv) try {
   for (auto& t : w.model->parameters()) params += t.nbytes();
   std::printf("{\"mode\":\"%s\",\"parameters_bytes\":%zu,\"optimizer_state_bytes\":%zu,\"device_bytes\":%zu,"
               "\"on_host_bytes\":%zu,\"on_nvme_bytes\":%zu,\"nvme_file_bytes\":%zu,\"rss_bytes\":%zu,"
-              "\"rss_growth_bytes\":%zu,\"step_ms_median\":%.1f,\"last_loss\":%.9g}\n",
+              "\"rss_growth_bytes\":%zu,\"undo_journal_bytes\":%zu,\"step_ms_median\":%.1f,\"last_loss\":%.9g}\n",
               mode.c_str(), params, state, p.total_bytes(), p.offloaded_bytes, p.nvme_home_bytes, p.nvme_bytes, rss_after,
-              rss_after - std::min(rss_after, rss_before), ms[ms.size() / 2], double(loss));
+              rss_after - std::min(rss_after, rss_before), step.undo_journal_bytes(), ms[ms.size() / 2], double(loss));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "nvme_offload: %s\n", e.what());
