@@ -285,3 +285,79 @@ TEST_CASE("steps joining and leaving at random never take the broker past its bu
   CHECK(mlp.same_weights());
   CHECK(gpt.same_weights());
 }
+
+namespace {
+// A gpt whose sequence length changes from step to step.
+struct VaryingGpt {
+  nn::Gpt model;
+  optim::AdamW opt;
+  VaryingGpt()
+      : model((nn::manual_seed(3), nn::GptConfig{.vocab = 32, .context = 24, .layers = 1, .d_model = 16, .heads = 2})),
+        opt(model.parameters(), {.lr = 3e-3}) {}
+  auto loss_fn() {
+    return [this](Var x, Var y) { return model.loss(x, y); };
+  }
+};
+bool same_tensor_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].nbytes() != b[i].nbytes() || std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
+  return true;
+}
+std::vector<Tensor> varying_batch(int s, std::int64_t length) {
+  Rng g(700 + std::uint64_t(s));
+  Tensor x({2, length}, DType::i32), y({2, length}, DType::i32);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<std::int32_t>()[i] = std::int32_t(g.below(32));
+  for (std::int64_t i = 0; i < y.numel(); ++i) y.data<std::int32_t>()[i] = std::int32_t(g.below(32));
+  return {x, y};
+}
+}  // namespace
+
+TEST_CASE("shape cache: a gpt whose sequence length changes every step trains bit for bit as one step per length "
+          "compiled alone, inside one budget, evicting the least recently run lengths",
+          "[broker][shapes]") {
+  const std::vector<std::int64_t> lengths{8, 16, 24, 8, 12, 16, 24, 24, 8, 12, 16, 8};
+  const std::vector<InputSpec> specs{input<std::int32_t>({2, 8}, "tokens"), input<std::int32_t>({2, 8}, "targets")};
+  // The reference: a step per length, compiled alone with no budget, run in
+  // the same order over the same parameters.
+  VaryingGpt ref;
+  std::map<std::int64_t, std::unique_ptr<Step>> alone;
+  std::vector<float> expected;
+  std::size_t largest = 0;
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    const std::int64_t T = lengths[s];
+    if (!alone.count(T)) {
+      alone[T] = std::make_unique<Step>(compile(ref.loss_fn(), {input<std::int32_t>({2, T}), input<std::int32_t>({2, T})},
+                                                ref.opt));
+      largest = std::max(largest, alone[T]->plan().total_bytes());
+    }
+    auto b = varying_batch(int(s), T);
+    expected.push_back(alone[T]->run(b[0], b[1]));
+  }
+  // The cache: room for the longest length and a little, so lengths leave
+  // it as others arrive, and at most three cached.
+  VaryingGpt cached;
+  const Budget total{.device = largest * 3 / 2};
+  auto cache = cache_shapes(cached.loss_fn(), specs, cached.opt, total, {}, 3);
+  std::vector<float> got;
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    auto b = varying_batch(int(s), lengths[s]);
+    got.push_back(cache->run(b));
+    CHECK(cache->broker().planned_device_bytes() <= total.device);
+    CHECK(cache->cached() <= 3);
+  }
+  CHECK(got == expected);
+  CHECK(same_tensor_bits(cached.model.parameters(), ref.model.parameters()));
+  CHECK(cache->evicted() > 0);                      // lengths left to make room
+  CHECK(cache->compiled() == cache->evicted() + cache->cached());
+  CHECK(cache->hits() + cache->compiled() == lengths.size());
+  CHECK(cache->hits() > 0);
+  // Measured, every cached step inside the budget together.
+  auto b = varying_batch(99, 16);
+  Step::Audit a = cache->step_for(b).audit(b[0], b[1]);
+  CHECK(a.canary_intact);
+  CHECK(cache->broker().measured_device_bytes() <= total.device);
+  // A wrong element type is named before anything is compiled.
+  Tensor f({2, 8}, DType::f32);
+  CHECK_THROWS_WITH(cache->run({f, b[1]}), Catch::Contains("input 0 (tokens) is f32, the step takes i32"));
+}

@@ -401,27 +401,22 @@ TEST_CASE("nvme offload: checkpoints read and write tensors that live on NVMe, a
     const float l = s.run(batch[0], batch[1]);
     if (k >= 4) through.push_back(l);
   }
+  auto resume = [&](zoo::Workload& into, Step& step) {
+    step.set_steps_run(io::load_checkpoint(file, *into.model, *into.opt).step);
+    std::vector<float> losses;
+    for (std::uint64_t k = 4; k <= 5; ++k) {
+      auto batch = into.batch(k);
+      losses.push_back(step.run(batch[0], batch[1]));
+    }
+    return losses;
+  };
   // Into the same step, whose tensors live on NVMe: loading writes them,
   // and the next run takes what was loaded.
-  s.set_steps_run(io::load_checkpoint(file, *w.model, *w.opt).step);
-  std::vector<float> again;
-  for (std::uint64_t k = 4; k <= 5; ++k) {
-    auto batch = w.batch(k);
-    again.push_back(s.run(batch[0], batch[1]));
-  }
-  CHECK(again == through);
+  CHECK(resume(w, s) == through);
   // Into a fresh model and step.
   zoo::Workload fresh = zoo::make(nvme_gpt());
   Step t = zoo::compile(fresh, Budget{.nvme_dir = dir.string()}, pinned_to_nvme(true, true));
-  t.set_steps_run(io::load_checkpoint(file, *fresh.model, *fresh.opt).step);
-  std::vector<float> resumed;
-  for (std::uint64_t k = 4; k <= 5; ++k) {
-    auto batch = fresh.batch(k);
-    resumed.push_back(t.run(batch[0], batch[1]));
-  }
-  CHECK(resumed == through);
-  io::save_weights(dir / "a.safetensors", *w.model);
-  io::save_weights(dir / "b.safetensors", *fresh.model);
+  CHECK(resume(fresh, t) == through);
   CHECK(bytes_of_all(w.model->parameters()) == bytes_of_all(fresh.model->parameters()));
   std::filesystem::remove_all(dir);
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "plan.hpp"
+#include "report.hpp"
 
 namespace frugal::plan {
 
@@ -36,8 +37,12 @@ inline void place_nvme_homes(const Graph& g, Plan& p) {
     p.nvme_home_bytes += val.meta.nbytes();
     const std::string kind = persistent_category(val.kind);
     p.nvme_home_by_kind[kind] += val.meta.nbytes();
+    // Only transfers read it, so plan_schedule counted it as the host's.
+    auto it = p.offloaded_by_kind.find(kind);
+    if (it == p.offloaded_by_kind.end() || it->second < val.meta.nbytes() || p.offloaded_bytes < val.meta.nbytes())
+      fail("internal error: ", describe_value(g, d.value), " lives on NVMe but the plan does not count it off the device");
     p.offloaded_bytes -= val.meta.nbytes();
-    if ((p.offloaded_by_kind[kind] -= val.meta.nbytes()) == 0) p.offloaded_by_kind.erase(kind);
+    if ((it->second -= val.meta.nbytes()) == 0) p.offloaded_by_kind.erase(it);
   }
   std::erase_if(p.early_fetches, [&](const Plan::EarlyFetch& e) {
     const ValueId from = g.node(p.schedule[std::size_t(e.fetch)]).inputs[0];
