@@ -907,18 +907,24 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
 // stage 1 load it and run steps 5-9 on the same global batches. Their mean
 // losses must follow both the 4-rank run's and one process's (unsharded,
 // no communicator) within 1e-4 relative, the gpt bound derived in train():
-// the rank counts only reassociate each gradient's sum.
+// the rank counts only reassociate each gradient's sum. The 4-rank run keeps
+// its parameter shards and state on NVMe between steps (the checkpoint
+// reads them from there), and so does the one process that loads the file
+// last (the load writes them, its next run takes them).
 constexpr int kReshardSteps = 10, kReshardAt = 5;
 
 nn::GptConfig reshard_config() { return {.vocab = kVocab, .context = kSeq, .layers = 2, .d_model = 16, .heads = 2}; }
 
-Step reshard_step(nn::Gpt& m, optim::AdamW& opt, std::shared_ptr<Communicator> c, std::int64_t rows, int stage) {
+Step reshard_step(nn::Gpt& m, optim::AdamW& opt, std::shared_ptr<Communicator> c, std::int64_t rows, int stage,
+                  bool nvme = false) {
   CompileOptions o;
   o.threads = 1;
   o.communicator = std::move(c);
   if (o.communicator) o.zero_stage = stage;
+  o.plan.nvme_offload.optimizer_state = o.plan.nvme_offload.parameters = nvme;
+  const Budget b{.nvme_dir = nvme ? std::filesystem::temp_directory_path().string() : ""};
   return compile([&](Var x, Var y) { return m.loss(x, y); },
-                 {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, {}, o);
+                 {input<std::int32_t>({rows, kSeq}), input<std::int32_t>({rows, kSeq})}, opt, b, o);
 }
 
 // The mean over the ranks of this rank's loss.
@@ -936,7 +942,8 @@ void reshard_save(const std::shared_ptr<dist::Mpi>& c, const std::string& dir) {
   nn::manual_seed(12);
   nn::Gpt m(reshard_config());
   optim::AdamW opt(m.parameters(), {.lr = 3e-3});
-  Step step = reshard_step(m, opt, c, rows, 3);
+  Step step = reshard_step(m, opt, c, rows, 3, true);
+  check(step.plan().nvme_home_bytes > 0, "the 4-rank run keeps its shards on NVMe");
   std::vector<float> losses;
   for (int s = 0; s < kReshardSteps; ++s) {
     if (s == kReshardAt) io::save_gathered_checkpoint(dir + "/gpt.safetensors", m, opt, s, *c);
@@ -986,7 +993,8 @@ void reshard_load(const std::shared_ptr<dist::Mpi>& c, const std::string& dir) {
     // The same file in one process without a communicator: io::load_checkpoint.
     nn::Gpt alone(reshard_config());
     optim::AdamW alone_opt(alone.parameters(), {.lr = 3e-3});
-    Step alone_step = reshard_step(alone, alone_opt, nullptr, kGlobalBatch / 2, 0);
+    Step alone_step = reshard_step(alone, alone_opt, nullptr, kGlobalBatch / 2, 0, true);
+    alone_step.run(gpt_batch(0, 0, kGlobalBatch / 2)[0], gpt_batch(0, 0, kGlobalBatch / 2)[1]);  // its tensors go to NVMe
     io::load_checkpoint(dir + "/gpt.safetensors", alone, alone_opt);
     alone_step.set_steps_run(kReshardAt);
     auto b = gpt_batch(kReshardAt, 0, kGlobalBatch / 2);
