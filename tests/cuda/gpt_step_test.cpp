@@ -30,7 +30,8 @@ using cuda_test::expect;
 using cuda_test::Run;
 using cuda_test::same_bits;
 
-namespace {
+// A namespace of its own: cuda_tests compiles the three suites as one file.
+namespace cuda_gpt_step_test {
 
 constexpr std::int64_t kBatch = 4, kT = 32, kVocab = 64, kLayers = 2, kD = 64, kHeads = 4;
 constexpr double kDropout = 0.1;
@@ -116,9 +117,8 @@ void check_kernel_coverage() {
   std::printf("%-44s %s\n", "every gpt op has a CUDA kernel", missing.empty() ? "ok" : "FAIL");
 }
 
-}  // namespace
 
-int main() try {
+int run() try {
   check_kernel_coverage();
   if (cuda_test::failures) return cuda_test::finish("cuda_gpt_step");
   cuda_test::cuda_backend_or_skip();
@@ -157,3 +157,5 @@ int main() try {
   std::printf("FAIL: %s\n", e.what());
   return 1;
 }
+
+}  // namespace cuda_gpt_step_test

@@ -15,7 +15,8 @@
 using namespace frugal;
 using cuda_test::expect;
 
-namespace {
+// A namespace of its own: cuda_tests compiles the three suites as one file.
+namespace cuda_ops_test {
 
 constexpr double u32 = 1.0 / (1 << 24);   // unit roundoff of f32
 constexpr double u16b = 1.0 / (1 << 8);   // of bf16
@@ -193,9 +194,8 @@ void matmul_case(const std::string& name, Shape sa, Shape sb, bool ta, bool tb, 
   });
 }
 
-}  // namespace
 
-int main() try {
+int run() try {
   gpu = cuda_test::cuda_backend_or_skip();
 
   // Elementwise through the shared functors: relu and its gradient are
@@ -608,3 +608,5 @@ int main() try {
   std::printf("FAIL: %s\n", e.what());
   return 1;
 }
+
+}  // namespace cuda_ops_test

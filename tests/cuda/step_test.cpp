@@ -20,7 +20,8 @@ using cuda_test::expect;
 using cuda_test::Run;
 using cuda_test::same_bits;
 
-namespace {
+// A namespace of its own: cuda_tests compiles the three suites as one file.
+namespace cuda_step_test {
 
 constexpr int kBatch = 64, kIn = 784, kHidden = 128, kClasses = 10;
 
@@ -69,9 +70,8 @@ Run train(const std::string& backend, int steps, Budget budget, bool do_audit) {
   return cuda_test::record_run(step, model.parameters(), budget, steps, batch, do_audit);
 }
 
-}  // namespace
 
-int main() try {
+int run() try {
   cuda_test::cuda_backend_or_skip();
   const int kSteps = 5;
 
@@ -102,3 +102,5 @@ int main() try {
   std::printf("FAIL: %s\n", e.what());
   return 1;
 }
+
+}  // namespace cuda_step_test
