@@ -118,10 +118,11 @@ std::vector<Tensor> state_tensors(const Optimizer& opt) {
   for (auto& s : opt.state()) out.push_back(s.tensor);
   return out;
 }
+std::size_t page_bytes() { return std::size_t(sysconf(_SC_PAGESIZE)); }
 // Whether every whole page inside t's storage reads as zeros (its pages
 // were given back), and there is at least one.
 bool pages_given_back(const Tensor& t) {
-  const std::uintptr_t page = std::uintptr_t(sysconf(_SC_PAGESIZE));
+  const std::uintptr_t page = page_bytes();
   const std::uintptr_t b = (std::uintptr_t(t.raw()) + page - 1) / page * page;
   const std::uintptr_t e = (std::uintptr_t(t.raw()) + t.nbytes()) / page * page;
   if (e <= b) return false;
@@ -330,7 +331,7 @@ TEST_CASE("nvme offload: pinned, parameters and optimizer state live on NVMe bet
   CHECK(NvmeHomes::registry().held() == homes);
   int checked = 0;
   for (const Tensor& t : handles)
-    if (t.nbytes() >= 3 * 4096) {
+    if (t.nbytes() >= 3 * page_bytes()) {
       CHECK(pages_given_back(t));
       ++checked;
     }
@@ -347,7 +348,7 @@ TEST_CASE("nvme offload: pinned, parameters and optimizer state live on NVMe bet
   b.sync_to_host();
   CHECK(NvmeHomes::registry().held() == 0);
   for (const Tensor& t : handles)
-    if (t.nbytes() >= 3 * 4096) CHECK_FALSE(pages_given_back(t));
+    if (t.nbytes() >= 3 * page_bytes()) CHECK_FALSE(pages_given_back(t));
   CHECK(bytes_of_all(state_tensors(*nv.opt)) == bytes_of_all(state_tensors(*ref.opt)));
   CHECK(bytes_of_all(nv.model->parameters()) == bytes_of_all(ref.model->parameters()));
   auto batch = ref.batch(5);

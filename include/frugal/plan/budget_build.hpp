@@ -60,7 +60,8 @@ struct BuiltProblem {
 inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeId>& schedule,
                                          std::span<const ValueId> roots, const Budget& budget, const Prices& prices,
                                          bool inplace = true, bool host_updates = false,
-                                         bool recompute_collectives = true, NvmeHomeOptions nvme_homes = {}) {
+                                         bool recompute_collectives = true,
+                                         NvmeHomeOptions nvme_homes = {.automatic = false}) {
   const int T = int(schedule.size());
   BuiltProblem built;
   BudgetProblem& p = built.problem;
@@ -216,7 +217,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     // update, twice its bytes in the file (the plan keeps the copy the step
     // read until the step has succeeded: plan/nvme_home.hpp).
     const std::uint32_t host_staged = ((1u << c.options.size()) - 1) & ~1u;
-    if (nvme && (nvme_homes.automatic || pinned) && (val.kind == ValueKind::state || val.kind == ValueKind::parameter)) {
+    if (nvme && (nvme_homes.automatic || pinned) && may_live_on_nvme(val.kind)) {
       const double ri = prices.nvme_read_ms(val.meta.nbytes()), wo = dirty ? prices.nvme_write_ms(val.meta.nbytes()) : 0.0;
       const std::size_t first_nvme = c.options.size();
       for (bool jit : {false, true}) {

@@ -49,16 +49,21 @@ inline const char* choice_name(Choice c) {
   return "?";
 }
 
+// Whether `kind` may live on NVMe between steps: a trained parameter (the
+// f32 master weights) or an optimizer state, the two ZeRO-Infinity moves.
+inline bool may_live_on_nvme(ValueKind kind) { return kind == ValueKind::parameter || kind == ValueKind::state; }
+
 // Which parameters and optimizer state the budget problem may home on NVMe
-// (PlanOptions::nvme_offload, given a directory): any where that helps
-// (`automatic`), and the kinds pinned there (offered no other home).
+// (PlanOptions::nvme_offload, given a directory): the kinds pinned there
+// (offered no other home), and with `automatic` any where that helps.
 struct NvmeHomeOptions {
-  bool automatic = false;
   bool optimizer_state = false;
   bool parameters = false;
+  bool automatic = true;
   bool pins(ValueKind k) const {
     return (k == ValueKind::state && optimizer_state) || (k == ValueKind::parameter && parameters);
   }
+  bool pinned() const { return optimizer_state || parameters; }
 };
 
 // Candidate `candidate` must take one of the options whose bit is set in

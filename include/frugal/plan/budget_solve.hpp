@@ -97,7 +97,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   base.predicted_step_ms = base_ms;
   base.budget_bytes = budget.device;
   const bool shrink = o.least_saved_activations && budget.device > 0;
-  const bool pinned = o.nvme_offload.optimizer_state || o.nvme_offload.parameters;
+  const bool pinned = o.nvme_offload.pinned();
   if (pinned && budget.nvme_dir.empty())
     fail("PlanOptions::nvme_offload pins ", o.nvme_offload.optimizer_state ? "the optimizer state" : "the parameters",
          " to NVMe, but the budget names no NVMe directory: set Budget::nvme_dir (--nvme-dir)");
@@ -109,21 +109,15 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
 
   Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
   for (NodeId n : schedule) prices.op_ms.push_back(price.op_ms(*g, n));
-  Budget solved_for = budget;
-  if (!binding) solved_for.device = std::max(budget.device, base.total_bytes());
-  BuiltProblem built = build_budget_problem(*g, schedule, roots, solved_for, prices, o.inplace,
+  BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace,
                                             !o.offload_optimizer.has_value() && !o.nvme_offload.optimizer_state,
-                                            o.recompute_collectives,
-                                            {o.nvme_offload.automatic, o.nvme_offload.optimizer_state,
-                                             o.nvme_offload.parameters});
+                                            o.recompute_collectives, o.nvme_offload);
   const BudgetProblem& problem = built.problem;
 
   auto realize = [&](const Solution& s) {
     // The pinned NVMe homes replace what the solve chose for those tensors
     // with an option that holds them on the device no longer.
-    const std::vector<int> choice =
-        pinned ? pin_nvme_homes(problem, *g, s.choice, o.nvme_offload.optimizer_state, o.nvme_offload.parameters)
-               : s.choice;
+    const std::vector<int> choice = pinned ? pin_nvme_homes(problem, *g, s.choice, o.nvme_offload) : s.choice;
     Rewritten rw = rewrite_for_budget(*g, schedule, problem, choice);
     Plan p = plan_schedule(*rw.graph, rw.schedule, roots, o.inplace);
     p.transfer_slots = rw.transfer_slots;

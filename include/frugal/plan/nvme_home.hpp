@@ -18,10 +18,6 @@
 
 namespace frugal::plan {
 
-// Whether `kind` may live on NVMe between steps: a trained parameter (the
-// f32 master weights) or an optimizer state, the two ZeRO-Infinity moves.
-inline bool may_live_on_nvme(ValueKind kind) { return kind == ValueKind::parameter || kind == ValueKind::state; }
-
 // After planning a rewritten graph whose `decisions` home some persistents
 // on NVMe: their slots after the plan's spill slots, their bytes moved from
 // the host's count to the NVMe homes', and no early fetch from them (the
@@ -55,7 +51,7 @@ inline void place_nvme_homes(const Graph& g, Plan& p) {
 // NVMe option that holds it on the device no longer than the chosen one
 // does (so the device peak cannot rise), the cheapest of those.
 inline std::vector<int> pin_nvme_homes(const BudgetProblem& problem, const Graph& g, std::vector<int> choice,
-                                       bool optimizer_state, bool parameters) {
+                                       const NvmeHomeOptions& pins) {
   auto held = [](const Option& o, int T) {  // the device positions it holds the value at
     if (o.choice == Choice::keep) return std::pair{0, T - 1};
     return std::pair{o.in_start, o.out_done};
@@ -63,8 +59,7 @@ inline std::vector<int> pin_nvme_homes(const BudgetProblem& problem, const Graph
   for (std::size_t c = 0; c < problem.candidates.size(); ++c) {
     const Candidate& cand = problem.candidates[c];
     if (!cand.wraps) continue;
-    const ValueKind kind = g.value(cand.value).kind;
-    if (!((kind == ValueKind::state && optimizer_state) || (kind == ValueKind::parameter && parameters))) continue;
+    if (!pins.pins(g.value(cand.value).kind)) continue;
     const Option& now = cand.options[std::size_t(choice[c])];
     if (now.choice == Choice::nvme_home) continue;
     const auto [from, to] = held(now, problem.positions);

@@ -40,12 +40,7 @@ struct PlanOptions {
   // solve may choose it for each tensor where the device and host budgets
   // bind, as one more option beside swapping and spilling. The other two pin
   // it for every tensor of a kind (of at least 1 KiB), budget or not.
-  struct NvmeOffload {
-    bool optimizer_state = false;
-    bool parameters = false;
-    bool automatic = true;
-  };
-  NvmeOffload nvme_offload;
+  plan::NvmeHomeOptions nvme_offload;
   // Whether the budget solve may run a repeatable collective again (stage
   // 3's all-gather of a parameter, before the backward reads it) instead of
   // keeping or swapping what it gathered. Every rank must decide alike: a

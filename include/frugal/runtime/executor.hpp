@@ -114,7 +114,6 @@ class Executor {
   void sync_to_host() {
     for (const Home& h : homes_) NvmeHomes::registry().bring_back(h.host);
   }
-  std::size_t nvme_homes() const { return homes_.size(); }
 
   // Whether `plan` runs in the memory this executor reserved.
   bool fits(const Plan& plan) const {

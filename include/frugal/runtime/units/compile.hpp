@@ -517,7 +517,7 @@ static PlanOptions plan_options(const CompileOptions& o, const Backend& backend)
            " backend: its kernels cannot read host memory, and running the update on the host is not built there "
            "yet; leave it unset, or use the cpu backend");
     po.offload_optimizer = false;
-    if (po.nvme_offload.optimizer_state || po.nvme_offload.parameters)
+    if (po.nvme_offload.pinned())
       fail("compile: PlanOptions::nvme_offload on the ", backend.name(),
            " backend: its NVMe tier is not built yet (file I/O would be handed device memory); "
            "leave it unset, or use the cpu backend");
@@ -539,12 +539,11 @@ static std::string offload_note(const Plan& plan, const CompileOptions& o) {
   };
   std::string nvme;
   if (plan.nvme_home_bytes) {
-    const auto& pin = o.plan.nvme_offload;
     nvme = cat(format_bytes(bytes_of(plan.nvme_home_by_kind, "optimizer state")), " of optimizer state and ",
                format_bytes(bytes_of(plan.nvme_home_by_kind, "parameters")), " of parameters (",
                plan.count(plan::Choice::nvme_home), " tensors) live on NVMe between steps, read before their first "
                "use and written back after their update: ",
-               pin.optimizer_state || pin.parameters ? "pinned by PlanOptions::nvme_offload" : "chosen by the budget solve");
+               o.plan.nvme_offload.pinned() ? "pinned by PlanOptions::nvme_offload" : "chosen by the budget solve");
   }
   const std::size_t bytes = bytes_of(plan.offloaded_by_kind, "optimizer state");
   std::string host;
@@ -842,7 +841,7 @@ static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileO
   // or not; pinned NVMe homes are a choice with no device budget too.
   const bool binding =
       (budget.device > 0 && (start.plan.total_bytes() > budget.device || o.plan.least_saved_activations)) ||
-      o.plan.nvme_offload.optimizer_state || o.plan.nvme_offload.parameters;
+      o.plan.nvme_offload.pinned();
   // An unconstrained plan makes no choice; its predicted time is priced at
   // the built-in rates, measuring nothing.
   Pricing pricing = binding ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);
