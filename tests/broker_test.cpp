@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <atomic>
+#include <map>
+#include <thread>
 #include <frugal/frugal.hpp>
 
 #include "../tools/model_zoo.hpp"
@@ -360,4 +363,145 @@ TEST_CASE("shape cache: a gpt whose sequence length changes every step trains bi
   // A wrong element type is named before anything is compiled.
   Tensor f({2, 8}, DType::f32);
   CHECK_THROWS_WITH(cache->run({f, b[1]}), Catch::Contains("input 0 (tokens) is f32, the step takes i32"));
+}
+
+namespace {
+// A copy of the mlp zoo model's forward: what a serving step answers.
+std::function<Var(Var)> logits_of(zoo::Workload& w) {
+  auto* m = static_cast<zoo::Mlp*>(w.model.get());
+  return [m](Var x) { return m->forward(x); };
+}
+std::vector<Tensor> clones(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(t.clone());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("corun: streams are admitted from plans until one does not fit, and training beside all of them at once, "
+          "each in its own thread, stays inside the budget and computes what each computes alone",
+          "[broker][corun]") {
+  const zoo::Config c = mlp_config();
+  DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
+  // One thread each: a step's bits depend on its thread count (threads.hpp),
+  // and the references below run alone with the same count.
+  const CompileOptions o{.threads = 1, .profile = &profile, .replan = false};
+  zoo::Workload trained = zoo::make(c), served = zoo::make(c), twin = zoo::make(c), ref = zoo::make(c);
+  const std::int64_t Q = 8;  // queries per serving run
+  const std::vector<InputSpec> query_in{{{DType::f32, Shape{Q, c.features}}, "queries"}};
+  auto serve_fn = logits_of(served);
+  auto ref_fn = logits_of(ref);
+  auto serve_compile = [&](const Budget& b) { return compile_inference(serve_fn, query_in, b, o); };
+  auto serve_plan = [&](const Budget& b) { return plan_inference(serve_fn, query_in, b, o); };
+
+  // Room for training unconstrained and about three serving arenas: how
+  // many streams fit is for the broker to find, not for this test to fix.
+  const std::size_t train_full = zoo::plan(trained, {}, o).plan.total_bytes();
+  const PlannedStep one = serve_plan({});
+  const std::size_t budget = train_full + one.plan.persistent_bytes + 3 * one.plan.arena_bytes +
+                             one.plan.arena_bytes / 2;
+  MemoryBroker broker(Budget{.device = budget});
+  const auto train_id = broker.join("retraining", [&](const Budget& b) { return zoo::compile(trained, b, o); },
+                                    [&](const Budget& b) { return zoo::plan(trained, b, o); });
+  const StreamAdmission admitted = admit_streams(broker, "serving", serve_compile, serve_plan, 64);
+  INFO(broker.summary());
+  const int N = int(admitted.ids.size());
+  REQUIRE(N >= 2);
+  REQUIRE(N < 64);  // stopped by a refusal, which names what one more would need
+  CHECK(admitted.next_needs_bytes > budget);
+  CHECK(admitted.refusal.find("serving " + std::to_string(N + 1)) != std::string::npos);
+  CHECK(broker.planned_device_bytes() <= budget);
+  // The served weights are counted once, by the first stream that keeps them.
+  const auto shares = broker.shares();
+  for (std::size_t i = 2; i < shares.size(); ++i) CHECK(shares[i].shared == shares[i].persistents);
+
+  ServedWeights weights(*trained.model, *served.model);
+  Step& train = broker.step(train_id);
+  std::vector<Step*> serving;
+  for (auto id : admitted.ids) serving.push_back(&broker.step(id));
+  const int train_steps = 12, publish_every = 3, queries = 5;
+  std::vector<float> losses;
+  std::map<std::int64_t, std::vector<Tensor>> published{{0, clones(trained.model->parameters())}};
+  struct Answer {
+    std::int64_t version;
+    int query;
+    Tensor logits;
+  };
+  std::vector<std::vector<Answer>> answers(static_cast<std::size_t>(N));
+  std::atomic<bool> trained_all{false};
+  auto query = [&](int k) {
+    Rng r(500 + std::uint64_t(k));
+    Tensor x({Q, c.features});
+    zoo::fill_normal(x, r);
+    return x;
+  };
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] {
+      for (int s = 0; s < train_steps; ++s) {
+        auto b = trained.batch(std::uint64_t(s));
+        losses.push_back(train.run(b[0], b[1]));
+        if ((s + 1) % publish_every == 0) {
+          weights.publish(serving);
+          published[weights.version()] = clones(trained.model->parameters());
+        }
+      }
+    });
+    // The streams ask back to back until training is done: a publish must
+    // get in between their runs (a lock that prefers readers would hang
+    // here), and each keeps its first answers to check.
+    for (int i = 0; i < N; ++i)
+      threads.emplace_back([&, i] {
+        for (int k = 0; k < queries || !trained_all.load(); ++k) {
+          const Tensor x = query(k % queries);
+          auto hold = weights.reading();
+          serving[std::size_t(i)]->run(x);
+          if (answers[std::size_t(i)].size() < 40)
+            answers[std::size_t(i)].push_back({weights.version(), k % queries, serving[std::size_t(i)]->output().clone()});
+        }
+      });
+    threads[0].join();
+    trained_all = true;
+    for (std::size_t t = 1; t < threads.size(); ++t) threads[t].join();
+  }
+  CHECK(broker.measured_device_bytes() <= budget);
+  CHECK(weights.version() == train_steps / publish_every);
+
+  // Training beside the streams: the twin's losses, trained alone.
+  Step twin_step = zoo::compile(twin, {}, o);
+  for (int s = 0; s < train_steps; ++s) {
+    auto b = twin.batch(std::uint64_t(s));
+    CHECK(bits_of(losses[std::size_t(s)]) == bits_of(twin_step.run(b[0], b[1])));
+  }
+  // Each answer: what a serving step alone computes from the weights of the
+  // version it read.
+  Step alone = compile_inference(ref_fn, query_in, {}, o);
+  auto ref_params = ref.model->parameters();
+  int checked = 0;
+  for (const auto& stream : answers)
+    for (const Answer& a : stream) {
+      const auto& w = published.at(a.version);
+      for (std::size_t p = 0; p < w.size(); ++p) ref_params[p].copy_from(w[p]);
+      alone.parameters_changed();
+      alone.run(query(a.query));
+      CHECK(std::memcmp(alone.output().raw(), a.logits.raw(), a.logits.nbytes()) == 0);
+      ++checked;
+    }
+  CHECK(checked >= N * queries);
+}
+
+TEST_CASE("corun: served weights are refused when they are the trained tensors themselves or another model's",
+          "[broker][corun]") {
+  zoo::Workload a = zoo::make(mlp_config()), b = zoo::make({.family = "mlp", .batch = 16, .layers = 2, .width = 48,
+                                                             .features = 32});
+  CHECK_THROWS_WITH(ServedWeights(*a.model, *a.model), Catch::Contains("the same tensor in both models"));
+  CHECK_THROWS_WITH(ServedWeights(*a.model, *b.model), Catch::Contains("same model"));
+  // One stream at least, or it is not a corun: a first stream that cannot
+  // fit is the broker's own refusal.
+  MemoryBroker tiny(Budget{.device = 64});
+  auto fn = logits_of(a);
+  const std::vector<InputSpec> in{{{DType::f32, Shape{4, 32}}, "queries"}};
+  CHECK_THROWS_AS(admit_streams(tiny, "serving", [&](const Budget& u) { return compile_inference(fn, in, u); },
+                                [&](const Budget& u) { return plan_inference(fn, in, u); }, 4),
+                  BudgetError);
 }

@@ -16,6 +16,7 @@
 #include "plan/verify.hpp"
 #include "runtime/broker.hpp"
 #include "runtime/shape_cache.hpp"
+#include "runtime/corun.hpp"
 #include "runtime/compile.hpp"
 #include "runtime/process_memory.hpp"
 // No kernel is compiled here: a program compiles frugal's kernels once,

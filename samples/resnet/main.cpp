@@ -5,6 +5,7 @@
 //   resnet --epochs 12                      # ResNet-20, the full 60k/10k data
 //   resnet --model resnet18 --budget 60%    # ResNet-18 in 60% of its memory
 //   mpirun -np 2 resnet --zero auto         # 2 ranks, each --batch images of every step
+//   resnet --corun max --budget 150%        # training beside as many serving streams as fit (corun.hpp)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <frugal/frugal.hpp>
 
 #include "../common/session.hpp"
+#include "corun.hpp"
 
 using namespace frugal;
 namespace fs = std::filesystem;
@@ -29,6 +31,7 @@ struct Options {
   std::int64_t batch = 128, eval_batch = 250, test_images = 0, stop_after = 0, warmup = 200;
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4;
   bool no_augment = false;
+  corun::Options corun;
 };
 
 // With no dataset: ten random prototype images, each sample a shifted noisy
@@ -76,6 +79,7 @@ int main(int argc, char** argv) try {
   cli.option("--test-images", o.test_images, "evaluate on the first N test images (default: all)");
   cli.flag("--no-augment", o.no_augment, "train without random crops and flips");
   cli.option("--stop-after", o.stop_after, "stop after this many steps of this run, as if interrupted");
+  o.corun.declare(cli);
   cli.parse(argc, argv);
   o.common.check(cli);
   if (o.batch <= 0 || o.eval_batch <= 0 || o.test_images < 0 || o.warmup < 0)
@@ -121,6 +125,41 @@ int main(int argc, char** argv) try {
   std::vector<InputSpec> train_in{input<float>({B, 1, 28, 28}, "images"), input<std::int32_t>({B}, "labels")};
   std::vector<InputSpec> eval_in{input<float>({EB, 1, 28, 28}, "images")};
 
+  // A global batch of B images per rank; rank r trains on its r-th B of them
+  // (batch norm's statistics are each rank's own, as under DDP without SyncBN).
+  data::EpochSampler sampler(d.train.size(), B * ranks.size, std::uint64_t(a.seed));
+  const std::int64_t per_epoch = sampler.batches_per_epoch();
+  const std::int64_t total = a.steps > 0 ? a.steps : (a.epochs > 0 ? a.epochs : 12) * per_epoch;
+  char config[256];
+  std::snprintf(config, sizeof config, "data=%s model=%s batch=%lld lr=%g wd=%g augment=%d steps=%lld seed=%lld",
+                real ? "fashion-mnist" : "generated", o.model.c_str(), static_cast<long long>(B), o.lr,
+                o.weight_decay, int(!o.no_augment), static_cast<long long>(total), static_cast<long long>(a.seed));
+  auto lr_at = [&](std::int64_t s) {
+    if (s < o.warmup) return o.lr * double(s + 1) / double(o.warmup);
+    double t = double(s - o.warmup) / std::max(1.0, double(total - o.warmup));
+    return o.lr * 0.5 * (1 + std::cos(3.141592653589793 * t));
+  };
+  // Step s's batch (augmented) into xb, yb, and its learning rate.
+  Tensor xb({B, 1, 28, 28}), yb({B}, DType::i32);
+  auto next_batch = [&](std::int64_t s) {
+    const std::int64_t* idx = sampler.batch(s) + ranks.rank * B;
+    for (std::int64_t r = 0; r < B; ++r) {
+      const float* src = d.train.images.data<float>() + idx[r] * 784;
+      float* dst = xb.data<float>() + r * 784;
+      const std::uint64_t row = std::uint64_t(ranks.rank * B + r);  // in the global batch
+      if (o.no_augment) std::memcpy(dst, src, 784 * sizeof(float));
+      else data::random_crop_flip(dst, src, 1, 28, 28, 2, std::uint64_t(a.seed), std::uint64_t(s), row);
+      yb.data<std::int32_t>()[r] = d.train.labels.data<std::int32_t>()[idx[r]];
+    }
+    opt.set_lr(lr_at(s));
+    return std::make_pair(xb, yb);
+  };
+  if (o.corun.on()) {
+    if (ranks.size > 1) cli.usage_error("--corun runs in one process, not under mpirun");
+    return corun::run(o.corun, cli, session, corun::Data{d, n_test}, *model, [&] { return make_model(o.model); },
+                      opt, train_fn, train_in, copts, total, config, next_batch);
+  }
+
   // (With --offload nvme, unconstrained means with the state on NVMe, as pinned.)
   PlannedStep free_train = plan_training(train_fn, train_in, opt, Budget{.nvme_dir = a.nvme_dir}, train_opts);
   model->eval();
@@ -132,15 +171,6 @@ int main(int argc, char** argv) try {
   Step& eval = *steps.eval;
   const std::size_t budget_total = steps.budget_total;
 
-  // A global batch of B images per rank; rank r trains on its r-th B of them
-  // (batch norm's statistics are each rank's own, as under DDP without SyncBN).
-  data::EpochSampler sampler(d.train.size(), B * ranks.size, std::uint64_t(a.seed));
-  const std::int64_t per_epoch = sampler.batches_per_epoch();
-  const std::int64_t total = a.steps > 0 ? a.steps : (a.epochs > 0 ? a.epochs : 12) * per_epoch;
-  char config[256];
-  std::snprintf(config, sizeof config, "data=%s model=%s batch=%lld lr=%g wd=%g augment=%d steps=%lld seed=%lld",
-                real ? "fashion-mnist" : "generated", o.model.c_str(), static_cast<long long>(B), o.lr,
-                o.weight_decay, int(!o.no_augment), static_cast<long long>(total), static_cast<long long>(a.seed));
   std::fprintf(session.out(), "resnet: %s on %s, %lld train / %lld test images, %lld parameters, %lld steps (%.1f epochs)\n",
                o.model.c_str(), real ? "Fashion-MNIST" : "generated images", static_cast<long long>(d.train.size()),
                static_cast<long long>(n_test), static_cast<long long>(model->num_parameters()),
@@ -170,27 +200,11 @@ int main(int argc, char** argv) try {
     return std::make_pair(loss / double(seen), double(correct) / double(seen));
   };
 
-  auto lr_at = [&](std::int64_t s) {
-    if (s < o.warmup) return o.lr * double(s + 1) / double(o.warmup);
-    double t = double(s - o.warmup) / std::max(1.0, double(total - o.warmup));
-    return o.lr * 0.5 * (1 + std::cos(3.141592653589793 * t));
-  };
-
-  Tensor xb({B, 1, 28, 28}), yb({B}, DType::i32);
   session.start(first, total, "img", double(B * ranks.size), budget_total);
   std::int64_t s = first;
   const std::int64_t last = o.stop_after > 0 ? std::min(total, first + o.stop_after) : total;
   for (; s < last; ++s) {
-    const std::int64_t* idx = sampler.batch(s) + ranks.rank * B;
-    for (std::int64_t r = 0; r < B; ++r) {
-      const float* src = d.train.images.data<float>() + idx[r] * 784;
-      float* dst = xb.data<float>() + r * 784;
-      const std::uint64_t row = std::uint64_t(ranks.rank * B + r);  // in the global batch
-      if (o.no_augment) std::memcpy(dst, src, 784 * sizeof(float));
-      else data::random_crop_flip(dst, src, 1, 28, 28, 2, std::uint64_t(a.seed), std::uint64_t(s), row);
-      yb.data<std::int32_t>()[r] = d.train.labels.data<std::int32_t>()[idx[r]];
-    }
-    opt.set_lr(lr_at(s));
+    next_batch(s);
     auto t0 = std::chrono::steady_clock::now();
     float loss = step.run(xb, yb);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
