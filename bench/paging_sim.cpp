@@ -14,13 +14,23 @@
 // next-use manager's speedup over each of the others. A row marked * ran
 // at less oversubscription than asked: the largest op set the device.
 //
-//   paging_sim [--steps 12] [--seed 1] [--oversubscription 0.5,0.75] [--json]
+// Then the next-use manager for real (runtime/paged_step.hpp, the CPU
+// backend): a gpt step in a pool of the same oversubscription, against the
+// static plan compiled for a device budget of the same bytes. Measured: the
+// time to get a runnable step (PagedStep: capture and schedule only; the
+// static step: its budget solve too), the median step time over --runs, and
+// the bytes the manager moved.
+//
+//   paging_sim [--steps 12] [--seed 1] [--oversubscription 0.5,0.75] [--runs 7] [--json]
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <sstream>
 
 #include <frugal/frugal.hpp>
 #include <frugal/plan/paging_sim.hpp>
+#include <frugal/runtime/paged_step.hpp>
 
 #include "../tools/model_zoo.hpp"
 
@@ -51,6 +61,78 @@ AccessTrace record(const Workload& w, int steps, std::uint64_t seed, const CostM
   return trace;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The paged gpt step against its static plan under the same device bytes.
+void measure_real(const std::vector<double>& over, int runs, bool json) {
+  const zoo::Config c{.family = "gpt", .batch = 4, .layers = 2, .width = 128, .seq = 64, .heads = 4, .vocab = 256};
+  const CompileOptions o{.threads = 1};
+  zoo::Workload probe = zoo::make(c);
+  const AccessTrace sizing = PagedStep::trace_of(zoo::plan(probe, {}, o));
+  auto timed = [&](auto&& run_once) {
+    std::vector<double> ms;
+    for (int k = 0; k < runs; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run_once(k);
+      ms.push_back(ms_since(t0));
+    }
+    return median(ms);
+  };
+  if (!json)
+    std::printf("\n%s, 1 thread, CPU backend: median of %d steps\n\n"
+                "| oversubscription | device MiB | step | ready in ms | step ms | MiB in | MiB out | compactions |\n"
+                "|---:|---:|---|---:|---:|---:|---:|---:|\n",
+                c.name().c_str(), runs);
+  for (double x : over) {
+    const std::size_t bytes = std::max(std::size_t(double(sizing.footprint()) / (1 + x)), sizing.largest_op_bytes());
+    zoo::Workload wp = zoo::make(c), ws = zoo::make(c);
+    auto t0 = std::chrono::steady_clock::now();
+    PagedStep paged(zoo::plan(wp, {}, o), wp.opt.get(), bytes, o);
+    const double paged_ready = ms_since(t0);
+    const double paged_ms = timed([&](int k) {
+      auto b = wp.batch(std::uint64_t(k));
+      paged.run(b[0], b[1]);
+    });
+    const auto st = paged.stats();
+    double static_ready = -1, static_ms = -1;
+    std::string static_note;
+    try {
+      t0 = std::chrono::steady_clock::now();
+      Step s = zoo::compile(ws, Budget{.device = bytes}, CompileOptions{.threads = 1, .replan = false});
+      static_ready = ms_since(t0);
+      static_ms = timed([&](int k) {
+        auto b = ws.batch(std::uint64_t(k));
+        s.run(b[0], b[1]);
+      });
+    } catch (const BudgetError& e) {
+      static_note = cat("infeasible: needs ", e.smallest_feasible_bytes, " bytes");
+    }
+    if (json) {
+      std::printf("{\"real\":true,\"oversubscription\":%g,\"device_bytes\":%zu,\"paged_ready_ms\":%.3f,"
+                  "\"paged_step_ms\":%.3f,\"paged_bytes_in\":%zu,\"paged_bytes_out\":%zu,\"static_ready_ms\":%.3f,"
+                  "\"static_step_ms\":%.3f}\n",
+                  x, bytes, paged_ready, paged_ms, st.bytes_in / std::size_t(runs), st.bytes_out / std::size_t(runs),
+                  static_ready, static_ms);
+      continue;
+    }
+    std::printf("| %.0f%% | %.2f | paged (next use, run time) | %.1f | %.2f | %.2f | %.2f | %zu |\n", 100 * x,
+                double(bytes) / (1 << 20), paged_ready, paged_ms, double(st.bytes_in) / runs / (1 << 20),
+                double(st.bytes_out) / runs / (1 << 20), st.compactions / std::size_t(runs));
+    if (static_note.empty())
+      std::printf("| %.0f%% | %.2f | static plan (budget solve) | %.1f | %.2f | | | |\n", 100 * x,
+                  double(bytes) / (1 << 20), static_ready, static_ms);
+    else
+      std::printf("| %.0f%% | %.2f | static plan: %s | | | | | |\n", 100 * x, double(bytes) / (1 << 20),
+                  static_note.c_str());
+  }
+}
+
 std::vector<double> parse_list(const std::string& s) {
   std::vector<double> out;
   std::stringstream ss(s);
@@ -65,6 +147,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
   std::vector<double> over{0.5, 0.75};
   bool json = false;
+  int runs = 7;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -75,6 +158,7 @@ int main(int argc, char** argv) {
     else if (a == "--seed") seed = std::stoull(next());
     else if (a == "--oversubscription") over = parse_list(next());
     else if (a == "--json") json = true;
+    else if (a == "--runs") runs = std::max(1, std::stoi(next()));
     else {
       std::fprintf(stderr, "paging_sim: unknown argument '%s'\n", a.c_str());
       return 2;
@@ -127,5 +211,6 @@ int main(int argc, char** argv) {
     }
   }
   if (json) std::printf("%s]\n", js.c_str());
+  measure_real(over, runs, json);  // with --json, one line per oversubscription after the array
   return 0;
 }

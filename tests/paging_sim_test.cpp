@@ -3,8 +3,13 @@
 // (plan/access_trace.hpp).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstring>
 #include <frugal/frugal.hpp>
 #include <frugal/plan/paging_sim.hpp>
+#include <frugal/runtime/paged_step.hpp>
+
+#include "../tools/model_zoo.hpp"
 
 using namespace frugal;
 using namespace frugal::plan;
@@ -127,4 +132,123 @@ TEST_CASE("a trace recorded from a training step accesses every value it plans, 
     CHECK(r.compute_ms == Approx(compute));
     CHECK(r.ms >= r.compute_ms);
   }
+}
+
+// ---- The run-time manager (runtime/paged_step.hpp) on real steps ----
+
+namespace {
+
+bool same_tensors(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
+  return true;
+}
+std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+TEST_CASE("paged step: a gpt trains bit for bit as its static plan, in pools from everything down to its largest op, "
+          "never holding more than the pool",
+          "[paging][paged]") {
+  const zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  const CompileOptions o{.threads = 1};
+  zoo::Workload ref = zoo::make(c);
+  Step alone = zoo::compile(ref, {}, o);
+  std::vector<std::uint32_t> want;
+  for (int s = 0; s < 3; ++s) {
+    auto b = ref.batch(std::uint64_t(s));
+    want.push_back(float_bits(alone.run(b[0], b[1])));
+  }
+  // The pools: room for every tensor at once; the most one run has live
+  // (the persistents it touched so far and its live activations), which a
+  // second run exceeds by the persistents it keeps from the first; two
+  // thirds and a half of that; the least.
+  zoo::Workload probe = zoo::make(c);
+  const AccessTrace sizing = PagedStep::trace_of(zoo::plan(probe, {}, o));
+  std::size_t every = 0;
+  for (const auto& t : sizing.tensors) every += t.bytes;
+  const std::size_t all = sizing.footprint(), least = sizing.largest_op_bytes();
+  REQUIRE(least < all / 2);
+  for (std::size_t capacity : {every, all, all * 2 / 3, all / 2, least}) {
+    INFO("pool of " << capacity << " bytes (one run's footprint: " << all << ", the largest op: " << least << ")");
+    zoo::Workload w = zoo::make(c);
+    PagedStep paged(zoo::plan(w, {}, o), w.opt.get(), capacity, o);
+    std::vector<std::uint32_t> got;
+    for (int s = 0; s < 3; ++s) {
+      auto b = w.batch(std::uint64_t(s));
+      got.push_back(float_bits(paged.run(b[0], b[1])));
+      CHECK(paged.last_run().peak_bytes <= capacity);
+    }
+    CHECK(got == want);
+    CHECK(same_tensors(w.model->parameters(), ref.model->parameters()));
+    CHECK(paged.steps_run() == 3);
+    const auto& st = paged.stats();
+    if (capacity == every) {  // the persistents come once, each run's inputs once, nothing goes back
+      std::size_t persistents = 0, inputs = 0;
+      for (const auto& t : sizing.tensors) (t.persistent ? persistents : inputs) += t.from_host ? t.bytes : 0;
+      CHECK(st.evictions == 0);
+      CHECK(st.bytes_out == 0);
+      CHECK(st.bytes_in == persistents + 3 * inputs);
+    } else {
+      CHECK(st.evictions > 0);
+      CHECK(st.bytes_in > 0);
+    }
+  }
+}
+
+TEST_CASE("paged step: one run makes the decisions the next-use simulator makes on its trace", "[paging][paged]") {
+  const zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
+  for (double fraction : {0.75, 0.5}) {
+    zoo::Workload w = zoo::make(c);
+    const PlannedStep planned = zoo::plan(w);
+    const AccessTrace sizing = PagedStep::trace_of(planned);
+    const std::size_t capacity =
+        std::max(sizing.largest_op_bytes(), std::size_t(double(sizing.footprint()) * fraction));
+    PagedStep paged(planned, w.opt.get(), capacity);
+    auto b = w.batch(1);
+    paged.run(b[0], b[1]);
+    const PagingResult sim = simulate_next_use(paged.trace(), PagingOptions{.capacity = capacity});
+    INFO(fraction << " of the footprint: " << capacity << " bytes");
+    CHECK(paged.last_run().faults == sim.faults);
+    CHECK(paged.last_run().bytes_in == sim.bytes_in);
+    CHECK(paged.last_run().bytes_out == sim.bytes_out);
+    CHECK(paged.last_run().bytes_in > 0);
+  }
+}
+
+TEST_CASE("paged step: an inference step answers as compiled alone; a pool under its largest op is refused by name",
+          "[paging][paged]") {
+  const zoo::Config c{.family = "mlp", .batch = 16, .layers = 2, .width = 64, .features = 32};
+  zoo::Workload w = zoo::make(c);
+  auto* m = static_cast<zoo::Mlp*>(w.model.get());
+  auto fn = [m](Var x) { return m->forward(x); };
+  const std::vector<InputSpec> in{{{DType::f32, Shape{16, 32}}, "x"}};
+  Step alone = compile_inference(fn, in);
+  const std::size_t least = PagedStep::trace_of(plan_inference(fn, in)).largest_op_bytes();
+  PagedStep paged(plan_inference(fn, in), nullptr, least);
+  const auto b = w.batch(4);
+  CHECK(std::isnan(paged.run(b[0])));
+  alone.run(b[0]);
+  REQUIRE(paged.output().nbytes() == alone.output().nbytes());
+  CHECK(std::memcmp(paged.output().raw(), alone.output().raw(), alone.output().nbytes()) == 0);
+  CHECK(paged.last_run().peak_bytes <= least);
+  try {
+    PagedStep tiny(plan_inference(fn, in), nullptr, least - 1);
+    FAIL("a pool under the largest op was accepted");
+  } catch (const BudgetError& e) {
+    CHECK(e.smallest_feasible_bytes == least);
+    CHECK_THAT(e.what(), Catch::Contains("cannot hold op") && Catch::Contains(std::to_string(least)));
+  }
+  // A wrong input shape is named before anything runs.
+  Tensor wrong({8, 32});
+  CHECK_THROWS_WITH(paged.run(wrong), Catch::Contains("input 0 ('x')"));
+  // A budgeted plan is not what it pages.
+  zoo::Workload t = zoo::make(c);
+  const std::size_t full = zoo::plan(t).plan.total_bytes();
+  CHECK_THROWS_WITH(PagedStep(zoo::plan(t, Budget{.device = full * 7 / 10}), t.opt.get(), full),
+                    Catch::Contains("planned with no budget"));
 }

@@ -78,7 +78,9 @@ struct AccessTrace {
 // Appends one step: the graph as planned with no budget (plan_unconstrained
 // or an unconstrained compile), ops priced by `cm`. Values are whole
 // tensors (a view and its base are one allocation only in the arena, so
-// each is traced as its own); outputs of a step are live to its end.
+// each is traced as its own). Every activation dies at its last access, a
+// step's loss too (its copy to the caller is not traced; PagedStep::trace()
+// keeps the results to the step's end, as that manager does).
 inline void append_step(AccessTrace& trace, const Graph& g, const Plan& p, const CostModel& cm) {
   std::map<std::string, int> by_name;
   for (std::size_t i = 0; i < trace.tensors.size(); ++i)
@@ -108,7 +110,12 @@ inline void append_step(AccessTrace& trace, const Graph& g, const Plan& p, const
       op.reads.push_back(tensor_of(v));
       last_use[std::size_t(v)] = int(t);
     }
-    for (ValueId v : n.results()) {
+    // Its outputs and scratch, and what it updates in place (an
+    // optimizer's parameters and state: written, so evicting them later
+    // costs a write-back).
+    std::vector<ValueId> written(n.outputs.begin(), n.outputs.end());
+    for (int k : n.op->mutated_inputs()) written.push_back(n.inputs[std::size_t(k)]);
+    for (ValueId v : written) {
       op.writes.push_back(tensor_of(v));
       last_use[std::size_t(v)] = int(t);
     }

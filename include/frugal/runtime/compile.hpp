@@ -352,6 +352,9 @@ struct PlannedStep {
   // device (a GPU): each step's copies are its own, not shared with other
   // steps reading the same tensors.
   bool device_copies = false;
+  std::vector<ValueId> inputs;   // the step's inputs, in the order it takes them
+  ValueId loss = kNoValue;       // a training step's loss
+  std::vector<ValueId> outputs;  // an inference step's outputs
 };
 
 // Arguments in compile()'s order: function, inputs, [optimizer,] budget, options.

@@ -630,7 +630,8 @@ static PlannedStep planned_step(PlannedPrepared pp, const std::vector<InputSpec>
   std::size_t in = 0;
   for (auto& s : specs) in += s.meta.nbytes();
   const bool copies = !pp.p.backend->host_addressable();
-  return {std::move(pp.p.c.graph), std::move(pp.plan), std::move(pp.p.roots), in, copies};
+  return {std::move(pp.p.c.graph), std::move(pp.plan), std::move(pp.p.roots), in, copies, std::move(pp.p.c.inputs),
+          pp.p.loss, std::move(pp.p.outputs)};
 }
 
 PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
