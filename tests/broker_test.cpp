@@ -505,3 +505,62 @@ TEST_CASE("corun: served weights are refused when they are the trained tensors t
                                 [&](const Budget& u) { return plan_inference(fn, in, u); }, 4),
                   BudgetError);
 }
+
+TEST_CASE("a broker's steps re-plan on measured times where all steps still fit the budget, and compute the bits "
+          "they compute alone",
+          "[broker][replan]") {
+  // A profile a thousand times slower than this machine: every prediction
+  // misses by far more than 20%, so each step re-plans after its timed runs.
+  DeviceProfile slow = DeviceProfile::defaults("cpu", 2);
+  slow.gemm_flops /= 1000;
+  slow.stream_bytes /= 1000;
+  slow.op_latency_s *= 1000;
+  slow.copy_bytes /= 1000;
+  slow.copy_latency_s *= 1000;
+  Family f(gpt_config());
+  f.o.profile = &slow;
+  f.o.replan = true;
+  const auto [train_least, train_full] = f.train_bytes();
+  const auto [eval_least, eval_full] = f.eval_bytes();
+  const std::size_t budget = (train_least + train_full) / 2 + eval_least;  // both steps' budgets bind
+  MemoryBroker b(Budget{.device = budget});
+  const auto train = f.join_train(b, "train");
+  const auto eval = f.join_eval(b, "eval");
+  INFO(b.summary());
+  for (int k = 0; k < 6; ++k) {
+    f.train(b.step(train));
+    f.evaluate(b.step(eval));
+    CHECK(b.planned_device_bytes() <= budget);
+    CHECK(b.measured_device_bytes() <= budget);
+  }
+  CHECK(f.same_weights());
+  for (auto id : {train, eval}) {
+    const Step& s = b.step(id);
+    INFO(s.replan_declined());
+    CHECK_FALSE(s.may_replan());  // tried: taken, or declined by the arena or the broker
+    CHECK(s.replans() + !s.replan_declined().empty() <= 1);
+  }
+}
+
+TEST_CASE("a broker takes a step's re-plan only where all steps' device bytes still fit its budget with it",
+          "[broker][replan]") {
+  Family f(mlp_config());
+  const auto [train_least, train_full] = f.train_bytes();
+  const auto [eval_least, eval_full] = f.eval_bytes();
+  const std::size_t budget = train_least + eval_least + f.weight_bytes() / 4;
+  REQUIRE(budget < train_full);
+  MemoryBroker b(Budget{.device = budget});
+  const auto train = f.join_train(b, "train");
+  f.join_eval(b, "eval");
+  const std::size_t before = b.planned_device_bytes();
+  // Its own plan fits, as it did when it joined.
+  CHECK(b.replan_fits(train, b.step(train).graph(), b.step(train).plan()).empty());
+  // A plan keeping every weight and moment on the device, in the same
+  // arena, would take the steps past the budget: declined, with the bytes.
+  const PlannedStep all_on_device = zoo::plan(f.w, {}, f.o);
+  const std::string why = b.replan_fits(train, *all_on_device.graph, all_on_device.plan);
+  CHECK_THAT(why, Catch::Contains("'train' kept its plan") && Catch::Contains(format_bytes(budget)));
+  // What the broker counts is unchanged by the declined one.
+  CHECK(b.planned_device_bytes() == before);
+  CHECK(b.replan_fits(train, b.step(train).graph(), b.step(train).plan()).empty());
+}

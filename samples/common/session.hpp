@@ -77,9 +77,11 @@ class Session {
   // weights both steps keep on the device count once; each step gets a
   // share between its least and its unconstrained bytes. A budget too small
   // for both names the bytes needed. Without --budget each is planned
-  // alone, with nothing evicted. Steps the broker plans must not re-plan on
-  // measured times (compile them with CompileOptions::replan =
-  // !brokered_steps()): a re-plan could move shared weights off the device.
+  // alone, with nothing evicted. The samples compile the broker's steps
+  // with CompileOptions::replan = !brokered_steps(): the broker would take
+  // a re-plan on measured times that keeps the shared weights where its
+  // shares count them, but under --budget the plan a sample prints is the
+  // one it runs.
   // `free_train` / `free_eval`: the unconstrained plans, the base of a
   // --budget percentage.
   bool brokered_steps() const { return !a_.budget.empty(); }

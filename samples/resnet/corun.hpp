@@ -113,8 +113,10 @@ int run(const Options& co, const samples::Cli& cli, samples::Session& session, c
   const std::vector<InputSpec> query_in{input<float>({Q, 1, 28, 28}, "queries")};
   CompileOptions serve_opts = copts;
   serve_opts.threads = 1;  // a stream is one thread
+  // The plans admission counted are the ones that run: no re-plan on
+  // measured times (the broker would take one only within each share).
   serve_opts.replan = false;
-  copts.replan = false;  // a broker's steps keep their plans (a re-plan could move shared weights)
+  copts.replan = false;
 
   auto train_compile = [&](const Budget& b) { return compile(train_fn, train_in, opt, b, copts); };
   auto train_plan = [&](const Budget& b) { return plan_training(train_fn, train_in, opt, b, copts); };

@@ -13,11 +13,17 @@
 // (its plan may change) until the step leaves. A step planned again keeps
 // its step counter and reads the same parameters and optimizer state (they
 // are the user's tensors), so its results are bitwise those of the step
-// planned alone: only where bytes live changes.
+// planned alone: only where bytes live changes. A step may also re-plan
+// itself on measured op times (CompileOptions::replan), in the arena it
+// reserved: the broker takes such a re-plan only if all steps' device bytes
+// still add up within the budget with it, since a re-plan can move a weight
+// another step counts as shared (replan_fits; Step::replan_declined says
+// why one was not taken).
 #include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -134,14 +140,39 @@ class MemoryBroker {
   // persistent on the device once, however many steps keep it there.
   std::size_t planned_device_bytes() const { return total_of(shares()); }
   // The same, measured: each arena's high-water mark so far (Step::
-  // measured_device_bytes, less its persistents) instead of its size.
+  // measured_arena_bytes, over every plan it ran) instead of its size,
+  // beside the persistents the steps' plans keep on the device now.
   std::size_t measured_device_bytes() const {
     std::size_t sum = 0;
-    for (const Share& s : shares()) {
-      const Step& st = *members_.at(s.id).step;
-      sum += st.measured_device_bytes() - st.plan().persistent_bytes + s.persistents - s.shared;
-    }
+    for (const Share& s : shares())
+      sum += members_.at(s.id).step->measured_arena_bytes() + s.persistents - s.shared;
     return sum;
+  }
+
+  // Whether step `id` may run `plan` (a re-plan of it on measured times,
+  // in the arena it reserved) beside the others: "" if the device bytes of
+  // all steps, each persistent on the device once, stay within the budget
+  // with it, else why not. Taken, it is what the broker counts for the step
+  // from then on. Steps call it from the threads they run in.
+  std::string replan_fits(Id id, const Graph& g, const Plan& plan) {
+    std::lock_guard hold(replan_lock_);
+    Member& m = member(id);
+    auto candidate = device_persistents(g, plan);
+    const std::size_t arena = std::max(m.reserved_arena, plan.arena_bytes);
+    std::size_t total = 0;
+    std::set<const void*> seen;
+    for (Id k : order_) {
+      const Member& o = members_.at(k);
+      total += k == id ? arena : o.reserved_arena;
+      for (const auto& [storage, bytes] : k == id ? candidate : o.on_device)
+        if (o.copies || seen.insert(storage).second) total += bytes;
+    }
+    if (total > total_.device)
+      return cat("memory broker: step '", m.name, "' kept its plan: its re-plan on measured times would keep other "
+                 "parameters or optimizer state on the device, ", format_bytes(total), " for all steps against a "
+                 "budget of ", format_bytes(total_.device));
+    m.on_device = std::move(candidate);
+    return "";
   }
 
   // One line per step: its share, least, arena and persistents.
@@ -166,6 +197,12 @@ class MemoryBroker {
     std::size_t least = 0, unconstrained = 0;
     std::size_t budget = 0;  // what `step` was planned in
     std::size_t credit = 0;  // persistents assumed kept on the device by an earlier step
+    // What re-plans are checked against: the arena its executor reserved,
+    // the persistents its plan (or a re-plan taken since) keeps on the
+    // device, and whether those are device copies of its own.
+    std::size_t reserved_arena = 0;
+    std::vector<std::pair<const void*, std::size_t>> on_device;
+    bool copies = false;
   };
 
   Id checked(Id id) const {
@@ -190,8 +227,9 @@ class MemoryBroker {
     std::set<const void*> seen;
     for (std::size_t k = 0; k < order_.size(); ++k) {
       const Member& m = members_.at(order_[k]);
+      // A re-planned step still holds the arena it reserved.
       Share s{.id = order_[k], .name = m.name, .budget = m.budget, .least = m.least,
-              .unconstrained = m.unconstrained, .arena = plans[k]->arena_bytes};
+              .unconstrained = m.unconstrained, .arena = std::max(plans[k]->arena_bytes, m.reserved_arena)};
       for (const auto& [storage, bytes] : device_persistents(*graphs[k], *plans[k])) {
         s.persistents += bytes;
         if (copies[k]) continue;
@@ -356,10 +394,14 @@ class MemoryBroker {
         }
         m.budget = share.at(id);
         m.step.emplace(m.compile(budget_for(m.budget)));
-        if (m.step->may_replan())
-          fail("memory broker: step '", m.name, "' may re-plan itself on measured times, which could move a "
-               "persistent another step shares off the device and give its bytes to its arena; compile the "
-               "broker's steps with CompileOptions::replan = false");
+        // A step may re-plan itself on measured op times (refined from
+        // measurement, CompileOptions::replan) in the arena it reserved; the
+        // broker takes the re-plan only if every step's device bytes still
+        // add up within the budget with it (replan_fits).
+        m.reserved_arena = m.step->plan().arena_bytes;
+        m.on_device = device_persistents(m.step->graph(), m.step->plan());
+        m.copies = m.step->device_copies();
+        m.step->set_replan_check([this, id](const Graph& g, const Plan& p) { return replan_fits(id, g, p); });
         m.step->set_steps_run(steps);
       }
   }
@@ -373,6 +415,7 @@ class MemoryBroker {
   }
 
   Budget total_;
+  std::mutex replan_lock_;  // re-plans are checked from the threads steps run in
   std::map<Id, Member> members_;
   std::vector<Id> order_;  // joining order
   Id next_id_ = 1;

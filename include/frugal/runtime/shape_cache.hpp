@@ -6,9 +6,11 @@
 //
 // A shape seen for the first time is planned then, from the cost model
 // alone (cold start), within the share the broker gives it beside the
-// shapes already cached. (Not refined from measured op times yet: a
-// broker's steps are compiled with CompileOptions::replan off, since a
-// re-plan could move a weight another step shares.) Each cached step is the
+// shapes already cached, and refined from measurement: after its first
+// timed runs a step whose prediction missed re-plans with the measured op
+// times (CompileOptions::replan, on unless turned off), in the arena it
+// reserved, where the broker finds the cached steps still fit the budget
+// with it (MemoryBroker::replan_fits). Each cached step is the
 // static plan of its shape, so a run computes exactly what a step compiled
 // for that shape alone computes: they share the parameters and optimizer
 // state, which are the user's tensors. When a new shape does not fit beside
@@ -139,7 +141,6 @@ class ShapeCache {
 template <class Fn>
 std::unique_ptr<ShapeCache> cache_shapes(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, Budget total,
                                          CompileOptions o = {}, std::size_t max_steps = 8) {
-  o.replan = false;  // as every step of a broker
   return std::make_unique<ShapeCache>(
       std::move(total), std::move(specs),
       [fn, &opt, o](const std::vector<InputSpec>& s, const Budget& b) { return compile(fn, s, opt, b, o); },

@@ -100,6 +100,13 @@ class Step {
   // budget decisions and CompileOptions::replan was on).
   bool may_replan() const { return bool(p_.replanner) && !replanned_; }
   double measured_step_ms() const { return measured_ms_; }
+  // A condition a re-plan must also meet to be taken, besides fitting the
+  // memory reserved at compile: it returns "" to take the new plan, or why
+  // not (then kept in replan_declined()). A MemoryBroker sets one on its
+  // steps: a re-plan keeps the persistents the step holds on the device.
+  using ReplanCheck = std::function<std::string(const Graph&, const Plan&)>;
+  void set_replan_check(ReplanCheck check) { replan_check_ = std::move(check); }
+  const std::string& replan_declined() const { return replan_declined_; }
 
   const Plan& plan() const { return p_.plan; }
   // The plan explained: peak, lower bound, categories, what is live at the peak.
@@ -122,6 +129,9 @@ class Step {
   // persistents: the old plan's arena beside the new plan's persistents never
   // existed at once).
   std::size_t measured_device_bytes() const;
+  // Of that, the arena alone: the highest byte any of its plans wrote in
+  // the arena reserved at compile (a re-plan runs in the same arena).
+  std::size_t measured_arena_bytes() const;
   std::int64_t steps_run() const { return steps_; }
   // Sets the step counter, as a resumed run does: random ops (dropout) key
   // their streams by it, so step n draws the same numbers either way.
@@ -189,10 +199,13 @@ class Step {
   int timed_steps_ = 0;
   bool replanned_ = false, replan_due_ = false;  // re-planning was tried; it is due before the next step
   int replans_ = 0;
+  ReplanCheck replan_check_;
+  std::string replan_declined_;
   double measured_ms_ = 0;
   // The most device bytes an executor a re-plan replaced held: its arena's
   // high-water mark plus its own plan's device-resident persistents.
   std::size_t earlier_device_bytes_ = 0;
+  std::size_t earlier_arena_bytes_ = 0;  // its arena's high-water mark
   std::vector<Tensor> outputs_;
   std::int64_t steps_ = 0;
 };

@@ -176,6 +176,13 @@ void Step::replan_if_due() {
     replanned_ = true;
     return;
   }
+  if (replan_check_) {
+    replan_declined_ = replan_check_(*next.first, next.second);
+    if (!replan_declined_.empty()) {
+      replanned_ = true;
+      return;
+    }
+  }
   // What the plan says of the step's distribution was decided at compile
   // and holds for every re-plan of it.
   next.second.zero_stage = p_.plan.zero_stage;
@@ -183,6 +190,7 @@ void Step::replan_if_due() {
   next.second.collectives = p_.plan.collectives;
   // Before the arena is refilled, and with the plan it ran.
   earlier_device_bytes_ = std::max(earlier_device_bytes_, executor_->high_water() + p_.plan.persistent_bytes);
+  earlier_arena_bytes_ = std::max(earlier_arena_bytes_, executor_->high_water());
   auto moved = std::make_unique<Executor>(next.first, next.second, *executor_);
   executor_ = std::move(moved);
   p_.graph = std::move(next.first);
@@ -196,6 +204,7 @@ plan::VerifyReport Step::verify() const { return plan::verify(*p_.graph, p_.plan
 std::size_t Step::measured_device_bytes() const {
   return std::max(earlier_device_bytes_, executor_->high_water() + p_.plan.persistent_bytes);
 }
+std::size_t Step::measured_arena_bytes() const { return std::max(earlier_arena_bytes_, executor_->high_water()); }
 void Step::parameters_changed() { executor_->storage_changed(); }
 void Step::sync_to_host() { executor_->sync_to_host(); }
 std::uint64_t Step::fetches_performed() const { return executor_->fetches(); }
