@@ -9,6 +9,7 @@
 #include <frugal/frugal.hpp>
 
 #include "../tools/model_zoo.hpp"
+#include "slow_profile.hpp"
 #include "separate_memory_backend.hpp"
 
 using namespace frugal;
@@ -509,14 +510,8 @@ TEST_CASE("corun: served weights are refused when they are the trained tensors t
 TEST_CASE("a broker's steps re-plan on measured times where all steps still fit the budget, and compute the bits "
           "they compute alone",
           "[broker][replan]") {
-  // A profile a thousand times slower than this machine: every prediction
-  // misses by far more than 20%, so each step re-plans after its timed runs.
-  DeviceProfile slow = DeviceProfile::defaults("cpu", 2);
-  slow.gemm_flops /= 1000;
-  slow.stream_bytes /= 1000;
-  slow.op_latency_s *= 1000;
-  slow.copy_bytes /= 1000;
-  slow.copy_latency_s *= 1000;
+  // Every prediction misses, so each step re-plans after its timed runs.
+  DeviceProfile slow = test_profiles::thousandfold_slow();
   Family f(gpt_config());
   f.o.profile = &slow;
   f.o.replan = true;

@@ -15,6 +15,7 @@
 #include <frugal/runtime/nvme_store.hpp>
 
 #include "../tools/model_zoo.hpp"
+#include "slow_profile.hpp"
 #include "counting_backend.hpp"
 #include "random_net.hpp"
 
@@ -445,12 +446,7 @@ TEST_CASE("measured op times refine the cost model: a step whose prediction is f
   // re-plan. (The measured prices decide the re-plan; in this case it
   // keeps less in the arena, a plan plan_test checks the refusal of a
   // larger one without timing.)
-  DeviceProfile slow = DeviceProfile::defaults("cpu", 2);
-  slow.gemm_flops /= 1000;
-  slow.stream_bytes /= 1000;
-  slow.op_latency_s *= 1000;
-  slow.copy_bytes /= 1000;
-  slow.copy_latency_s *= 1000;
+  DeviceProfile slow = test_profiles::thousandfold_slow();
   zoo::Workload w = zoo::make(c);
   const std::size_t budget = zoo::plan(w).plan.total_bytes() * 3 / 4;
   counting::reset();

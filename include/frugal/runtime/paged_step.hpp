@@ -34,12 +34,14 @@
 // backend, the only one this runs on today, the "device" is memory too.
 // The overlap of copies and compute is what the simulator prices.
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "../plan/access_trace.hpp"
@@ -120,8 +122,8 @@ class PagedStep {
   // plan::simulate_next_use replays to price this manager.
   const plan::AccessTrace& trace() const { return trace_; }
   // The same for a planned step, without a pool: its largest_op_bytes() is
-  // the least pool it can run in, its footprint() what runs it with
-  // nothing evicted.
+  // the least pool it can run in; its footprint() the most one run has live
+  // at once (a later run also finds the last run's persistents in the pool).
   static plan::AccessTrace trace_of(const PlannedStep& planned);
   // After writing parameters or optimizer state between runs: the pool's
   // copies are dropped and fetched again.
