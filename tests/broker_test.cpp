@@ -98,6 +98,9 @@ zoo::Config mlp_config() {
 zoo::Config gpt_config() {
   return {.family = "gpt", .batch = 2, .layers = 1, .width = 32, .seq = 16, .heads = 2, .vocab = 64};
 }
+zoo::Config gcn_config() {
+  return {.family = "gcn", .batch = 48, .layers = 2, .width = 16, .features = 12, .classes = 4};
+}
 
 }  // namespace
 
@@ -238,19 +241,21 @@ TEST_CASE("a step leaving gives its bytes to the others, which go on with the sa
 TEST_CASE("steps joining and leaving at random never take the broker past its budget, and compute what they "
           "compute alone",
           "[broker]") {
-  Family gpt(gpt_config()), mlp(mlp_config());
+  Family gpt(gpt_config()), mlp(mlp_config()), gcn(gcn_config());
   struct Kind {
     Family* f;
     bool train;
     std::string name;
     std::optional<MemoryBroker::Id> id;
+    int joined = 0;
   };
   std::vector<Kind> kinds{{&mlp, true, "mlp train", {}}, {&mlp, false, "mlp eval", {}},
-                          {&gpt, true, "gpt train", {}}, {&gpt, false, "gpt eval", {}}};
-  // A budget under what all four need at their least, so some joins are
+                          {&gpt, true, "gpt train", {}}, {&gpt, false, "gpt eval", {}},
+                          {&gcn, true, "gcn train", {}}, {&gcn, false, "gcn eval", {}}};
+  // A budget under what all six need at their least, so some joins are
   // refused, and far under what they need unconstrained.
   std::size_t least = 0, full = 0;
-  for (Family* f : {&mlp, &gpt}) {
+  for (Family* f : {&mlp, &gpt, &gcn}) {
     const auto t = f->train_bytes(), e = f->eval_bytes();
     least += t.first + e.first;
     full += t.second + e.second;
@@ -260,7 +265,7 @@ TEST_CASE("steps joining and leaving at random never take the broker past its bu
   MemoryBroker b(Budget{.device = budget});
   Rng rng(2026);
   int joins = 0, leaves = 0, refused = 0;
-  for (int event = 0; event < 24; ++event) {
+  for (int event = 0; event < 36; ++event) {
     Kind& k = kinds[rng.below(kinds.size())];
     if (k.id) {
       b.leave(*k.id);
@@ -271,6 +276,7 @@ TEST_CASE("steps joining and leaving at random never take the broker past its bu
       try {
         k.id = k.train ? k.f->join_train(b, k.name) : k.f->join_eval(b, k.name);
         ++joins;
+        ++k.joined;
       } catch (const BudgetError& e) {
         ++refused;
         CHECK(e.smallest_feasible_bytes > budget);
@@ -288,6 +294,11 @@ TEST_CASE("steps joining and leaving at random never take the broker past its bu
   CHECK(refused > 0);
   CHECK(mlp.same_weights());
   CHECK(gpt.same_weights());
+  CHECK(gcn.same_weights());
+  for (const Kind& k : kinds) {
+    INFO(k.name);
+    CHECK(k.joined > 0);
+  }
 }
 
 namespace {
