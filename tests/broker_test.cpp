@@ -540,11 +540,28 @@ TEST_CASE("a broker's steps re-plan on measured times where all steps still fit 
     CHECK(b.measured_device_bytes() <= budget);
   }
   CHECK(f.same_weights());
+  bool taken = false;
   for (auto id : {train, eval}) {
     const Step& s = b.step(id);
     INFO(s.replan_declined());
     CHECK_FALSE(s.may_replan());  // tried: taken, or declined by the arena or the broker
     CHECK(s.replans() + !s.replan_declined().empty() <= 1);
+    taken |= s.replans() == 1;
+  }
+  // A step joining later: the shares are found with the plans the others'
+  // shares give, so a re-planned step is planned again with its share.
+  MemoryBroker::Id third = 0;
+  try {
+    third = f.join_eval(b, "eval again");
+  } catch (const BudgetError&) {
+    third = 0;  // no room beside the two: nothing was re-planned
+  }
+  if (third) {
+    if (taken) CHECK(b.step(train).replans() + b.step(eval).replans() == 0);
+    CHECK(b.planned_device_bytes() <= budget);
+    f.train(b.step(train));
+    f.evaluate(b.step(third));
+    CHECK(b.measured_device_bytes() <= budget);
   }
 }
 

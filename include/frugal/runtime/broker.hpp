@@ -133,7 +133,7 @@ class MemoryBroker {
       graphs.push_back(&s.graph());
       copies.push_back(s.device_copies());
     }
-    return shares_of(graphs, plans, copies);
+    return shares_of(graphs, plans, copies, /*running=*/true);
   }
 
   // The device bytes the plans hold together: every arena, and every
@@ -221,15 +221,19 @@ class MemoryBroker {
   // Shares from plans, in joining order: a persistent counts for the first
   // step that keeps it on the device, and is `shared` in the later ones.
   // A step with device copies of its own shares none.
+  // `running`: these are the steps' current plans, whose arenas are the
+  // ones their executors reserved (a re-plan runs in it); else plans
+  // considered for new shares, each with an arena of its own to come.
   std::vector<Share> shares_of(const std::vector<const Graph*>& graphs, const std::vector<const Plan*>& plans,
-                               const std::vector<char>& copies) const {
+                               const std::vector<char>& copies, bool running) const {
     std::vector<Share> out;
     std::set<const void*> seen;
     for (std::size_t k = 0; k < order_.size(); ++k) {
       const Member& m = members_.at(order_[k]);
       // A re-planned step still holds the arena it reserved.
+      const std::size_t arena = running ? std::max(plans[k]->arena_bytes, m.reserved_arena) : plans[k]->arena_bytes;
       Share s{.id = order_[k], .name = m.name, .budget = m.budget, .least = m.least,
-              .unconstrained = m.unconstrained, .arena = std::max(plans[k]->arena_bytes, m.reserved_arena)};
+              .unconstrained = m.unconstrained, .arena = arena};
       for (const auto& [storage, bytes] : device_persistents(*graphs[k], *plans[k])) {
         s.persistents += bytes;
         if (copies[k]) continue;
@@ -368,7 +372,7 @@ class MemoryBroker {
       plans.push_back(&p.plan);
       copies.push_back(p.device_copies);
     }
-    std::vector<Share> all = shares_of(graphs, plans, copies);
+    std::vector<Share> all = shares_of(graphs, plans, copies, /*running=*/false);
     std::map<Id, std::size_t> credit;
     for (const Share& s : all) credit[s.id] = s.shared;
     if (out) *out = std::move(all);
@@ -381,7 +385,10 @@ class MemoryBroker {
     std::vector<Id> shrink, grow;
     for (Id id : order_) {
       const Member& m = members_.at(id);
-      if (m.step && m.budget == share.at(id)) continue;
+      // A step that re-planned on measured times is planned again too: the
+      // shares were found with the plan its share gives, whose device
+      // persistents the others may count on.
+      if (m.step && m.budget == share.at(id) && m.step->replans() == 0) continue;
       (m.step && share.at(id) > m.budget ? grow : shrink).push_back(id);
     }
     for (const auto* list : {&shrink, &grow})
