@@ -37,23 +37,27 @@ struct AccessTrace {
   std::vector<TraceOp> ops;
   int steps = 0;
 
-  // The most bytes one op reads and writes: what whole-tensor management
-  // needs on the device at least.
-  std::size_t largest_op_bytes() const {
-    std::size_t most = 0;
-    for (const TraceOp& op : ops) {
-      std::vector<int> seen;
-      std::size_t need = 0;
-      for (const auto* list : {&op.reads, &op.writes})
-        for (int t : *list)
-          if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
-            seen.push_back(t);
-            need += tensors[std::size_t(t)].bytes;
-          }
-      most = std::max(most, need);
-    }
-    return most;
+  // The bytes op i reads and writes, each tensor once.
+  std::size_t op_bytes(std::size_t i) const {
+    std::vector<int> seen;
+    std::size_t need = 0;
+    for (const auto* list : {&ops[i].reads, &ops[i].writes})
+      for (int t : *list)
+        if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
+          seen.push_back(t);
+          need += tensors[std::size_t(t)].bytes;
+        }
+    return need;
   }
+  // The op that reads and writes the most bytes (the first such), and
+  // those bytes: what whole-tensor management needs on the device at least.
+  std::size_t largest_op() const {
+    std::size_t at = 0, most = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (const std::size_t b = op_bytes(i); b > most) most = b, at = i;
+    return at;
+  }
+  std::size_t largest_op_bytes() const { return ops.empty() ? 0 : op_bytes(largest_op()); }
 
   // The most bytes live at once: every persistent touched so far plus the
   // live activations. What the device needs to run the trace with no
@@ -74,6 +78,15 @@ struct AccessTrace {
     return most;
   }
 };
+
+// What a node writes: its outputs and scratch, and the inputs it updates
+// in place (an optimizer's parameters and state: written, so evicting them
+// later costs a write-back).
+inline std::vector<ValueId> written_by(const Node& n) {
+  std::vector<ValueId> written(n.outputs.begin(), n.outputs.end());
+  for (int k : n.op->mutated_inputs()) written.push_back(n.inputs[std::size_t(k)]);
+  return written;
+}
 
 // Appends one step: the graph as planned with no budget (plan_unconstrained
 // or an unconstrained compile), ops priced by `cm`. Values are whole
@@ -110,12 +123,7 @@ inline void append_step(AccessTrace& trace, const Graph& g, const Plan& p, const
       op.reads.push_back(tensor_of(v));
       last_use[std::size_t(v)] = int(t);
     }
-    // Its outputs and scratch, and what it updates in place (an
-    // optimizer's parameters and state: written, so evicting them later
-    // costs a write-back).
-    std::vector<ValueId> written(n.outputs.begin(), n.outputs.end());
-    for (int k : n.op->mutated_inputs()) written.push_back(n.inputs[std::size_t(k)]);
-    for (ValueId v : written) {
+    for (ValueId v : written_by(n)) {
       op.writes.push_back(tensor_of(v));
       last_use[std::size_t(v)] = int(t);
     }

@@ -27,13 +27,13 @@
 // came) is evicted for free.
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "../core/error.hpp"
 #include "access_trace.hpp"
+#include "next_use.hpp"
 
 namespace frugal::plan {
 
@@ -177,31 +177,10 @@ inline PagingResult simulate_pages(const AccessTrace& trace, const PagingOptions
 // The next-use manager over whole tensors (see the top of this file).
 inline PagingResult simulate_next_use(const AccessTrace& trace, const PagingOptions& o) {
   const std::size_t T = trace.tensors.size(), N = trace.ops.size();
-  constexpr std::size_t kNever = std::numeric_limits<std::size_t>::max();
-  // Each tensor's accesses in op order, and where each step starts.
-  std::vector<std::vector<std::size_t>> uses(T);
-  std::vector<std::size_t> step_start(std::size_t(trace.steps) + 1, N);
-  for (std::size_t i = N; i-- > 0;) step_start[std::size_t(trace.ops[i].step)] = i;
-  for (std::size_t i = 0; i < N; ++i)
-    for (const auto* list : {&trace.ops[i].reads, &trace.ops[i].writes})
-      for (int t : *list)
-        if (uses[std::size_t(t)].empty() || uses[std::size_t(t)].back() != i) uses[std::size_t(t)].push_back(i);
   if (const std::size_t need = trace.largest_op_bytes(); need > o.capacity)
     fail("simulate_next_use: one op reads and writes ", need, " bytes, more than the device's ", o.capacity,
          "; whole-tensor management needs at least that");
-  // The next use after op i as the manager at op i knows it: within the
-  // current step exactly; past its end, a persistent at its position in
-  // this step (predicted), anything else never.
-  auto next_use = [&](int t, std::size_t i) {
-    const auto& u = uses[std::size_t(t)];
-    const int step = trace.ops[i].step;
-    auto it = std::upper_bound(u.begin(), u.end(), i);
-    if (it != u.end() && trace.ops[*it].step == step) return *it;
-    if (!trace.tensors[std::size_t(t)].persistent) return kNever;
-    const std::size_t s0 = step_start[std::size_t(step)], s1 = step_start[std::size_t(step) + 1];
-    auto first = std::lower_bound(u.begin(), u.end(), s0);
-    return first != u.end() && *first < s1 ? s1 + (*first - s0) : kNever;
-  };
+  const NextUses next(trace);
   std::vector<char> resident(T, 0), dirty(T, 0), populated(T, 0);
   std::vector<double> ready(T, 0);
   for (std::size_t t = 0; t < T; ++t) populated[t] = trace.tensors[t].from_host;
@@ -228,19 +207,10 @@ inline PagingResult simulate_next_use(const AccessTrace& trace, const PagingOpti
   // none of `keep` and none used before `before` (an op index); returns
   // when the room is free, or -1 (and evicts nothing) where there is none.
   auto make_room = [&](std::size_t bytes, std::size_t i, const std::vector<int>& keep, std::size_t before) -> double {
-    if (used + bytes <= o.capacity) return 0;
-    std::vector<std::pair<std::size_t, int>> victims;
-    for (int v : on_device)
-      if (std::find(keep.begin(), keep.end(), v) == keep.end()) {
-        const std::size_t nu = next_use(v, i);
-        if (nu > before) victims.push_back({nu, v});
-      }
-    std::sort(victims.begin(), victims.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-    std::size_t freed = 0, k = 0;
-    while (used - freed + bytes > o.capacity && k < victims.size()) freed += trace.tensors[std::size_t(victims[k++].second)].bytes;
-    if (used - freed + bytes > o.capacity) return -1;
+    const auto victims = next.victims(on_device, used, bytes, o.capacity, i, keep, before);
+    if (!victims) return -1;
     double free_at = 0;
-    for (std::size_t j = 0; j < k; ++j) free_at = std::max(free_at, evict(victims[j].second));
+    for (int v : *victims) free_at = std::max(free_at, evict(v));
     return free_at;
   };
   auto place = [&](int t, double room_at, bool wait) {

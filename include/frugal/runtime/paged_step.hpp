@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "../plan/access_trace.hpp"
+#include "../plan/next_use.hpp"
 #include "compile.hpp"
 #include "threads.hpp"
 
@@ -70,7 +71,8 @@ class PagedStep {
   // naming the op and the bytes.
   PagedStep(const PlannedStep& planned, Optimizer* opt, std::size_t capacity, CompileOptions o = {})
       : graph_(planned.graph), schedule_(planned.plan.schedule), inputs_(planned.inputs), loss_(planned.loss),
-        outputs_(planned.outputs), opt_(opt), capacity_(capacity), threads_(o.threads) {
+        outputs_(planned.outputs), opt_(opt), capacity_(capacity), threads_(o.threads), trace_(trace_of(planned)),
+        next_(trace_), slots_(trace_.tensors.size()) {
     backend_ = detail::backend_for(o);
     if (!backend_->host_addressable())
       fail<BudgetError>("PagedStep: backend '", backend_->name(), "' keeps its tensors in memory of its own; the run-time "
@@ -85,13 +87,11 @@ class PagedStep {
         fail("PagedStep: op ", node.op->name(), " (a collective or a transfer) cannot run under the run-time manager; "
              "page a single-process step planned with no budget");
     }
-    trace_ = trace_of(planned);
-    index_uses();
-    const std::size_t need = trace_.largest_op_bytes();
+    const std::size_t largest = trace_.largest_op(), need = trace_.ops.empty() ? 0 : trace_.op_bytes(largest);
     if (need > capacity_)
-      throw BudgetError(cat("PagedStep: a pool of ", format_bytes(capacity_), " (", capacity_, " bytes) cannot hold ",
-                            largest_op_name(), "'s tensors at once; give it at least ", format_bytes(need), " (", need,
-                            " bytes)"),
+      throw BudgetError(cat("PagedStep: a pool of ", format_bytes(capacity_), " (", capacity_, " bytes) cannot hold op ",
+                            largest, " (", g.node(schedule_[largest]).op->name(), ")'s tensors at once; give it at least ",
+                            format_bytes(need), " (", need, " bytes)"),
                         need);
     pool_ = static_cast<unsigned char*>(backend_->allocate(std::max<std::size_t>(capacity_, kAlignment)));
     if (!pool_) fail("PagedStep: could not allocate a pool of ", format_bytes(capacity_));
@@ -130,7 +130,6 @@ class PagedStep {
   void parameters_changed() { drop_all(); }
 
  private:
-  static constexpr std::size_t kNever = std::numeric_limits<std::size_t>::max();
   struct Slot {
     std::size_t offset = 0;
     bool resident = false, dirty = false, populated = false;
@@ -138,9 +137,6 @@ class PagedStep {
     std::unique_ptr<void, void (*)(void*)> own{nullptr, std::free};  // a home of the manager's own
   };
 
-  void index_uses();
-  std::string largest_op_name() const;
-  std::size_t next_use(ValueId v, std::size_t i) const;
   std::size_t slot_bytes(ValueId v) const { return trace_.tensors[std::size_t(v)].bytes; }
   bool make_room(std::size_t bytes, std::size_t i, const std::vector<ValueId>& keep, std::size_t before);
   void evict(ValueId v);
@@ -166,7 +162,7 @@ class PagedStep {
   std::shared_ptr<Backend> backend_;
   unsigned char* pool_ = nullptr;
   plan::AccessTrace trace_;
-  std::vector<std::vector<std::size_t>> uses_;  // per value, the ops (schedule positions) that touch it
+  plan::NextUses next_;  // over trace_: declared after it
   std::vector<Slot> slots_;
   std::map<std::size_t, ValueId> by_offset_;    // the resident tensors, in pool order
   std::size_t used_ = 0;
@@ -196,10 +192,7 @@ inline plan::AccessTrace PagedStep::trace_of(const PlannedStep& p) {
     const Node& node = g.node(p.plan.schedule[i]);
     plan::TraceOp& op = trace.ops[i];
     op.reads.assign(node.inputs.begin(), node.inputs.end());
-    // What the op writes: its outputs, its scratch, and the inputs it
-    // updates in place (an optimizer's parameters and state).
-    op.writes.assign(node.outputs.begin(), node.outputs.end());
-    for (int k : node.op->mutated_inputs()) op.writes.push_back(node.inputs[std::size_t(k)]);
+    op.writes = plan::written_by(node);
     for (const auto* list : {&op.reads, &op.writes})
       for (int v : *list) last[std::size_t(v)] = long(i);
   }
@@ -214,61 +207,16 @@ inline plan::AccessTrace PagedStep::trace_of(const PlannedStep& p) {
   return trace;
 }
 
-inline void PagedStep::index_uses() {
-  uses_.assign(trace_.tensors.size(), {});
-  for (std::size_t i = 0; i < trace_.ops.size(); ++i)
-    for (const auto* list : {&trace_.ops[i].reads, &trace_.ops[i].writes})
-      for (int v : *list) {
-        auto& u = uses_[std::size_t(v)];
-        if (u.empty() || u.back() != i) u.push_back(i);
-      }
-  slots_ = std::vector<Slot>(trace_.tensors.size());
-}
-
-inline std::string PagedStep::largest_op_name() const {
-  std::size_t most = 0, at = 0;
-  for (std::size_t i = 0; i < trace_.ops.size(); ++i) {
-    std::vector<int> seen;
-    std::size_t need = 0;
-    for (const auto* list : {&trace_.ops[i].reads, &trace_.ops[i].writes})
-      for (int t : *list)
-        if (std::find(seen.begin(), seen.end(), t) == seen.end()) {
-          seen.push_back(t);
-          need += trace_.tensors[std::size_t(t)].bytes;
-        }
-    if (need > most) most = need, at = i;
-  }
-  return trace_.ops.empty() ? std::string("no op") : cat("op ", at, " (", graph_->node(schedule_[at]).op->name(), ")");
-}
-
-// As plan::simulate_next_use: within this run exactly; past its end, a
-// persistent at its first use in this run (the next run repeats it).
-inline std::size_t PagedStep::next_use(ValueId v, std::size_t i) const {
-  const auto& u = uses_[std::size_t(v)];
-  auto it = std::upper_bound(u.begin(), u.end(), i);
-  if (it != u.end()) return *it;
-  if (!trace_.tensors[std::size_t(v)].persistent || u.empty()) return kNever;
-  return trace_.ops.size() + u.front();
-}
-
-// Room for `bytes`, evicting the resident tensors used furthest ahead, none
-// of `keep` and none used before op `before`. False (and nothing evicted)
+// Room for `bytes` at op i, evicting as the next-use manager chooses (none
+// of `keep`, none used before op `before`). False (and nothing evicted)
 // where there is none.
 inline bool PagedStep::make_room(std::size_t bytes, std::size_t i, const std::vector<ValueId>& keep,
                                  std::size_t before) {
-  if (used_ + bytes <= capacity_) return true;
-  std::vector<std::pair<std::size_t, ValueId>> victims;
-  for (const auto& [offset, v] : by_offset_)
-    if (std::find(keep.begin(), keep.end(), v) == keep.end()) {
-      const std::size_t nu = next_use(v, i);
-      if (nu > before) victims.push_back({nu, v});
-    }
-  std::sort(victims.begin(), victims.end(),
-            [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-  std::size_t freed = 0, k = 0;
-  while (used_ - freed + bytes > capacity_ && k < victims.size()) freed += slot_bytes(victims[k++].second);
-  if (used_ - freed + bytes > capacity_) return false;
-  for (std::size_t j = 0; j < k; ++j) evict(victims[j].second);
+  std::vector<int> resident;
+  for (const auto& [offset, v] : by_offset_) resident.push_back(v);
+  const auto victims = next_.victims(resident, used_, bytes, capacity_, i, keep, before);
+  if (!victims) return false;
+  for (int v : *victims) evict(v);
   return true;
 }
 
