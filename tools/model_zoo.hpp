@@ -28,6 +28,9 @@ struct Config {
   int features = 128;               // mlp inputs, gcn node features
   int classes = 10;                 // mlp, gcn, resnet
   int image = 32;                   // resnet: square image side
+  // Parameters and optimizer state as meta tensors (MetaScope): the model
+  // can be planned, not run, and costs no memory however large.
+  bool meta = false;
 
   std::string name() const {
     return cat(family, " layers=", layers, " width=", width, " batch=", batch, " dtype=", dtype_name(dtype));
@@ -85,7 +88,9 @@ class Gcn : public nn::Module {
       register_module(std::string("conv") + std::to_string(i), *conv.back());
       in = out;
     }
-    // About five undirected edges per node, normalised D^-1/2 (A + I) D^-1/2.
+    // About five undirected edges per node, normalised D^-1/2 (A + I) D^-1/2:
+    // real data even for a meta model, as the planner reads its nonzeros.
+    MetaScope real(false);
     adj = data::to_sparse(data::gcn_adjacency(c.batch, data::random_edges(c.batch, 5 * std::int64_t(c.batch), 7)),
                           c.dtype);
   }
@@ -102,6 +107,7 @@ class Gcn : public nn::Module {
 
 inline Workload make(const Config& c) {
   nn::manual_seed(1);
+  MetaScope meta(c.meta);
   Workload w{c, nullptr, {}, {}, {}, nullptr};
   if (c.family == "mlp") {
     auto m = std::make_unique<Mlp>(c);

@@ -125,6 +125,7 @@ int main(int argc, char** argv) try {
     else usage("unknown option " + k);
   }
   if (!have_model) usage("--model is required");
+  c.meta = true;  // planned, never run: no parameter or optimizer state is allocated
 
   if (zero != "auto" && !ranks) usage("--zero needs --ranks N");
   if (zero != "auto") o.zero_stage = std::stoi(zero);

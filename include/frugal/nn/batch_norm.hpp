@@ -51,6 +51,7 @@ class BatchNorm2d : public Layer {
  private:
   Tensor filled(double v) const {
     Tensor t({c_}, o_.dtype);
+    if (t.is_meta()) return t;
     for (std::int64_t i = 0; i < c_; ++i) {
       if (o_.dtype == DType::f64) t.data<double>()[i] = v;
       else t.data<float>()[i] = float(v);

@@ -22,6 +22,7 @@ struct Conv2dLayerOptions {
 // f32 and round.
 inline void conv_default_init(Tensor& weight, Tensor* bias, std::int64_t fan_in) {
   const DType dt = weight.dtype();
+  if (weight.is_meta()) return;
   if (dt == DType::f32 || dt == DType::f64) {
     linear_default_init(weight, bias, fan_in);
     return;

@@ -8,6 +8,7 @@ namespace frugal::nn {
 
 // torch.nn.Embedding's default initialisation: N(0, 1).
 inline void embedding_default_init(Tensor& weight) {
+  if (weight.is_meta()) return;
   auto fill = [&](auto* p) {
     for (std::int64_t i = 0; i < weight.numel(); ++i) p[i] = decltype(+*p)(init_rng().normal());
   };

@@ -17,6 +17,7 @@ inline Rng& init_rng() {
 inline void manual_seed(std::uint64_t seed) { init_rng() = Rng(seed); }
 
 inline void uniform_(Tensor& t, double lo, double hi) {
+  if (t.is_meta()) return;  // shapes only (MetaScope): nothing to draw into
   auto fill = [&](auto* p) {
     for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = decltype(+*p)(init_rng().uniform(lo, hi));
   };

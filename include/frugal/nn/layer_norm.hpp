@@ -20,7 +20,9 @@ class LayerNorm : public Layer {
     if (o.elementwise_affine) {
       weight = register_parameter("weight", Tensor({d}, o.dtype));
       auto ones = [&](auto* p) { std::fill(p, p + d, 1); };
-      if (o.dtype == DType::f64)
+      if (weight.is_meta())
+        ;  // shapes only
+      else if (o.dtype == DType::f64)
         ones(weight.data<double>());
       else
         ones(weight.data<float>());

@@ -84,9 +84,15 @@ class Optimizer {
     Tensor& t = shards_.at(index);
     const Tensor& p = params().at(index);
     if (t.defined() && t.numel() == s.length && shard_of_.at(index).offset == s.offset) return t;
-    t = Tensor(Shape{s.length}, p.dtype());
-    const std::size_t es = dtype_size(p.dtype());
-    std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es, std::size_t(s.length) * es);
+    if (p.is_meta()) {  // planned, not run: a shard of shapes
+      MetaScope meta;
+      t = Tensor(Shape{s.length}, p.dtype());
+    } else {
+      t = Tensor(Shape{s.length}, p.dtype());
+      const std::size_t es = dtype_size(p.dtype());
+      std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es,
+                  std::size_t(s.length) * es);
+    }
     shard_of_.resize(params().size());
     shard_of_[index] = s;
     return t;
@@ -119,8 +125,10 @@ class Optimizer {
   // ZeRO stage, or over another rank count, gets its own).
   Tensor state_tensor(const Tensor& t, std::size_t index) const {
     Shape s = state_shape(index);
-    if (t.defined() && t.shape() == s && t.dtype() == params().at(index).dtype()) return t;
-    return Tensor(std::move(s), params().at(index).dtype());
+    const Tensor& p = params().at(index);
+    if (t.defined() && t.shape() == s && t.dtype() == p.dtype()) return t;
+    MetaScope meta(p.is_meta());  // a meta parameter's state is planned, never allocated
+    return Tensor(std::move(s), p.dtype());
   }
   // Appends an update op whose input 0 is the parameter it writes; under a
   // ShardScope it runs on the shard (ops::ShardedUpdate).

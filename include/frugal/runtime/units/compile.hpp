@@ -211,6 +211,7 @@ static std::optional<Var> accumulate_gradients(Graph& g, Var loss, const std::ve
   Var skip = apply1<ops::MicroStepSkip>({loss}, micro_steps);
   for (std::size_t k : order) {
     const TensorMeta& m = g.value(grads[k]->id).meta;
+    MetaScope meta(g.value(wrt[k].id).external.is_meta());  // a planned-only step's accumulator has no memory
     Var acc = persistent_var(Tensor(m.shape, m.dtype), ValueKind::buffer, g.value(wrt[k].id).name + ".grad_accumulator");
     grads[k] = apply1<ops::AccumulateGradient>({*grads[k], acc, skip}, micro_steps);
   }
@@ -861,6 +862,12 @@ static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileO
 
 static Step build_step(PlannedPrepared pp, const Budget& budget, const CompileOptions& o) {
   Prepared& p = pp.p;
+  for (const Value& v : p.c.graph->values())
+    if (v.external.is_meta())
+      fail("compile: ", v.name, " is a meta tensor (", dtype_name(v.meta.dtype), v.meta.shape.str(),
+           ", made inside a frugal::MetaScope): a step over meta tensors can be planned (plan_training, "
+           "plan_inference, frugal-plan) but not compiled to run; build the model and optimizer outside the "
+           "MetaScope to train it");
   const std::shared_ptr<Graph>& captured = pp.captured;
   const ops::FusionReport fused = pp.fused;
   Step::Parts parts;
