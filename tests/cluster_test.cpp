@@ -17,7 +17,7 @@
 using frugal::DataError;
 using frugal::DType;
 using frugal::plan::Cluster;
-namespace published = frugal::published;
+namespace cluster_refs = frugal::published;
 
 namespace {
 
@@ -225,7 +225,7 @@ TEST_CASE("a cluster's device profile is one of its GPUs", "[cluster]") {
 }
 
 TEST_CASE("ZeRO's model-state formulas give the paper's Table 1 and Table 2", "[cluster]") {
-  namespace z = published::zero;
+  namespace z = cluster_refs::zero;
   for (const auto& r : z::kTable1) {
     INFO(r.psi << " parameters, N = " << r.dp);
     double n = r.dp;
@@ -249,7 +249,7 @@ TEST_CASE("ZeRO's model-state formulas give the paper's Table 1 and Table 2", "[
 }
 
 TEST_CASE("the DeepSpeed estimator ports print what DeepSpeed's docs print", "[cluster]") {
-  namespace ds = published::deepspeed;
+  namespace ds = cluster_refs::deepspeed;
   // docs/code-docs/source/memory.rst: estimate_zero3_model_states_mem_needs_all_cold(
   //   total_params=2851e6, largest_layer_params=32e6, num_gpus_per_node=8, num_nodes=1)
   struct Row {
@@ -323,7 +323,7 @@ TEST_CASE("the DeepSpeed estimator ports print what DeepSpeed's docs print", "[c
 }
 
 TEST_CASE("ZeRO-Infinity's claims are consistent with the dgx2 preset", "[cluster]") {
-  namespace zi = published::zero_infinity;
+  namespace zi = cluster_refs::zero_infinity;
   Cluster dgx2 = Cluster::preset("dgx2");
   // "over 25 petaflops on 512 NVIDIA V100 GPUs (40% of peak)": of the
   // preset's 125 Tflop/s fp16 peak per GPU.
@@ -332,13 +332,13 @@ TEST_CASE("ZeRO-Infinity's claims are consistent with the dgx2 preset", "[cluste
   CHECK(zi::kPerGpuFlops * zi::kSustainedGpus > zi::kSustainedFlops);
   // A trillion parameters' model states (ZeRO's 16 bytes each) fit one
   // DGX-2 only with NVMe: not in its GPUs and DRAM together.
-  double states = published::zero::baseline_bytes(zi::kOneNodeParams);
+  double states = cluster_refs::zero::baseline_bytes(zi::kOneNodeParams);
   double gpus_and_dram = dgx2.total_gpus() * dgx2.hbm_bytes + dgx2.host_bytes;
   CHECK(states > gpus_and_dram);
   CHECK(states < gpus_and_dram + dgx2.nvme_bytes);
   // Likewise 32 trillion on 32 nodes.
   dgx2.nodes = zi::kLargest32Nodes;
-  double states32 = published::zero::baseline_bytes(zi::kLargestParams32Nodes);
+  double states32 = cluster_refs::zero::baseline_bytes(zi::kLargestParams32Nodes);
   CHECK(states32 > dgx2.nodes * gpus_and_dram);
   CHECK(states32 < dgx2.nodes * (gpus_and_dram + dgx2.nvme_bytes));
 }
