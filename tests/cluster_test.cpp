@@ -172,6 +172,11 @@ TEST_CASE("collective costs match hand-computed ring figures", "[cluster]") {
   CHECK_THROWS_WITH(dgx2.all_reduce_seconds(1e9, 0), Catch::Contains("0 ranks"));
   CHECK_THROWS_WITH(dgx2.all_gather_seconds(-1, 2), Catch::Contains("-1 bytes"));
   CHECK_THROWS_WITH(dgx2.nvme_read_seconds(1e9, 17), Catch::Contains("17 GPUs sharing"));
+  Cluster no_network = dgx2;
+  no_network.nodes = 2;
+  no_network.internode_bytes_per_s = 0;  // built by hand: from_json refuses it
+  CHECK(no_network.all_reduce_seconds(1e9, 16) == dgx2.all_reduce_seconds(1e9, 16));
+  CHECK_THROWS_WITH(no_network.all_reduce_seconds(1e9, 17), Catch::Contains("internode_bytes_per_s is 0"));
 }
 
 TEST_CASE("collective costs: more bytes never cost less, more nodes never move a byte faster, and all-reduce is reduce-scatter plus all-gather", "[cluster]") {

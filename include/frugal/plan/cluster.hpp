@@ -218,6 +218,9 @@ struct Cluster {
       fail("Cluster::", what, ": ", ranks, " ranks on '", name, "', which has ", total_gpus(), " GPUs (", nodes,
            " nodes of ", gpus_per_node, "): give 1 to ", total_gpus(), " ranks");
     if (ranks <= gpus_per_node) return {nvlink_latency_s, nvlink_bytes_per_s};
+    if (!(internode_bytes_per_s > 0))
+      fail("Cluster::", what, ": ", ranks, " ranks span nodes of '", name,
+           "', whose internode_bytes_per_s is 0: give the nodes' NIC bandwidth");
     int last = ranks % gpus_per_node;
     int least_filled = last == 0 ? gpus_per_node : last;
     double nics = internode_bytes_per_s * least_filled / gpus_per_node;
