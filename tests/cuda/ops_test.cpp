@@ -364,6 +364,25 @@ int run() try {
              [](auto&, auto&) { return bitwise(); });
   }
 
+  // 16-bit AdamW, plain and on f32 master weights (ops/adamw_master.hpp): the
+  // same functors, 16-bit values widened exactly and rounded once on store:
+  // bitwise too.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    auto h = std::make_shared<ops::AdamWHyper>();
+    h->lr = 3e-3;
+    h->weight_decay = 0.1;
+    h->step = 3;
+    Tensor p = random({1000}, dt), g = random({1000}, dt), m = random({1000}, dt, 0.1), v = random({1000}, dt, 0.01);
+    for (std::int64_t i = 0; i < v.numel(); ++i) put(v, i, std::fabs(at(v, i)));
+    check_op(std::string("adamw_update ") + dtype_name(dt), ops::AdamWUpdate(h), {p, g, m, v},
+             [](auto&, auto&) { return bitwise(); });
+    Tensor master = random({1000}, DType::f32), m32 = random({1000}, DType::f32, 0.1),
+           v32 = random({1000}, DType::f32, 0.01);
+    for (std::int64_t i = 0; i < v32.numel(); ++i) put(v32, i, std::fabs(at(v32, i)));
+    check_op(std::string("adamw_master_update ") + dtype_name(dt), ops::AdamWMasterUpdate(h), {p, g, master, m32, v32},
+             [](auto&, auto&) { return bitwise(); });
+  }
+
   // ---- phase 2: the gpt step's ops -----------------------------------------------
 
   // Embedding moves table rows: exact, for i32 and i64 ids. Its backward

@@ -259,10 +259,27 @@ inline TrainingState load_checkpoint_into(const std::filesystem::path& path, nn:
       fail<DataError>(p, ": tensor '", nt->first, "' is one rank's shard of a parameter that a ZeRO stage 3 step "
                       "trained; load this file into a step compiled at stage 3 over the same rank count, at the rank "
                       "that saved it (this optimizer has no such shard)");
+    if (!exists && nt->first.ends_with(".master"))
+      fail<DataError>(p, ": tensor '", nt->first, "' is the f32 master copy of a 16-bit parameter, saved by an "
+                      "optimizer with master weights (optim::AdamWOptions::master_weights), but this '", opt.kind(),
+                      "' optimizer keeps none for it: make it with master_weights = true (and load after compile())");
     if (!exists)
       fail<DataError>(p, ": optimizer state tensor '", nt->first, "' does not exist in the '", opt.kind(),
                       "' optimizer yet: load the checkpoint after compile(): the optimizer creates its state when "
                       "the step is compiled (and its steps_taken counter only under a loss scaler)");
+  }
+  // A master copy is not re-derived from the 16-bit parameter: that would
+  // drop the bits the copy exists to keep, and resume another trajectory.
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    if (state[i].slot != "master") continue;
+    bool in_file = false;
+    for (auto* nt : opt_part) in_file = in_file || nt->first == live[i].first;
+    if (!in_file)
+      fail<DataError>(p, ": tensor '", live[i].first, "' (the f32 master copy of a 16-bit parameter, ",
+                      shape_and_dtype(live[i].second), ") is missing from the file: it was saved by an optimizer "
+                      "without master weights. Load it into an optim::AdamW with master_weights = false, or load its "
+                      "weights alone (io::load_weights) before compiling the master-weights step, which makes the "
+                      "master copies from them (the moments then start from zero)");
   }
   auto opt_copies = detail::match(path, live, opt_part, "optimizer", [](const std::string&) { return false; }, slice_of);
 

@@ -2,9 +2,11 @@
 // Parameter initialisation. Draws come from one seeded stream per thread, so
 // the same seed and construction order give the same weights.
 #include <cmath>
+#include <type_traits>
 
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/cast.hpp"
 
 namespace frugal::nn {
 
@@ -16,13 +18,19 @@ inline Rng& init_rng() {
 // Reseeds parameter initialisation (like torch::manual_seed for weights).
 inline void manual_seed(std::uint64_t seed) { init_rng() = Rng(seed); }
 
+// bf16/f16: each draw rounded once to the dtype (the same draws as f32).
 inline void uniform_(Tensor& t, double lo, double hi) {
   if (t.is_meta()) return;  // shapes only (MetaScope): nothing to draw into
   auto fill = [&](auto* p) {
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = decltype(+*p)(init_rng().uniform(lo, hi));
+    using T = std::remove_pointer_t<decltype(p)>;
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = math::convert<T>(init_rng().uniform(lo, hi));
   };
-  if (t.dtype() == DType::f64) fill(t.data<double>());
-  else fill(t.data<float>());
+  switch (t.dtype()) {
+    case DType::f64: return fill(t.data<double>());
+    case DType::bf16: return fill(t.data<BFloat16>());
+    case DType::f16: return fill(t.data<Half>());
+    default: return fill(t.data<float>());
+  }
 }
 
 // PyTorch's Linear default: kaiming_uniform(a=sqrt(5)) on the weight, which is

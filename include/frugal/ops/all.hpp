@@ -9,6 +9,7 @@
 #include "loss_scaling.hpp"
 #include "matmul.hpp"
 #include "optimizer_updates.hpp"
+#include "adamw_master.hpp"
 #include "reduce.hpp"
 #include "shape_ops.hpp"
 #include "softmax.hpp"

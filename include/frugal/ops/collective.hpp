@@ -10,6 +10,7 @@
 
 #include "../core/tensor.hpp"
 #include "../graph/capture.hpp"
+#include "cast.hpp"
 #include "checks.hpp"
 #include "loss_scaling.hpp"
 
@@ -113,7 +114,7 @@ class AllReduceMean final : public Op {
     const std::size_t k = std::size_t(tensors_);
     expect_collective_inputs(name(), in, k);
     for (std::size_t i = 0; i < k; ++i) {
-      expect_floating(name(), in[i]);
+      expect_float_storage(name(), in[i]);  // bf16/f16 too: the sum adds them in f32 (dist/rank_order_sum.hpp)
       if (in[i].dtype != in[0].dtype)
         fail(name(), " (", what_, "): a bucket's gradients share one dtype; gradient ", i, " is ", dtype_name(in[i].dtype),
              ", gradient 0 ", dtype_name(in[0].dtype));

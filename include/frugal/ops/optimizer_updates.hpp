@@ -9,6 +9,7 @@
 // gradient by the scale, write nothing when found_inf is set, and take their
 // step number from the count (steps taken before this one, + 1), not from
 // the host's count of steps run, so a skipped step leaves no trace.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -55,9 +56,43 @@ struct AdamWMath {
   }
 };
 
-inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> in) {
+// AdamW on 16-bit storage S (BFloat16, Half) without an f32 master copy,
+// as torch.optim.AdamW on bf16 parameters: parameter and moments are read
+// into f32, stepped by AdamWMath<float> and each rounded to nearest even on
+// store. The moments then carry S's 8 or 11 significant bits, which is what
+// AdamWMasterMath (adamw_master.hpp) avoids.
+template <class S>
+struct AdamWStorageMath {
+  AdamWMath<float> adamw;
+  FRUGAL_HD void operator()(S& p, float g, S& m, S& v) const {
+    float pf = float(p), mf = float(m), vf = float(v);
+    adamw(pf, g, mf, vf);
+    p = S(pf);
+    m = S(mf);
+    v = S(vf);
+  }
+};
+
+// AdamWMath for `h` at step `step` (1 on the first): the bias corrections
+// computed in double on the host and rounded once to T, so every backend
+// and every update op steps with the same constants.
+template <class T>
+AdamWMath<T> adamw_math(const AdamWHyper& h, std::int64_t step) {
+  double t = double(std::max<std::int64_t>(step, 1));
+  return {T(h.lr),
+          T(h.beta1),
+          T(h.beta2),
+          T(h.eps),
+          T(h.weight_decay),
+          T(1.0 - std::pow(h.beta1, t)),
+          T(std::sqrt(1.0 - std::pow(h.beta2, t)))};
+}
+
+// `sixteen_bit`: bf16 and f16 too (AdamW's storage path), not only f32 and f64.
+inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> in, bool sixteen_bit = false) {
   for (auto& m : in) {
-    expect_floating(op, m);
+    if (!sixteen_bit) expect_floating(op, m);
+    else if (!is_floating(m.dtype)) fail<ShapeError>(op, ": expects an f32, f64, bf16 or f16 tensor, got ", m.str());
     if (m.shape != in[0].shape || m.dtype != in[0].dtype)
       fail<ShapeError>(op, ": parameter ", in[0].str(), " and its gradient/state ", m.str(), " differ");
   }
@@ -104,7 +139,8 @@ class SgdUpdate final : public Op {
 };
 
 // Inputs (param, grad, m, v [, found_inf, scale, steps_taken]); writes
-// param, m and v.
+// param, m and v. All four of one dtype: f32 and f64 step in themselves,
+// bf16 and f16 through AdamWStorageMath.
 class AdamWUpdate final : public Op {
  public:
   ~AdamWUpdate() override;
@@ -118,20 +154,13 @@ class AdamWUpdate final : public Op {
   // `step`: this step's number, 1 on the first; the bias corrections use it.
   template <class T>
   AdamWMath<T> math(std::int64_t step) const {
-    double t = double(std::max<std::int64_t>(step, 1));
-    return {T(h_->lr),
-            T(h_->beta1),
-            T(h_->beta2),
-            T(h_->eps),
-            T(h_->weight_decay),
-            T(1.0 - std::pow(h_->beta1, t)),
-            T(std::sqrt(1.0 - std::pow(h_->beta2, t)))};
+    return adamw_math<T>(*h_, step);
   }
   std::string name() const override { return guarded_ ? "adamw_update_guarded" : "adamw_update"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     if (guarded_) expect_guard(name(), in, 4);
     else expect_arity(name(), in, 4);
-    expect_same_meta(name(), in.first(4));
+    expect_same_meta(name(), in.first(4), true);
     return {};
   }
   std::vector<int> mutated_inputs() const override { return {0, 2, 3}; }

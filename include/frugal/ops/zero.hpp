@@ -121,7 +121,7 @@ class ReduceScatterMean final : public Op {
     expect_collective_inputs(name(), in, k);
     std::vector<TensorMeta> out;
     for (std::size_t i = 0; i < k; ++i) {
-      expect_floating(name(), in[i]);
+      expect_float_storage(name(), in[i]);  // bf16/f16 too, as AllReduceMean
       if (in[i].dtype != in[0].dtype)
         fail(name(), " (", what_, "): a bucket's gradients share one dtype; gradient ", i, " is ", dtype_name(in[i].dtype),
              ", gradient 0 ", dtype_name(in[0].dtype));

@@ -3,11 +3,16 @@
 // scaling (optim/loss_scaler.hpp) its updates are guarded: a skipped step
 // changes no parameter, no moment and not the count of steps taken that the
 // bias corrections use.
+//
+// A bf16/f16 parameter is stepped in f32 and rounded back, its moments kept
+// in its own dtype, as torch.optim.AdamW does; with master_weights it gets
+// an f32 master copy and f32 moments instead (ops/adamw_master.hpp).
 #include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "../graph/capture.hpp"
+#include "../ops/adamw_master.hpp"
 #include "../ops/optimizer_updates.hpp"
 #include "../runtime/loss_scaling.hpp"
 #include "../runtime/optimizer.hpp"
@@ -22,11 +27,20 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  // DeepSpeed-style mixed precision: each bf16/f16 parameter gets an f32
+  // master copy (state "master", made from the parameter's values when a
+  // step is first compiled) and f32 moments; the update steps the master
+  // in f32 and writes the parameter as the master rounded to nearest even.
+  // 12 bytes of optimizer state per such parameter instead of 4. f32 and
+  // f64 parameters are unaffected. A program that writes such parameters
+  // itself after compiling (io::load_weights) calls master_from_params().
+  bool master_weights = false;
 };
 
 // One parameter group's hyperparameters; unset ones are the optimizer's defaults.
 struct AdamWGroupOptions {
   std::optional<double> lr, beta1, beta2, eps, weight_decay;
+  std::optional<bool> master_weights;
 };
 using AdamWParamGroup = ParamGroup<AdamWGroupOptions>;
 
@@ -43,6 +57,8 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
     *h_ = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, 0};
     m_.resize(params_.size());
     v_.resize(params_.size());
+    master_.resize(params_.size());
+    wants_master_.assign(params_.size(), o.master_weights);
   }
   // Parameter groups (optim/param_groups.hpp), each checked as the
   // constructor above checks its options.
@@ -52,22 +68,32 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
       const AdamWGroupOptions& o = g.options;
       AdamWOptions merged{o.lr.value_or(defaults.lr), o.beta1.value_or(defaults.beta1),
                           o.beta2.value_or(defaults.beta2), o.eps.value_or(defaults.eps),
-                          o.weight_decay.value_or(defaults.weight_decay)};
+                          o.weight_decay.value_or(defaults.weight_decay),
+                          o.master_weights.value_or(defaults.master_weights)};
       AdamW check(std::vector<Tensor>{}, merged);
       auto h = groups_.empty() ? h_ : std::make_shared<ops::AdamWHyper>();
       *h = *check.h_;
       groups_.push_back(h);
+      const std::size_t first = group_of_.size();
       group_of_.insert(group_of_.end(), g.params.size(), groups_.size() - 1);
+      std::fill(wants_master_.begin() + std::ptrdiff_t(first), wants_master_.begin() + std::ptrdiff_t(group_of_.size()),
+                merged.master_weights);
     }
   }
   const std::vector<Tensor>& params() const override { return params_; }
   void append_update(Var p, Var g, std::size_t i) override {
     auto [m, v] = moments(p, i);
-    apply_update(std::make_shared<ops::AdamWUpdate>(hyper_of(i)), {p, g, m, v});
+    if (has_master(i)) apply_update(std::make_shared<ops::AdamWMasterUpdate>(hyper_of(i)), {p, g, master_var(p, i), m, v});
+    else apply_update(std::make_shared<ops::AdamWUpdate>(hyper_of(i)), {p, g, m, v});
   }
   void append_guarded_update(Var p, Var g, std::size_t i, const ops::UpdateGuard& guard) override {
     auto [m, v] = moments(p, i);
-    apply_update(std::make_shared<ops::AdamWUpdate>(hyper_of(i), true), {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
+    if (has_master(i))
+      apply_update(std::make_shared<ops::AdamWMasterUpdate>(hyper_of(i), true),
+                   {p, g, master_var(p, i), m, v, guard.found_inf, guard.scale, taken_var()});
+    else
+      apply_update(std::make_shared<ops::AdamWUpdate>(hyper_of(i), true),
+                   {p, g, m, v, guard.found_inf, guard.scale, taken_var()});
   }
   void append_guarded_step_end(const ops::UpdateGuard& guard) override {
     frugal::apply(std::make_shared<ops::AdvanceStepCount>(), {taken_var(), guard.found_inf});
@@ -109,16 +135,18 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
     for (auto& h : groups_) h->step = n;
   }
   std::string kind() const override { return "adamw"; }
-  // Per parameter "exp_avg" and "exp_avg_sq"; "steps_taken" under loss scaling.
+  // Per parameter "exp_avg" and "exp_avg_sq", and "master" where it has
+  // master weights; "steps_taken" under loss scaling.
   std::vector<StateTensor> state() const override {
     for (std::size_t i = 0; i < params_.size(); ++i)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
-      for (const Tensor* t : {&m_[i], &v_[i]})
+      for (const Tensor* t : {&m_[i], &v_[i], &master_[i]})
         if (t->defined()) NvmeHomes::registry().bring_back(t->raw());
     std::vector<StateTensor> out;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (m_[i].defined()) {
         out.push_back({i, "exp_avg", m_[i]});
         out.push_back({i, "exp_avg_sq", v_[i]});
+        if (master_[i].defined()) out.push_back({i, "master", master_[i]});
       }
     if (taken_.defined()) out.push_back({kNoParam, "steps_taken", taken_});
     return out;
@@ -127,11 +155,66 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   std::int64_t steps_taken() const { return taken_.defined() ? taken_.data<std::int64_t>()[0] : h_->step; }
   const Tensor& exp_avg(std::size_t i) const { return m_.at(i); }
   const Tensor& exp_avg_sq(std::size_t i) const { return v_.at(i); }
+  // The f32 master copy of params()[i] (its ZeRO shard's elements under
+  // ZeRO); undefined where it has none (master_weights off, an f32/f64
+  // parameter, or no step compiled yet).
+  const Tensor& master(std::size_t i) const { return master_.at(i); }
+  // Copies the parameters' values into their master copies, for a program
+  // that wrote bf16/f16 parameters itself after compiling (io::load_weights,
+  // its own initialisation): otherwise the next step would start from the
+  // master's older values and overwrite them. Not after io::load_checkpoint,
+  // which restores the masters themselves (and more precisely). Under ZeRO
+  // stage 3 the steps train the rank's parameter shards, not the module's
+  // tensors: there, write the parameters before compiling instead.
+  void master_from_params() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Tensor& w = master_[i];
+      if (!w.defined()) continue;
+      if (w.numel() != params_[i].numel())
+        fail("optim::AdamW::master_from_params: parameter ", i, "'s master copy holds a ZeRO shard (", w.numel(), " of ",
+             params_[i].numel(), " elements); compile the step after writing the parameters instead, which makes the "
+             "master copies from them");
+      NvmeHomes::registry().bring_back(w.raw());  // written here, so the step's next run takes these bytes
+      NvmeHomes::registry().bring_back(params_[i].raw());
+      widen_into(w, params_[i]);
+    }
+  }
 
  private:
+  // Master weights for params()[i]: asked for, and a 16-bit parameter.
+  bool has_master(std::size_t i) const {
+    const DType dt = params_[i].dtype();
+    return wants_master_[i] && (dt == DType::bf16 || dt == DType::f16);
+  }
+  // The master of params()[i]'s update: made from the elements it trains
+  // (exactly: every bf16/f16 value is an f32 value) when there is none of
+  // this shape yet; kept, as the moments are, by the steps compiled after.
+  Var master_var(Var p, std::size_t i) {
+    Tensor& w = master_[i];
+    if (!w.defined() || w.shape() != state_shape(i) || w.dtype() != DType::f32) {
+      if (params_[i].is_meta()) {  // planned, not run: shapes only
+        MetaScope meta;
+        w = Tensor(state_shape(i), DType::f32);
+      } else {
+        w = Tensor(state_shape(i), DType::f32);
+        widen_into(w, trained_elements(i));
+      }
+    }
+    return persistent_var(w, ValueKind::state, p.graph->value(p.id).name + ".master");
+  }
+  static void widen_into(Tensor& to, const Tensor& from) {
+    float* out = to.data<float>();
+    if (from.dtype() == DType::bf16)
+      for (std::int64_t k = 0; k < from.numel(); ++k) out[k] = float(from.data<BFloat16>()[k]);
+    else if (from.dtype() == DType::f16)
+      for (std::int64_t k = 0; k < from.numel(); ++k) out[k] = float(from.data<Half>()[k]);
+    else
+      fail("internal error: optim::AdamW: a master copy of a ", dtype_name(from.dtype()), " parameter");
+  }
   std::pair<Var, Var> moments(Var p, std::size_t i) {
-    m_[i] = state_tensor(m_[i], i);  // the parameter's shape, or its ZeRO shard's
-    v_[i] = state_tensor(v_[i], i);
+    const std::optional<DType> dt = has_master(i) ? std::optional(DType::f32) : std::nullopt;
+    m_[i] = state_tensor(m_[i], i, dt);  // the parameter's shape, or its ZeRO shard's
+    v_[i] = state_tensor(v_[i], i, dt);
     const std::string name = p.graph->value(p.id).name;  // a copy: the graph grows below
     return {persistent_var(m_[i], ValueKind::state, name + ".exp_avg"),
             persistent_var(v_[i], ValueKind::state, name + ".exp_avg_sq")};
@@ -156,6 +239,8 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   std::vector<std::shared_ptr<ops::AdamWHyper>> groups_;
   std::vector<std::size_t> group_of_;
   std::vector<Tensor> m_, v_;
+  std::vector<Tensor> master_;     // f32 master copies, by parameter (undefined without)
+  std::vector<char> wants_master_;  // master_weights of each parameter's group
   Tensor taken_;
 };
 

@@ -122,13 +122,43 @@ class Optimizer {
   }
   // A state tensor of params()[index]'s update: `t` itself when it already
   // has state_shape(index), else a new zeroed one (a step compiled at another
-  // ZeRO stage, or over another rank count, gets its own).
-  Tensor state_tensor(const Tensor& t, std::size_t index) const {
+  // ZeRO stage, or over another rank count, gets its own). Of the
+  // parameter's dtype unless `dtype` says otherwise (f32 state of a 16-bit
+  // parameter).
+  Tensor state_tensor(const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) const {
     Shape s = state_shape(index);
     const Tensor& p = params().at(index);
-    if (t.defined() && t.shape() == s && t.dtype() == p.dtype()) return t;
+    const DType dt = dtype.value_or(p.dtype());
+    if (t.defined() && t.shape() == s && t.dtype() == dt) return t;
     MetaScope meta(p.is_meta());  // a meta parameter's state is planned, never allocated
-    return Tensor(std::move(s), p.dtype());
+    return Tensor(std::move(s), dt);
+  }
+  // A copy of the elements of params()[index] its update trains, of
+  // state_shape(index): the whole parameter, or under a ShardScope the
+  // shard's, read at stage 3 from the rank's parameter shard (which the
+  // steps train in the parameter's place, so it may be ahead of it). For
+  // state made from the parameter's values (AdamW's master weights). Bytes
+  // a step keeps on NVMe are brought back first.
+  Tensor trained_elements(std::size_t index) const {
+    const Tensor& p = params().at(index);
+    if (p.is_meta()) {  // planned, not run: shapes only
+      MetaScope meta;
+      return Tensor(state_shape(index), p.dtype());
+    }
+    const std::size_t es = dtype_size(p.dtype());
+    Tensor out(state_shape(index), p.dtype());
+    if (shard_ && !wrap_) {
+      if (index >= shards_.size() || !shards_[index].defined() || shard_of_.at(index).offset != shard_->offset ||
+          shards_[index].numel() != shard_->length)
+        fail("internal error: ZeRO stage 3 state of parameter ", index, " is made before its parameter shard");
+      NvmeHomes::registry().bring_back(shards_[index].raw());
+      std::memcpy(out.raw(), shards_[index].raw(), out.nbytes());
+      return out;
+    }
+    NvmeHomes::registry().bring_back(p.raw());
+    const std::size_t from = shard_ ? std::size_t(shard_->offset) * es : 0;
+    std::memcpy(out.raw(), static_cast<const char*>(p.raw()) + from, out.nbytes());
+    return out;
   }
   // Appends an update op whose input 0 is the parameter it writes; under a
   // ShardScope it runs on the shard (ops::ShardedUpdate).

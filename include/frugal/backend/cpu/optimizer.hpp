@@ -1,4 +1,7 @@
 #pragma once
+#include <type_traits>
+
+#include "../../ops/adamw_master.hpp"
 #include "../../ops/optimizer_updates.hpp"
 #include "../../runtime/backend.hpp"
 #include "isa.hpp"
@@ -42,6 +45,25 @@ template <class T, class Math>
     for (std::int64_t i = 0; i < n; ++i) m(p[i], g[i], mo[i], v[i]);
 }
 
+// 16-bit storage S: the gradient widened to f32 (exactly) before the scale.
+template <class S, class Math>
+[[gnu::always_inline]] inline void adamw16_loop(const Math& m, S* __restrict p, const S* __restrict g, S* __restrict mo,
+                                                S* __restrict v, std::int64_t n, bool scaled, float inv) {
+  if (scaled)
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], float(g[i]) * inv, mo[i], v[i]);
+  else
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], float(g[i]), mo[i], v[i]);
+}
+template <class S, class Math>
+[[gnu::always_inline]] inline void adamw_master_loop(const Math& m, S* __restrict p, const S* __restrict g,
+                                                     float* __restrict w, float* __restrict mo, float* __restrict v,
+                                                     std::int64_t n, bool scaled, float inv) {
+  if (scaled)
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], float(g[i]) * inv, w[i], mo[i], v[i]);
+  else
+    for (std::int64_t i = 0; i < n; ++i) m(p[i], float(g[i]), w[i], mo[i], v[i]);
+}
+
 // Each loop compiled for plain x86-64, AVX2 and AVX-512 (isa.hpp).
 #define FRUGAL_UPDATE_LOOPS(suffix, attr)                                                                        \
   template <class T, class Math>                                                                                 \
@@ -51,6 +73,15 @@ template <class T, class Math>
   template <class T, class Math>                                                                                 \
   attr void adamw_##suffix(const Math& m, T* p, const T* g, T* mo, T* v, std::int64_t n, bool scaled, T inv) {   \
     adamw_loop(m, p, g, mo, v, n, scaled, inv);                                                                  \
+  }                                                                                                              \
+  template <class S, class Math>                                                                                 \
+  attr void adamw16_##suffix(const Math& m, S* p, const S* g, S* mo, S* v, std::int64_t n, bool scaled, float inv) { \
+    adamw16_loop(m, p, g, mo, v, n, scaled, inv);                                                                \
+  }                                                                                                              \
+  template <class S, class Math>                                                                                 \
+  attr void adamw_master_##suffix(const Math& m, S* p, const S* g, float* w, float* mo, float* v, std::int64_t n, \
+                                  bool scaled, float inv) {                                                      \
+    adamw_master_loop(m, p, g, w, mo, v, n, scaled, inv);                                                        \
   }
 FRUGAL_UPDATE_LOOPS(base, )
 #if FRUGAL_CPU_ISA_DISPATCH
@@ -84,6 +115,30 @@ void adamw_span(CpuIsa isa, const Math& m, T* p, const T* g, T* mo, T* v, std::i
   adamw_base(m, p, g, mo, v, n, scaled, inv);
 }
 
+template <class S, class Math>
+void adamw16_span(CpuIsa isa, const Math& m, S* p, const S* g, S* mo, S* v, std::int64_t n, bool scaled, float inv) {
+#if FRUGAL_CPU_ISA_AVX512
+  if (isa == CpuIsa::avx512) return adamw16_avx512(m, p, g, mo, v, n, scaled, inv);
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa >= CpuIsa::avx2) return adamw16_avx2(m, p, g, mo, v, n, scaled, inv);
+#endif
+  (void)isa;
+  adamw16_base(m, p, g, mo, v, n, scaled, inv);
+}
+template <class S, class Math>
+void adamw_master_span(CpuIsa isa, const Math& m, S* p, const S* g, float* w, float* mo, float* v, std::int64_t n,
+                       bool scaled, float inv) {
+#if FRUGAL_CPU_ISA_AVX512
+  if (isa == CpuIsa::avx512) return adamw_master_avx512(m, p, g, w, mo, v, n, scaled, inv);
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa >= CpuIsa::avx2) return adamw_master_avx2(m, p, g, w, mo, v, n, scaled, inv);
+#endif
+  (void)isa;
+  adamw_master_base(m, p, g, w, mo, v, n, scaled, inv);
+}
+
 }  // namespace detail
 
 // The fused updates: one pass over the parameter, its gradient and its
@@ -107,9 +162,11 @@ inline void sgd_kernel(const ops::SgdUpdate& op, const KernelArgs& a) {
   });
 }
 
+// bf16/f16 parameters and moments step in f32 (ops::AdamWStorageMath).
 inline void adamw_kernel(const ops::AdamWUpdate& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "adamw_update", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, "adamw_update", [&](auto prec) {
+    using P = decltype(prec);
+    using T = typename P::Storage;
     T *p = a.in[0].as<T>(), *mo = a.in[2].as<T>(), *v = a.in[3].as<T>();
     const T* g = a.in[1].as<T>();
     GuardValues gv;
@@ -117,12 +174,46 @@ inline void adamw_kernel(const ops::AdamWUpdate& op, const KernelArgs& a) {
       gv = read_guard(a, 4);
       if (gv.skip) return;
     }
-    const auto m = op.guarded() ? op.math<T>(gv.step) : op.math<T>();
+    const auto f = op.guarded() ? op.math<typename P::Compute>(gv.step) : op.math<typename P::Compute>();
+    const CpuIsa isa = cpu_isa();
+    if constexpr (std::is_same_v<T, typename P::Compute>) {
+      const auto& m = f;
+      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+        detail::adamw_span(isa, m, p + b, g + b, mo + b, v + b, e - b, op.guarded(), T(gv.inv_scale));
+      });
+    } else {
+      const ops::AdamWStorageMath<T> m{f};
+      parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
+        detail::adamw16_span(isa, m, p + b, g + b, mo + b, v + b, e - b, op.guarded(), float(gv.inv_scale));
+      });
+    }
+  });
+}
+
+// The master's update (ops/adamw_master.hpp): S the parameter's storage,
+// the master and moments f32.
+inline void adamw_master_kernel(const ops::AdamWMasterUpdate& op, const KernelArgs& a) {
+  auto run = [&](auto tag) {
+    using S = decltype(tag);
+    S* p = a.in[0].as<S>();
+    const S* g = a.in[1].as<S>();
+    float *w = a.in[2].as<float>(), *mo = a.in[3].as<float>(), *v = a.in[4].as<float>();
+    GuardValues gv;
+    if (op.guarded()) {
+      gv = read_guard(a, 5);
+      if (gv.skip) return;  // an overflowed step: nothing changes
+    }
+    const auto m = op.guarded() ? op.math<S>(gv.step) : op.math<S>();
     const CpuIsa isa = cpu_isa();
     parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-      detail::adamw_span(isa, m, p + b, g + b, mo + b, v + b, e - b, op.guarded(), T(gv.inv_scale));
+      detail::adamw_master_span(isa, m, p + b, g + b, w + b, mo + b, v + b, e - b, op.guarded(), float(gv.inv_scale));
     });
-  });
+  };
+  switch (a.in[0].dtype) {
+    case DType::bf16: return run(BFloat16{});
+    case DType::f16: return run(Half{});
+    default: fail("cpu: ", op.name(), " steps a bf16 or f16 parameter, not ", dtype_name(a.in[0].dtype));
+  }
 }
 
 }  // namespace frugal::cpu

@@ -55,6 +55,7 @@ MatMul::~MatMul() = default;
 Linear::~Linear() = default;
 SgdUpdate::~SgdUpdate() = default;
 AdamWUpdate::~AdamWUpdate() = default;
+AdamWMasterUpdate::~AdamWMasterUpdate() = default;
 PoolOp::~PoolOp() = default;
 MaxPool2dBackward::~MaxPool2dBackward() = default;
 MaxPool2d::~MaxPool2d() = default;

@@ -1,8 +1,9 @@
 #pragma once
 // Kernel unit (compiled once per program; see ../register.hpp): the
-// optimizer phase's kernels: the fused SGD and AdamW updates, and the
-// gradient all-reduce of data parallelism before them, and ZeRO's sharded
-// update with its reduce-scatter and all-gather.
+// optimizer phase's kernels: the fused SGD and AdamW updates (AdamW's on
+// f32 master weights too), and the gradient all-reduce of data parallelism
+// before them, and ZeRO's sharded update with its reduce-scatter and
+// all-gather.
 #include "../accumulation.hpp"
 #include "../collective.hpp"
 #include "../optimizer.hpp"
@@ -14,6 +15,7 @@ namespace frugal::cpu {
 void add_optimizer_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::SgdUpdate>(sgd_kernel);
   t.add<ops::AdamWUpdate>(adamw_kernel);
+  t.add<ops::AdamWMasterUpdate>(adamw_master_kernel);
   t.add<ops::MicroStepSkip>(micro_step_skip_kernel);
   t.add<ops::AccumulateGradient>(accumulate_gradient_kernel);
   t.add<ops::AllReduceMean>(all_reduce_mean_kernel, all_reduce_mean_workspace);

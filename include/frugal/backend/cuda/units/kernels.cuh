@@ -35,6 +35,7 @@ void register_cuda_kernels(KernelTable& t, const Context& ctx, const BackendOpti
   t.add<ops::CrossEntropy>(CrossEntropyKernel{ctx}, cross_entropy_workspace);
   t.add<ops::CrossEntropyGrad>(CrossEntropyGradKernel{ctx});
   t.add<ops::AdamWUpdate>(AdamWKernel{ctx});
+  t.add<ops::AdamWMasterUpdate>(AdamWMasterKernel{ctx});
   t.add<ops::SgdUpdate>(SgdKernel{ctx});
   add_transformer_kernels(t, ctx);
   for (auto& extra : o.extra_kernels) extra(t);
