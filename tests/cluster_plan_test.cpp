@@ -8,9 +8,11 @@
 
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/frugal.hpp>
+#include <frugal/plan/cluster_prices.hpp>
 #include <frugal/plan/profile_prices.hpp>
 #include <frugal/runtime/process_memory.hpp>
 
+#include "../bench/published/zero_formulas.hpp"
 #include "../tools/model_zoo.hpp"
 
 using namespace frugal;
@@ -128,4 +130,222 @@ TEST_CASE("meta: a step over meta tensors cannot be compiled to run", "[cluster]
   c.family = "mlp", c.meta = true;
   zoo::Workload w = zoo::make(c);
   CHECK_THROWS_WITH(zoo::compile(w), Contains("meta tensor") && Contains("planned") && Contains("outside the"));
+}
+
+// ---- the step simulator ------------------------------------------------------------
+
+namespace {
+
+// Every compute op takes `compute` seconds, each collective `collective`,
+// each copy `copy`; host updates cost nothing.
+struct FlatPrices final : plan::StepPrices {
+  double compute = 1e-3, collective = 0, copy = 0;
+  double compute_seconds(const Graph&, NodeId) const override { return compute; }
+  double host_update_seconds(const Graph&, NodeId) const override { return 0; }
+  double h2d_seconds(std::size_t) const override { return copy; }
+  double d2h_seconds(std::size_t) const override { return copy; }
+  double nvme_read_seconds(std::size_t) const override { return copy; }
+  double nvme_write_seconds(std::size_t) const override { return copy; }
+  double collective_seconds(plan::Collective, std::size_t) const override { return collective; }
+};
+
+struct NodeCounts {
+  int compute = 0, collectives = 0, copies = 0;
+};
+NodeCounts count_nodes(const PlannedStep& ps) {
+  NodeCounts n;
+  for (NodeId id : ps.plan.schedule) {
+    const Op& op = *ps.graph->node(id).op;
+    if (const TransferOp* t = op.as_transfer()) n.copies += t->is_start();
+    else if (op.is_collective()) ++n.collectives;
+    else if (!op.name().ends_with("_on_host")) ++n.compute;
+  }
+  return n;
+}
+
+zoo::Config sim_gpt() {
+  zoo::Config c;
+  c.family = "gpt", c.layers = 2, c.width = 64, c.batch = 4, c.seq = 32, c.vocab = 97;
+  return c;
+}
+
+// One collective per gradient (no buckets), so that the backward can hide them.
+PlannedStep plan_sim(zoo::Config c, int ranks, int stage, bool overlap, Budget b = {}) {
+  c.meta = true;
+  zoo::Workload w = zoo::make(c);
+  CompileOptions o;
+  if (ranks > 1) {
+    o.communicator = std::make_shared<dist::PlanOnly>(0, ranks);
+    o.zero_stage = stage;
+    o.overlap_collectives = overlap;
+    o.bucket_bytes = 0;
+  }
+  return zoo::plan(w, b, o);
+}
+
+double waited_total(const plan::StepSimulation& s) {
+  double t = 0;
+  for (double w : s.waited_seconds) t += w;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("step_sim: with free links a step takes its compute, each op after the other", "[cluster][sim]") {
+  PlannedStep ps = plan_sim(sim_gpt(), 2, 0, true);
+  FlatPrices p;
+  plan::StepSimulation s = plan::simulate_step(*ps.graph, ps.plan, p);
+  NodeCounts n = count_nodes(ps);
+  REQUIRE(n.collectives > 0);
+  CHECK(s.step_seconds == Approx(n.compute * p.compute).epsilon(1e-12));
+  CHECK(s.busy(plan::Resource::compute) == Approx(n.compute * p.compute).epsilon(1e-12));
+  CHECK(waited_total(s) == 0);
+  CHECK(s.flops > 0);
+}
+
+TEST_CASE("step_sim: collectives in place add to the step; beside compute they overlap it", "[cluster][sim]") {
+  FlatPrices p;
+  p.collective = 4e-3;
+  PlannedStep inline_ = plan_sim(sim_gpt(), 2, 0, false), beside = plan_sim(sim_gpt(), 2, 0, true);
+  NodeCounts ni = count_nodes(inline_), nb = count_nodes(beside);
+  plan::StepSimulation si = plan::simulate_step(*inline_.graph, inline_.plan, p);
+  plan::StepSimulation sb = plan::simulate_step(*beside.graph, beside.plan, p);
+  // In place, compute stops for each collective.
+  CHECK(si.step_seconds == Approx(ni.compute * p.compute + ni.collectives * p.collective).epsilon(1e-12));
+  CHECK(si.waited(plan::Resource::network) == Approx(ni.collectives * p.collective).epsilon(1e-12));
+  // Beside compute: no faster than either alone, no slower than both in turn,
+  // and the backward hides some of it.
+  const double compute = nb.compute * p.compute, network = nb.collectives * p.collective;
+  CHECK(sb.step_seconds >= std::max(compute, network) - 1e-12);
+  CHECK(sb.step_seconds < compute + network);
+  CHECK(sb.busy(plan::Resource::network) == Approx(network).epsilon(1e-12));
+  // Compute's timeline is its work and its waits; the step ends with it
+  // (the update reads every gradient).
+  CHECK(sb.step_seconds == Approx(sb.busy(plan::Resource::compute) + waited_total(sb)).epsilon(1e-9));
+}
+
+TEST_CASE("step_sim: copies a budget adds are waited for only where compute cannot hide them", "[cluster][sim]") {
+  zoo::Config c = sim_gpt();
+  PlannedStep free = plan_sim(c, 1, 0, false);
+  Budget b{.device = free.plan.total_bytes() * 45 / 100};  // some activations swapped to the host
+  PlannedStep ps = plan_sim(c, 1, 0, false, b);
+  NodeCounts n = count_nodes(ps);
+  REQUIRE(n.copies > 0);
+  FlatPrices fast, slow;
+  slow.copy = 1.0;  // a second per copy: nothing hides that
+  plan::StepSimulation sf = plan::simulate_step(*ps.graph, ps.plan, fast);
+  plan::StepSimulation ss = plan::simulate_step(*ps.graph, ps.plan, slow);
+  CHECK(sf.step_seconds == Approx(n.compute * fast.compute).epsilon(1e-12));
+  CHECK(ss.step_seconds > sf.step_seconds + 1.0);
+  CHECK(ss.waited(plan::Resource::h2d) + ss.waited(plan::Resource::d2h) > 1.0);
+  CHECK(ss.busy(plan::Resource::h2d) + ss.busy(plan::Resource::d2h) == Approx(n.copies * slow.copy).epsilon(1e-12));
+  // Slower links never make a step faster.
+  FlatPrices slower = slow;
+  slower.copy = 2.0;
+  CHECK(plan::simulate_step(*ps.graph, ps.plan, slower).step_seconds >= ss.step_seconds);
+}
+
+TEST_CASE("step_sim: on a cluster each collective costs what the cluster's ring says for its bytes", "[cluster][sim]") {
+  const plan::Cluster dgx = plan::Cluster::preset("dgx-a100");
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("stage " << stage);
+    PlannedStep ps = plan_sim(sim_gpt(), 8, stage, true);
+    plan::ClusterPrices prices(dgx, 8);
+    plan::StepSimulation s = plan::simulate_step(*ps.graph, ps.plan, prices);
+    double param_bytes = 0;
+    zoo::Config c = sim_gpt();
+    c.meta = true;
+    zoo::Workload w = zoo::make(c);
+    for (const Tensor& t : w.model->parameters()) param_bytes += double(t.nbytes());
+    // Stages 0 and 1 all-reduce every gradient once (stage 1 updates its
+    // slice), stages 2 and 3 reduce-scatter them; stages 1-3 all-gather the
+    // parameters (stage 3 before their uses, perhaps again for the
+    // backward). Each collective is priced over the whole tensor.
+    std::map<std::string, double> expect_bytes;
+    double network_seconds = 0;
+    for (NodeId id : ps.plan.schedule) {
+      const Node& node = ps.graph->node(id);
+      if (!node.op->is_collective()) continue;
+      const plan::Collective kind = plan::detail::collective_of(node.op->name());
+      const double bytes = double(plan::detail::collective_bytes(*ps.graph, node, kind));
+      expect_bytes[plan::collective_name(kind)] += bytes;
+      network_seconds += kind == plan::Collective::all_reduce        ? dgx.all_reduce_seconds(bytes, 8)
+                         : kind == plan::Collective::reduce_scatter ? dgx.reduce_scatter_seconds(bytes, 8)
+                                                                     : dgx.all_gather_seconds(bytes, 8);
+    }
+    CHECK(s.busy(plan::Resource::network) == Approx(network_seconds).epsilon(1e-9));
+    if (stage <= 1) {
+      CHECK(expect_bytes["all_reduce"] >= param_bytes);  // every gradient (and the loss's scalar)
+      CHECK(expect_bytes["all_reduce"] <= param_bytes + 64);
+    } else {
+      CHECK(expect_bytes["reduce_scatter"] == param_bytes);
+    }
+    if (stage == 0) {
+      CHECK(expect_bytes["all_gather"] == 0);
+    } else {
+      if (stage < 3) CHECK(expect_bytes["all_gather"] == param_bytes);
+      else CHECK(expect_bytes["all_gather"] >= param_bytes);
+    }
+  }
+}
+
+// ---- ZeRO's model-state memory, as the paper counts it -------------------------------
+
+namespace {
+
+// What a rank holds of the model states (ZeRO §3: parameters, gradients,
+// optimizer state): its persistent parameters and optimizer state, and the
+// gradients its update reads -- what the gradients' collectives leave it,
+// whole (all-reduce) or its shard (reduce-scatter).
+double model_state_bytes(const PlannedStep& ps) {
+  auto kind = [&](const char* k) {
+    auto it = ps.plan.persistent_by_kind.find(k);
+    return it == ps.plan.persistent_by_kind.end() ? 0.0 : double(it->second);
+  };
+  double gradients = 0;
+  for (NodeId id : ps.plan.schedule) {
+    const Node& node = ps.graph->node(id);
+    std::string name = node.op->name();
+    if (name.ends_with(".start")) name.resize(name.size() - 6);
+    if (name != "all_reduce_mean" && name != "reduce_scatter_mean") continue;
+    for (ValueId v : node.outputs) {
+      const Value& val = ps.graph->value(v);
+      if (!val.is_workspace && val.meta.shape.numel() > 1) gradients += double(val.meta.nbytes());
+    }
+  }
+  return kind("parameters") + kind("optimizer state") + gradients;
+}
+
+}  // namespace
+
+TEST_CASE("zero: model-state bytes per rank are the ZeRO paper's, exactly, at every stage", "[cluster][zero]") {
+  // bf16 parameters and gradients, AdamW with f32 master weights: the
+  // paper's mixed-precision Adam, K = 12. Every tensor splits over 4 ranks
+  // (the last shard is shorter where 4 does not divide it: the average over
+  // the ranks is the paper's psi / N).
+  zoo::Config c;
+  c.family = "mlp", c.layers = 2, c.width = 64, c.features = 16, c.classes = 8, c.batch = 8;
+  c.dtype = DType::bf16, c.master_weights = true, c.meta = true;
+  double psi = 0;
+  {
+    zoo::Workload w = zoo::make(c);
+    for (const Tensor& t : w.model->parameters()) psi += double(t.numel());
+  }
+  const int n = 4;
+  for (int stage = 0; stage <= 3; ++stage) {
+    double total = 0;
+    for (int rank = 0; rank < n; ++rank) {
+      zoo::Workload w = zoo::make(c);
+      CompileOptions o;
+      o.communicator = std::make_shared<dist::PlanOnly>(rank, n);
+      o.zero_stage = stage;
+      total += model_state_bytes(zoo::plan(w, {}, o));
+    }
+    const double paper = stage == 0   ? published::zero::baseline_bytes(psi)
+                         : stage == 1 ? published::zero::pos_bytes(psi, n)
+                         : stage == 2 ? published::zero::pos_g_bytes(psi, n)
+                                      : published::zero::pos_g_p_bytes(psi, n);
+    INFO("stage " << stage << ": psi " << psi << ", frugal " << total / n << " bytes per rank, the paper " << paper);
+    CHECK(total == n * paper);
+  }
 }

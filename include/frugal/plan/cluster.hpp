@@ -31,6 +31,7 @@
 //     "internode_latency_s": 5e-06,        >= 0
 //     "host_bytes": 1.5e+12,               per node, > 0
 //     "cpu_cores": 48,                     per node, whole, >= 1
+//     "host_memory_bytes_per_s": 2.56e+11, per node, the DRAM channels' peak, > 0
 //     "nvme_bytes": 3.072e+13,             per node, >= 0 (0: no NVMe)
 //     "nvme_read_bytes_per_s": 2.4e+10,    per node, all drives; > 0 when nvme_bytes > 0, else >= 0
 //     "nvme_write_bytes_per_s": 1.6e+10,   likewise
@@ -80,6 +81,9 @@ struct Cluster {
   // One node.
   double host_bytes = 0;
   int cpu_cores = 1;
+  // What the node's DRAM channels move per second (an optimizer update
+  // offloaded to the host streams its operands through them).
+  double host_memory_bytes_per_s = 0;
   double nvme_bytes = 0;
   double nvme_read_bytes_per_s = 0;  // all the node's drives together
   double nvme_write_bytes_per_s = 0;
@@ -251,7 +255,7 @@ inline constexpr const char* kClusterFields[] = {
     "bf16_flops",        "f16_flops",      "op_latency_s",
     "pcie_bytes_per_s",  "pcie_latency_s", "nvlink_bytes_per_s",
     "nvlink_latency_s",  "internode_bytes_per_s", "internode_latency_s",
-    "host_bytes",        "cpu_cores",      "nvme_bytes",
+    "host_bytes",        "cpu_cores",      "host_memory_bytes_per_s", "nvme_bytes",
     "nvme_read_bytes_per_s", "nvme_write_bytes_per_s", "nvme_latency_s"};
 
 }  // namespace detail
@@ -292,6 +296,7 @@ inline std::string Cluster::to_json() const {
   num("internode_latency_s", internode_latency_s);
   num("host_bytes", host_bytes);
   num("cpu_cores", cpu_cores);
+  num("host_memory_bytes_per_s", host_memory_bytes_per_s);
   num("nvme_bytes", nvme_bytes);
   num("nvme_read_bytes_per_s", nvme_read_bytes_per_s);
   num("nvme_write_bytes_per_s", nvme_write_bytes_per_s);
@@ -346,6 +351,7 @@ inline Cluster Cluster::from_json(std::string_view text, const std::string& sour
   c.internode_latency_s = at_least("internode_latency_s", 0, false);
   c.host_bytes = at_least("host_bytes", 0, true);
   c.cpu_cores = whole("cpu_cores");
+  c.host_memory_bytes_per_s = at_least("host_memory_bytes_per_s", 0, true);
   c.nvme_bytes = at_least("nvme_bytes", 0, false);
   c.nvme_read_bytes_per_s = at_least("nvme_read_bytes_per_s", 0, c.nvme_bytes > 0);
   c.nvme_write_bytes_per_s = at_least("nvme_write_bytes_per_s", 0, c.nvme_bytes > 0);
@@ -387,6 +393,7 @@ inline Cluster Cluster::preset(std::string_view which) {
     c.internode_bytes_per_s = 100e9;     // 8x 100 Gb/s EDR InfiniBand ("1600 Gb/s bidirectional")
     c.host_bytes = 1.5e12;               // 1.5 TB system memory (DGX-2 datasheet; DeepSpeed ZeRO-Inference post)
     c.cpu_cores = 48;                    // 2x Xeon Platinum 8168, 24 cores each (DGX-2 datasheet)
+    c.host_memory_bytes_per_s = 2.56e11;  // 2 sockets x 6 channels of DDR4-2666 (21.3 GB/s each; Intel ARK)
     c.nvme_bytes = 8 * 3.84e12;          // "30 TB (8x 3.84 TB) NVMe" (DGX-2 datasheet)
     c.nvme_read_bytes_per_s = 8 * 3e9;   // estimate: 8 PCIe Gen3 drives at ~3 GB/s sequential read
     c.nvme_write_bytes_per_s = 8 * 2e9;  // estimate: ~2 GB/s sequential write each
@@ -407,6 +414,7 @@ inline Cluster Cluster::preset(std::string_view which) {
     c.internode_bytes_per_s = 200e9;     // 8x 200 Gb/s HDR InfiniBand (ConnectX-6)
     c.host_bytes = 2e12;                 // 2 TB system memory
     c.cpu_cores = 128;                   // 2x AMD EPYC 7742, 64 cores each
+    c.host_memory_bytes_per_s = 4.096e11;  // 2 sockets x 8 channels of DDR4-3200 (25.6 GB/s each; AMD's spec)
     c.nvme_bytes = 8 * 3.84e12;          // 30 TB (8x 3.84 TB) U.2 NVMe
     c.nvme_read_bytes_per_s = 8 * 6e9;   // estimate: 8 PCIe Gen4 drives at ~6 GB/s sequential read
     c.nvme_write_bytes_per_s = 8 * 3e9;  // estimate: ~3 GB/s sequential write each
@@ -428,6 +436,7 @@ inline Cluster Cluster::preset(std::string_view which) {
     c.internode_bytes_per_s = 400e9;                    // 8x 400 Gb/s NDR InfiniBand (ConnectX-7)
     c.host_bytes = 2e12;                                // 2 TB system memory
     c.cpu_cores = 112;                                  // 2x Xeon Platinum 8480C, 56 cores each
+    c.host_memory_bytes_per_s = 6.144e11;               // 2 sockets x 8 channels of DDR5-4800 (38.4 GB/s each)
     c.nvme_bytes = 8 * 3.84e12;                         // 30 TB (8x 3.84 TB) U.2 NVMe
     c.nvme_read_bytes_per_s = 8 * 6e9;                  // estimate, as dgx-a100
     c.nvme_write_bytes_per_s = 8 * 3e9;                 // estimate
