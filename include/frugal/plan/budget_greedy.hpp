@@ -71,6 +71,18 @@ inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<M
   return true;
 }
 
+// As above, with the profile's highest value known: a move that adds less
+// than the headroom there fits without a walk over every position (most
+// do, and at thousands of positions the walk was the solve's whole time).
+inline bool tier_fits(const std::vector<std::int64_t>& prof, std::int64_t prof_max, const std::vector<MemEffect>& add,
+                      std::int64_t limit) {
+  if (limit == 0 || add.empty()) return true;
+  std::int64_t added = 0;
+  for (auto& e : add)
+    if (e.bytes > 0 && !e.span.empty()) added += e.bytes;
+  return prof_max + added <= limit || tier_fits(prof, add, limit);
+}
+
 // Repairs the requirements a changed choice breaks, in place: a candidate
 // the change requires in some state moves to the allowed option that holds
 // the fewest bytes where `bytes_of` looks, and one whose option required
@@ -90,6 +102,13 @@ struct RequirementRepair {
     for (auto& v : requirers) v.erase(std::unique(v.begin(), v.end()), v.end());
   }
   static bool allows(const Requirement& r, int option) { return ((r.allowed >> option) & 1u) != 0; }
+  // may_choose, through the index of who requires whom (may_choose walks
+  // every candidate).
+  bool may_choose(const std::vector<int>& choice, std::size_t c, int m) const {
+    for (auto& r : p.candidates[c].options[std::size_t(m)].requires_)
+      if (!allows(r, choice[std::size_t(r.candidate)])) return false;
+    return allowed_by_others(choice, c, m);
+  }
   // Whether every chosen option requiring something of c allows option m.
   bool allowed_by_others(const std::vector<int>& choice, std::size_t c, int m) const {
     for (std::size_t k : requirers[c])
@@ -161,9 +180,10 @@ inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, s
     return p.candidates[a].options[std::size_t(s.choice[a])].cost_ms >
            p.candidates[b].options[std::size_t(s.choice[b])].cost_ms;
   });
+  const RequirementRepair index(p);
   for (std::size_t i : chosen) {
     int was = s.choice[i];
-    if (!may_choose(p, s.choice, i, 0)) continue;
+    if (!index.may_choose(s.choice, i, 0)) continue;
     s.choice[i] = 0;
     Evaluation e = evaluate(p, s.choice);
     if (!e.requirements_met || e.device_peak > bound) s.choice[i] = was;
@@ -172,6 +192,9 @@ inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, s
   s.feasible = s.eval.requirements_met && s.eval.device_peak <= bound;
   return s;
 }
+
+// Above this many candidates solve_greedy takes several moves a round.
+inline constexpr std::size_t kBatchMovesAbove = 1000;
 
 inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
   Solution s;
@@ -185,6 +208,8 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     for (int t = 1; t < p.positions; ++t)
       if (pr.device[std::size_t(t)] > pr.device[std::size_t(peak)]) peak = t;
     if (p.positions == 0 || pr.device[std::size_t(peak)] <= target) break;
+    const std::int64_t host_max = pr.host.empty() ? 0 : *std::max_element(pr.host.begin(), pr.host.end());
+    const std::int64_t nvme_max = pr.nvme.empty() ? 0 : *std::max_element(pr.nvme.begin(), pr.nvme.end());
     // A move sets one candidate's option, together with what its
     // requirements then ask of others (a persistent's inner window needs the
     // persistent to live on the host first; a recomputation needs its inputs
@@ -192,6 +217,17 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     double best_score = -1;
     std::vector<std::pair<std::size_t, int>> best;
     std::vector<std::pair<std::size_t, int>> undo;
+    // Large problems (a model of hundreds of layers) take several moves per
+    // round, best first, while they free no more at the peak together than
+    // it is over the target: one move a round made their solve quadratic in
+    // the candidates (minutes at 5000). Small ones take one, as always.
+    const bool batch = p.candidates.size() > kBatchMovesAbove;
+    struct Scored {
+      double score;
+      std::int64_t saving;
+      std::vector<std::pair<std::size_t, int>> move;
+    };
+    std::vector<Scored> scored;
     auto at_peak = [&](const Option& o) { return bytes_at(o.device, peak); };
     for (std::size_t i = 0; i < p.candidates.size(); ++i) {
       const auto& opts = p.candidates[i].options;
@@ -212,7 +248,11 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
             // The first entry for c holds the option it had before the move.
             const Option& was = p.candidates[c].options[std::size_t(was_option)];
             const Option& oc = p.candidates[c].options[std::size_t(s.choice[c])];
-            if (!tier_fits(pr.host, oc.host, p.host_budget) || !tier_fits(pr.nvme, oc.nvme, p.nvme_budget)) { ok = false; break; }
+            if (!tier_fits(pr.host, host_max, oc.host, p.host_budget) ||
+                !tier_fits(pr.nvme, nvme_max, oc.nvme, p.nvme_budget)) {
+              ok = false;
+              break;
+            }
             saving += bytes_at(was.device, peak) - bytes_at(oc.device, peak);
             cost += oc.cost_ms - was.cost_ms;
             move.push_back({c, s.choice[c]});
@@ -221,6 +261,7 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
         for (auto it = undo.rbegin(); it != undo.rend(); ++it) s.choice[it->first] = it->second;
         if (!ok || saving <= 0) continue;
         double score = double(saving) / (std::max(cost, 0.0) + 1e-3);
+        if (batch) scored.push_back({score, saving, move});
         if (score > best_score) {
           best_score = score;
           best = move;
@@ -228,7 +269,37 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
       }
     }
     if (best_score < 0) break;  // nothing frees bytes at the peak: this is as low as it goes
-    for (auto [c, k] : best) s.choice[c] = k;
+    if (!batch) {
+      for (auto [c, k] : best) s.choice[c] = k;
+      continue;
+    }
+    std::stable_sort(scored.begin(), scored.end(), [](const Scored& a, const Scored& b) { return a.score > b.score; });
+    const std::int64_t excess = pr.device[std::size_t(peak)] - target;
+    std::int64_t freed = 0;
+    std::vector<char> touched(p.candidates.size(), 0);
+    for (const Scored& m : scored) {
+      if (freed >= excess) break;
+      bool disjoint = true;
+      for (auto [c, k] : m.move) disjoint = disjoint && !touched[c];
+      if (!disjoint) continue;
+      // Each part of the move must still be allowed beside the moves taken.
+      std::vector<std::pair<std::size_t, int>> was;
+      bool ok = true;
+      for (auto [c, k] : m.move) {
+        if (!repair.may_choose(s.choice, c, k)) {
+          ok = false;
+          break;
+        }
+        was.push_back({c, s.choice[c]});
+        s.choice[c] = k;
+      }
+      if (!ok) {
+        for (auto it = was.rbegin(); it != was.rend(); ++it) s.choice[it->first] = it->second;
+        continue;
+      }
+      for (auto [c, k] : m.move) touched[c] = 1;
+      freed += m.saving;
+    }
   }
   // Undo what the target does not need, dearest first.
   s = undo_unneeded(p, std::move(s.choice), std::max(target, evaluate(p, s.choice).device_peak));
