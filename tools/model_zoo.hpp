@@ -22,6 +22,9 @@ struct Config {
   int width = 256;             // hidden width (mlp, gcn), model dimension (gpt), first stage's channels (resnet)
   DType dtype = DType::f32;
   std::string optimizer = "adamw";  // adamw | sgd
+  // AdamW keeps an f32 master copy of 16-bit parameters and f32 moments
+  // (DeepSpeed's mixed precision: 2 + 2 + 12 bytes per parameter).
+  bool master_weights = false;
   int seq = 64;                     // gpt context
   int heads = 4;                    // gpt heads
   int vocab = 256;                  // gpt vocabulary
@@ -36,6 +39,63 @@ struct Config {
     return cat(family, " layers=", layers, " width=", width, " batch=", batch, " dtype=", dtype_name(dtype));
   }
 };
+
+// Published model shapes, by name, for planning at their real scale
+// (frugal-plan --model gpt3-175b). Each is a GPT (nn::Gpt: learned
+// positions, pre-norm blocks, an untied output head, so a few percent more
+// parameters than a tied model of the same shape at GPT-2's sizes); `batch`
+// is sequences per rank.
+struct Preset {
+  const char* name;
+  int layers, width, heads, seq, batch;
+  const char* source;
+};
+inline constexpr int kGpt2Vocab = 50257;
+inline constexpr Preset kPresets[] = {
+    // GPT-2 (Radford et al. 2019, Table 2; the released models' heads).
+    {"gpt2-124m", 12, 768, 12, 1024, 8, "GPT-2 small"},
+    {"gpt2-355m", 24, 1024, 16, 1024, 8, "GPT-2 medium"},
+    {"gpt2-774m", 36, 1280, 20, 1024, 8, "GPT-2 large"},
+    {"gpt2-1.5b", 48, 1600, 25, 1024, 8, "GPT-2 XL"},
+    // GPT-3 (Brown et al. 2020, Table 2.1: n_layers, d_model, n_heads, n_ctx
+    // 2048). The table prints d_model 5140 for 13B, which 40 heads of 128
+    // do not make; 5120 is the model's width.
+    {"gpt3-13b", 40, 5120, 40, 2048, 1, "GPT-3 13B"},
+    {"gpt3-175b", 96, 12288, 96, 2048, 1, "GPT-3 175B"},
+    // ZeRO-Infinity (Rajbhandari et al. 2021, Table 1, K = 1024): hidden size,
+    // layers and batch per GPU as printed; sequence length 1024 and heads of
+    // 128 are this preset's assumptions (the table gives neither).
+    {"zinf-10b", 50, 4 * 1024, 32, 1024, 8, "ZeRO-Infinity 10B, 1 node"},
+    {"zinf-50b", 62, 8 * 1024, 64, 1024, 26, "ZeRO-Infinity 50B, 1 node"},
+    {"zinf-100b", 125, 8 * 1024, 64, 1024, 24, "ZeRO-Infinity 100B, 1 node"},
+    {"zinf-0.5t", 124, 18 * 1024, 144, 1024, 8, "ZeRO-Infinity 0.5T, 1 node (7 per GPU on 32 nodes)"},
+    {"zinf-1t", 128, 25 * 1024, 200, 1024, 7, "ZeRO-Infinity 1T, 1 node (5 per GPU on 32 nodes)"},
+    {"zinf-5t", 174, 48 * 1024, 384, 1024, 3, "ZeRO-Infinity 5T, 32 nodes"},
+    {"zinf-10t", 200, 64 * 1024, 512, 1024, 2, "ZeRO-Infinity 10T, 32 nodes"},
+    {"zinf-20t", 205, 88 * 1024, 704, 1024, 1, "ZeRO-Infinity 20T, 32 nodes (1.25 per GPU in the paper)"},
+};
+
+inline std::string preset_names() {
+  std::string s;
+  for (const Preset& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
+  return s;
+}
+inline const Preset* find_preset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+// The preset's shape in `c` (a gpt; its dtype and optimizer stay).
+inline void apply_preset(Config& c, const Preset& p) {
+  c.family = "gpt";
+  c.layers = p.layers;
+  c.width = p.width;
+  c.heads = p.heads;
+  c.seq = p.seq;
+  c.batch = p.batch;
+  c.vocab = kGpt2Vocab;
+}
 
 // A workload: a model, its inputs, its loss and a source of batches.
 struct Workload {
@@ -172,7 +232,8 @@ inline Workload make(const Config& c) {
   }
   std::vector<Tensor> params = w.model->parameters();
   if (c.optimizer == "sgd") w.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
-  else if (c.optimizer == "adamw") w.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-3});
+  else if (c.optimizer == "adamw")
+    w.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-3, .master_weights = c.master_weights});
   else fail("unknown optimizer '", c.optimizer, "': use adamw or sgd");
   return w;
 }

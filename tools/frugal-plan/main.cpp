@@ -39,6 +39,7 @@
 #include <frugal/runtime/profile_cache.hpp>
 
 #include "../model_zoo.hpp"
+#include "simulate.hpp"
 
 using namespace frugal;
 
@@ -59,7 +60,10 @@ int main(int argc, char** argv) try {
   std::string svg_path, budget_arg;
   Budget budget;
   DeviceProfile profile;
-  bool json = false, have_model = false;
+  bool json = false, have_model = false, dtype_given = false, master_given = false;
+  std::string simulate_what;
+  int nodes = 0;
+  frugal_plan::SimulateArgs sim;
   int ranks = 0;
   std::string zero = "auto", overlap = "auto", offload = "auto";
   for (int i = 1; i < argc; ++i) {
@@ -67,6 +71,13 @@ int main(int argc, char** argv) try {
     auto val = [&]() -> std::string {
       if (i + 1 >= argc) usage(k + " needs a value");
       return argv[++i];
+    };
+    auto fraction = [&]() {
+      std::string v = val();
+      char* end = nullptr;
+      double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end || !(x > 0 && x <= 1)) usage(k + " takes a fraction in (0, 1], got '" + v + "'");
+      return x;
     };
     auto num = [&]() {
       std::string v = val();
@@ -78,7 +89,18 @@ int main(int argc, char** argv) try {
         usage(k + " takes a positive whole number, got '" + v + "'");
       }
     };
-    if (k == "--model") c.family = val(), have_model = true;
+    if (k == "--model") {
+      c.family = val(), have_model = true;
+      if (const zoo::Preset* p = zoo::find_preset(c.family)) zoo::apply_preset(c, *p);
+    }
+    else if (k == "--simulate") simulate_what = val();
+    else if (k == "--nodes") nodes = num();
+    else if (k == "--gemm-efficiency") sim.assumptions.gemm_efficiency = fraction();
+    else if (k == "--stream-efficiency") sim.assumptions.stream_efficiency = fraction();
+    else if (k == "--tf32") sim.assumptions.tf32 = true;
+    else if (k == "--no-largest") sim.largest = false;
+    else if (k == "--master-weights") c.master_weights = true, master_given = true;
+    else if (k == "--no-master-weights") c.master_weights = false, master_given = true;
     else if (k == "--batch") c.batch = num();
     else if (k == "--layers") c.layers = num();
     else if (k == "--width") c.width = num();
@@ -93,7 +115,10 @@ int main(int argc, char** argv) try {
       std::string d = val();
       if (d == "f32") c.dtype = DType::f32;
       else if (d == "f64") c.dtype = DType::f64;
-      else usage("--dtype takes f32 or f64");
+      else if (d == "bf16") c.dtype = DType::bf16;
+      else if (d == "f16") c.dtype = DType::f16;
+      else usage("--dtype takes f32, f64, bf16 or f16");
+      dtype_given = true;
     } else if (k == "--no-reorder") o.plan.reorder = false;
     else if (k == "--no-inplace") o.plan.inplace = false;
     else if (k == "--fuse") o.plan.fuse = true;  // merge elementwise chains (PlanOptions::fuse, the default)
@@ -126,6 +151,7 @@ int main(int argc, char** argv) try {
   }
   if (!have_model) usage("--model is required");
   c.meta = true;  // planned, never run: no parameter or optimizer state is allocated
+  if (nodes && simulate_what.empty()) usage("--nodes needs --simulate CLUSTER");
 
   if (zero != "auto" && !ranks) usage("--zero needs --ranks N");
   if (zero != "auto") o.zero_stage = std::stoi(zero);
@@ -134,6 +160,21 @@ int main(int argc, char** argv) try {
   if (offload == "0" || offload == "1") o.offload_optimizer = offload == "1";
   o.plan.nvme_offload.optimizer_state = offload.starts_with("nvme");
   o.plan.nvme_offload.parameters = offload == "nvme+params";
+  if (!simulate_what.empty()) {
+    sim.cluster = frugal_plan::read_cluster(simulate_what);
+    if (nodes) sim.cluster.nodes = nodes;
+    // Mixed precision where the GPU has it: bf16 tensor cores, else f16 (a V100).
+    if (!dtype_given) c.dtype = sim.cluster.bf16_flops > sim.cluster.f32_flops ? DType::bf16 : DType::f16;
+    // ...and DeepSpeed's f32 master weights beside 16-bit parameters.
+    if (!master_given) c.master_weights = c.dtype == DType::bf16 || c.dtype == DType::f16;
+    sim.model = c;
+    sim.options = o;
+    sim.ranks = ranks;
+    sim.json = json;
+    if (!budget_arg.empty()) sim.device_budget = parse_bytes(budget_arg);
+    if (budget.host) sim.host_budget = budget.host;
+    return frugal_plan::simulate(sim);
+  }
   auto w = zoo::make(c);
   if (ranks) {
     std::vector<PlannedStep> per_rank;
