@@ -55,9 +55,12 @@ struct AdamWMath {
   }
 };
 
+// A parameter, its gradient and its state share one dtype. bf16/f16 ones
+// (a model built in 16 bits) are updated in f32, each element read into
+// f32, stepped by the functors above and rounded once on store.
 inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> in) {
   for (auto& m : in) {
-    expect_floating(op, m);
+    expect_any_floating(op, m);
     if (m.shape != in[0].shape || m.dtype != in[0].dtype)
       fail<ShapeError>(op, ": parameter ", in[0].str(), " and its gradient/state ", m.str(), " differ");
   }

@@ -4,33 +4,42 @@
 // computed on the host by the op (as for the CPU kernel) and the per-element
 // arithmetic is the same code, so with -fmad=false the GPU's update is the
 // CPU's, bit for bit. The guarded variants (dynamic loss scaling) are not
-// implemented on CUDA yet and say so.
+// implemented on CUDA yet and say so. bf16/f16 parameters and state are
+// read into f32, stepped by the same functors and rounded once on store,
+// as on the CPU.
 #include "../../ops/optimizer_updates.hpp"
 #include "launch.cuh"
 
 namespace frugal::cuda {
 
-template <class T>
-__global__ void adamw_k(ops::AdamWMath<T> m, T* p, const T* g, T* mo, T* v, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
-    m(p[i], g[i], mo[i], v[i]);
+template <class S, class C>
+__global__ void adamw_k(ops::AdamWMath<C> m, S* p, const S* g, S* mo, S* v, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    C pc = load<C>(p[i]), mc = load<C>(mo[i]), vc = load<C>(v[i]);
+    m(pc, load<C>(g[i]), mc, vc);
+    p[i] = store<S>(pc), mo[i] = store<S>(mc), v[i] = store<S>(vc);
+  }
 }
-template <class T>
-__global__ void sgd_k(ops::SgdMomentumMath<T> m, T* p, const T* g, T* buf, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
-    m(p[i], g[i], buf[i]);
+template <class S, class C>
+__global__ void sgd_k(ops::SgdMomentumMath<C> m, S* p, const S* g, S* buf, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    C pc = load<C>(p[i]), bc = load<C>(buf[i]);
+    m(pc, load<C>(g[i]), bc);
+    p[i] = store<S>(pc), buf[i] = store<S>(bc);
+  }
 }
 
 struct AdamWKernel {
   Context ctx;
   void operator()(const ops::AdamWUpdate& op, const KernelArgs& a) const {
     if (op.guarded()) fail("cuda: ", op.name(), " (dynamic loss scaling) has no CUDA kernel yet; use the cpu backend");
-    dispatch_float(a.in[0].dtype, "adamw_update", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "adamw_update", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const std::int64_t n = a.in[0].numel();
       if (n == 0) return;
-      adamw_k<<<blocks_for(n), kThreads, 0, ctx.compute>>>(op.math<T>(), a.in[0].as<T>(), a.in[1].as<const T>(),
-                                                           a.in[2].as<T>(), a.in[3].as<T>(), n);
+      adamw_k<S, C><<<blocks_for(n), kThreads, 0, ctx.compute>>>(op.math<C>(), a.in[0].as<S>(), a.in[1].as<const S>(),
+                                                                 a.in[2].as<S>(), a.in[3].as<S>(), n);
       check_launch(describe(op, a));
     });
   }
@@ -40,12 +49,13 @@ struct SgdKernel {
   Context ctx;
   void operator()(const ops::SgdUpdate& op, const KernelArgs& a) const {
     if (op.guarded()) fail("cuda: ", op.name(), " (dynamic loss scaling) has no CUDA kernel yet; use the cpu backend");
-    dispatch_float(a.in[0].dtype, "sgd_update", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "sgd_update", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const std::int64_t n = a.in[0].numel();
       if (n == 0) return;
-      sgd_k<<<blocks_for(n), kThreads, 0, ctx.compute>>>(op.math<T>(), a.in[0].as<T>(), a.in[1].as<const T>(),
-                                                         a.in[2].as<T>(), n);
+      sgd_k<S, C><<<blocks_for(n), kThreads, 0, ctx.compute>>>(op.math<C>(), a.in[0].as<S>(), a.in[1].as<const S>(),
+                                                               a.in[2].as<S>(), n);
       check_launch(describe(op, a));
     });
   }
