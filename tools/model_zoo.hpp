@@ -62,9 +62,12 @@ inline constexpr Preset kPresets[] = {
     // do not make; 5120 is the model's width.
     {"gpt3-13b", 40, 5120, 40, 2048, 1, "GPT-3 13B"},
     {"gpt3-175b", 96, 12288, 96, 2048, 1, "GPT-3 175B"},
-    // ZeRO-Infinity (Rajbhandari et al. 2021, Table 1, K = 1024): hidden size,
-    // layers and batch per GPU as printed; sequence length 1024 and heads of
-    // 128 are this preset's assumptions (the table gives neither).
+    // ZeRO-Infinity (Rajbhandari et al. 2021), its throughput runs' model
+    // shapes (hidden sizes in K = 1024, layers, batch per GPU) as recalled
+    // from the paper's configuration table -- UNCONFIRMED: no copy of the
+    // paper's text could be read here (bench/published/zero_formulas.hpp);
+    // each shape's 12 L h^2 does give its name's size within 1%. Sequence
+    // length 1024 and heads of 128 are this preset's assumptions.
     {"zinf-10b", 50, 4 * 1024, 32, 1024, 8, "ZeRO-Infinity 10B, 1 node"},
     {"zinf-50b", 62, 8 * 1024, 64, 1024, 26, "ZeRO-Infinity 50B, 1 node"},
     {"zinf-100b", 125, 8 * 1024, 64, 1024, 24, "ZeRO-Infinity 100B, 1 node"},

@@ -344,8 +344,10 @@ int run() try {
            [](auto&, auto&) { return bitwise(); });
 
   // Optimizer updates: the shared update functors, host-computed constants,
-  // IEEE + - * / sqrt only: bitwise, parameter and state alike.
-  for (DType dt : {DType::f32, DType::f64}) {
+  // IEEE + - * / sqrt only: bitwise, parameter and state alike. bf16/f16
+  // (a model built in 16 bits): the same f32 arithmetic, rounded once on
+  // store on both backends: bitwise too.
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     auto h = std::make_shared<ops::AdamWHyper>();
     h->lr = 3e-3;
     h->weight_decay = 0.1;
@@ -400,6 +402,13 @@ int run() try {
     std::memcpy(rep2.raw(), rep.raw(), rep.nbytes());
     check_op(std::string("embedding_grad f32 ids ") + dtype_name(it) + " [4,33] -> [15,70]", ops::EmbeddingGrad(15),
              {rep2, random({4, 33, 70})}, [](auto&, auto&) { return bitwise(); });
+    // bf16/f16: both backends sum a row in f32 in position order and round
+    // once (the CPU in its planned f32 workspace): bitwise.
+    for (DType dt : {DType::bf16, DType::f16})
+      check_op(std::string("embedding_grad ") + dtype_name(dt) + " ids " + dtype_name(it) + " [4,33] -> [15,70]",
+               ops::EmbeddingGrad(15), {rep2, random({4, 33, 70}, dt)}, [](auto&, auto&) { return bitwise(); });
+    check_op(std::string("embedding bf16 ids ") + dtype_name(it) + " [4,9] x [50,24]", ops::Embedding{},
+             {ids2, random({50, 24}, DType::bf16)}, [](auto&, auto&) { return bitwise(); });
   }
   // Slices and their gradient move elements (and write zeros): exact.
   check_op("slice f32 [3,10,5] axis 1 [2,8)", ops::Slice(1, 2, 8, 1), {random({3, 10, 5})},
@@ -413,7 +422,7 @@ int run() try {
   // Dropout: the same Philox bits for the same (key, step, element) and one
   // multiplication each: bitwise, mask and scale alike (check_op runs both
   // at step 7); 1001 elements end in a partial group of four.
-  for (DType dt : {DType::f32, DType::f64}) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {  // 16-bit: scaled in f32, rounded once
     check_op(std::string("dropout p=0.3 ") + dtype_name(dt) + " [1001]", ops::Dropout(0.3, 0x1234abcdull),
              {random({1001}, dt)}, [](auto&, auto&) { return bitwise(); });
     check_op(std::string("dropout_grad p=0.3 ") + dtype_name(dt) + " [1001]", ops::DropoutGrad(0.3, 0x1234abcdull),
@@ -446,6 +455,22 @@ int run() try {
     check_op(std::string("fused add,gelu,mul,affine,gelu_grad ") + dtype_name(dt), ops::FusedElementwise(prog),
              {random({4, 8, 16}, dt), random({16}, dt), random({4, 8, 16}, dt)}, [](auto&, auto&) { return bitwise(); });
   }
+
+  // The CPU's outputs of `op` on `inputs` (a backward's saved statistics,
+  // o and lse must be the forward's).
+  auto cpu_outputs = [](const Op& op, const std::vector<Tensor>& inputs) {
+    std::vector<TensorMeta> in_meta;
+    for (auto& t : inputs) in_meta.push_back({t.dtype(), t.shape()});
+    const std::vector<TensorMeta> out_meta = op.infer(in_meta);
+    std::vector<Tensor> out;
+    std::vector<TensorRef> in_ref, out_ref;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      in_ref.push_back({const_cast<void*>(inputs[i].raw()), inputs[i].dtype(), &in_meta[i].shape});
+    for (auto& m : out_meta) out.emplace_back(m.shape, m.dtype);
+    for (std::size_t i = 0; i < out.size(); ++i) out_ref.push_back({out[i].raw(), out[i].dtype(), &out_meta[i].shape});
+    cpu_backend->kernel_for(op)(op, KernelArgs{in_ref, out_ref, 0, nullptr, 0});
+    return out;
+  };
 
   // Layer norm. The GPU sums a row in a 32-lane shuffle tree, the CPU in
   // its own lane order: each f32 sum of d terms is within gamma_d·Σ|terms|
@@ -488,6 +513,29 @@ int run() try {
     };
     check_op("layer_norm_grad f32 [37,100] affine", ops::LayerNormGrad(true, true), {x, mean, rstd, dy, w}, grad_tol);
     check_op("layer_norm_grad f32 [37,100] plain", ops::LayerNormGrad(false, false), {x, mean, rstd, dy}, grad_tol);
+    // bf16: the same f32 arithmetic on the bf16 values, mean and rstd f32,
+    // each 16-bit output rounded once; two f32 results within the bounds
+    // above may round to neighbouring bf16 values: add one bf16 rounding
+    // (u16b relative) to the f32 bounds of y, dx, dweight and dbias.
+    Tensor xb({rows, d}, DType::bf16), wb({d}, DType::bf16), bb({d}, DType::bf16), dyb({rows, d}, DType::bf16);
+    for (std::int64_t i = 0; i < x.numel(); ++i) put(xb, i, at(x, i)), put(dyb, i, at(dy, i));
+    for (std::int64_t i = 0; i < d; ++i) put(wb, i, at(w, i)), put(bb, i, at(b, i));
+    auto rel16 = [lim](auto&, const std::vector<Tensor>& out) -> Tolerance {
+      return [lim, &out](std::size_t r, std::int64_t i) {
+        const double v = std::fabs(at(out[r], i));
+        return lim * (1 + v) + (r == 0 ? 2 * u16b * v : 0.0);
+      };
+    };
+    check_op("layer_norm bf16 [37,100] affine", ops::LayerNorm(1e-5, true, true), {xb, wb, bb}, rel16);
+    auto stats = cpu_outputs(ops::LayerNorm(1e-5, true, true), {xb, wb, bb});  // f32 mean and rstd
+    auto grad16 = [glim](auto&, const std::vector<Tensor>& out) -> Tolerance {
+      return [glim, &out](std::size_t r, std::int64_t i) {
+        const double v = std::fabs(at(out[r], i));
+        return r == 0 ? glim * (1 + v) + 2 * u16b * v : 0.0;  // dweight, dbias: bitwise, as in f32
+      };
+    };
+    check_op("layer_norm_grad bf16 [37,100] affine", ops::LayerNormGrad(true, true), {xb, stats[1], stats[2], dyb, wb},
+             grad16);
   }
 
   // Causal attention. Both backends compute o = Σ_j p_j v_j / Σ_j p_j with
@@ -518,21 +566,6 @@ int run() try {
       return [n_hd, gmax](std::size_t, std::int64_t) { return 16.0 * (n_hd + 8) * u32 * (1 + gmax); };
     };
   };
-  // The CPU's outputs of `op` on `inputs` (the backward's o and lse must be
-  // the forward's).
-  auto cpu_outputs = [](const Op& op, const std::vector<Tensor>& inputs) {
-    std::vector<TensorMeta> in_meta;
-    for (auto& t : inputs) in_meta.push_back({t.dtype(), t.shape()});
-    const std::vector<TensorMeta> out_meta = op.infer(in_meta);
-    std::vector<Tensor> out;
-    std::vector<TensorRef> in_ref, out_ref;
-    for (std::size_t i = 0; i < inputs.size(); ++i)
-      in_ref.push_back({const_cast<void*>(inputs[i].raw()), inputs[i].dtype(), &in_meta[i].shape});
-    for (auto& m : out_meta) out.emplace_back(m.shape, m.dtype);
-    for (std::size_t i = 0; i < out.size(); ++i) out_ref.push_back({out[i].raw(), out[i].dtype(), &out_meta[i].shape});
-    cpu_backend->kernel_for(op)(op, KernelArgs{in_ref, out_ref, 0, nullptr, 0});
-    return out;
-  };
   {
     // The packed GPT layout: qkv [2, 20, 3·4·12], 4 heads of 12.
     const std::int64_t T = 20, hd = 12;
@@ -553,6 +586,26 @@ int run() try {
     auto fwd = cpu_outputs(ops::CausalAttention(), {q, k, v});
     check_op("causal_attention_grad f32 q[2,3,9,8] k[..13,8]", ops::CausalAttentionGrad(1.0 / std::sqrt(8.0)),
              {q, k, v, fwd[0], fwd[1], random({2, 3, 9, 6})}, attn_bwd_tol(13.0 + 8));
+  }
+  // bf16: the f32 computation on the bf16 values (lse f32), each output
+  // rounded once; two f32 results within the bounds above may round to
+  // neighbouring bf16 values, so one bf16 rounding (relative) is added.
+  {
+    const std::int64_t T = 20, hd = 12;
+    Tensor qkv = random({2, T, 3 * 4 * hd}, DType::bf16);
+    auto plus16 = [](auto base) {
+      return [base](const std::vector<Tensor>& in, const std::vector<Tensor>& out) -> Tolerance {
+        Tolerance t = base(in, out);
+        return [t, &out](std::size_t r, std::int64_t i) {
+          return t(r, i) + (out[r].dtype() == DType::f32 ? 0.0 : 2 * u16b * std::fabs(at(out[r], i)));
+        };
+      };
+    };
+    check_op("causal_attention_qkv bf16 [2,20,144] 4 heads", ops::CausalAttentionQkv(4), {qkv},
+             plus16(attn_fwd_tol(double(T + hd))));
+    auto fwd = cpu_outputs(ops::CausalAttentionQkv(4), {qkv});
+    check_op("causal_attention_qkv_grad bf16 [2,20,144]", ops::CausalAttentionQkvGrad(4, 1.0 / std::sqrt(double(hd))),
+             {qkv, fwd[0], fwd[1], random({2, T, 4 * hd}, DType::bf16)}, plus16(attn_bwd_tol(double(T + hd))));
   }
   // Phase 1's linear and cross-entropy on the gpt's rank-3 shapes (rows
   // flattened from [batch, time]): tolerances as for their rank-2 cases.

@@ -32,6 +32,22 @@
 // --profile FILE prices the decisions with another machine's DeviceProfile
 // (the JSON `frugal-info --calibrate` writes and caches): the plan that
 // machine would get. The smallest feasible budget does not depend on it.
+//
+// frugal-plan --simulate CLUSTER plans a training step for a cluster that
+// is not here and runs the plan in virtual time (tools/frugal-plan/
+// simulate.hpp): CLUSTER is a JSON file (plan/cluster.hpp; the presets are
+// in tools/frugal-plan/clusters/) or a preset's name, --nodes N scales it;
+// --model takes a published shape (gpt2-124m ... gpt3-175b, zinf-10b ...
+// zinf-20t) or a family with its flags. Each of --ranks N (default: every
+// GPU) data-parallel ranks gets its GPU's memory as device budget (--budget
+// lowers it) and its share of the node's RAM and NVMe; the model is built of
+// meta tensors, in bf16 (f16 on a GPU without bf16) with f32 master weights
+// unless --dtype / --no-master-weights say otherwise. It prints per tier
+// what rank 0 and the last rank hold, the ZeRO stage, offload and budget
+// decisions with their reasons, the step time, tokens/s and TFLOP/s per GPU
+// the simulation predicts, and the largest model at this width that fits
+// (--no-largest skips that search). A model that does not fit exits with
+// status 1, naming what runs out and by how much.
 #include <fstream>
 #include <iostream>
 
@@ -50,7 +66,13 @@ using namespace frugal;
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse] [--least-saved]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
                "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n"
-               "                   [--offload auto|0|1|nvme|nvme+params]\n";
+               "                   [--offload auto|0|1|nvme|nvme+params]\n"
+               "       frugal-plan --simulate CLUSTER.json|dgx2|dgx-a100|dgx-h100|dgx-h200 [--nodes N]\n"
+               "                   --model PRESET|mlp|gpt|gcn|resnet [model flags] [--ranks N] [--budget BYTES]\n"
+               "                   [--host BYTES] [--zero ...] [--offload ...] [--dtype bf16|f16|f32]\n"
+               "                   [--no-master-weights] [--tf32] [--gemm-efficiency F] [--stream-efficiency F]\n"
+               "                   [--no-largest] [--json]\n"
+               "       presets: " << zoo::preset_names() << "\n";
   std::exit(2);
 }
 
@@ -153,9 +175,9 @@ int main(int argc, char** argv) try {
   c.meta = true;  // planned, never run: no parameter or optimizer state is allocated
   if (nodes && simulate_what.empty()) usage("--nodes needs --simulate CLUSTER");
 
-  if (zero != "auto" && !ranks) usage("--zero needs --ranks N");
+  if (zero != "auto" && !ranks && simulate_what.empty()) usage("--zero needs --ranks N or --simulate CLUSTER");
   if (zero != "auto") o.zero_stage = std::stoi(zero);
-  if (overlap != "auto" && !ranks) usage("--overlap needs --ranks N");
+  if (overlap != "auto" && !ranks && simulate_what.empty()) usage("--overlap needs --ranks N or --simulate CLUSTER");
   if (overlap != "auto") o.overlap_collectives = overlap == "1";
   if (offload == "0" || offload == "1") o.offload_optimizer = offload == "1";
   o.plan.nvme_offload.optimizer_state = offload.starts_with("nvme");

@@ -38,6 +38,14 @@ constexpr const char* dtype_name(DType t) {
 
 constexpr bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16; }
 constexpr bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+// The 16-bit storage types: kernels read them into f32, compute in f32 and
+// round once on store (core/precision.hpp).
+constexpr bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+// The dtype a kernel computes a tensor of dtype t in: f32 for bf16/f16, else
+// t itself. Statistics an op saves for its backward (layer norm's mean and
+// rstd, attention's logsumexp) are stored in it, so a 16-bit tensor's
+// backward reads them unrounded.
+constexpr DType compute_dtype(DType t) { return is_half(t) ? DType::f32 : t; }
 
 template <class T>
 constexpr DType dtype_of() {

@@ -21,23 +21,10 @@ struct Conv2dLayerOptions {
 // bound for the bias; fan_in = in_channels/groups * kH * kW. bf16/f16 draw in
 // f32 and round.
 inline void conv_default_init(Tensor& weight, Tensor* bias, std::int64_t fan_in) {
-  const DType dt = weight.dtype();
   if (weight.is_meta()) return;
-  if (dt == DType::f32 || dt == DType::f64) {
-    linear_default_init(weight, bias, fan_in);
-    return;
-  }
-  Tensor wf(weight.shape(), DType::f32), bf = bias ? Tensor(bias->shape(), DType::f32) : Tensor();
-  linear_default_init(wf, bias ? &bf : nullptr, fan_in);
-  auto round_into = [&](const Tensor& src, Tensor& dst) {
-    const float* s = src.data<float>();
-    for (std::int64_t i = 0; i < dst.numel(); ++i) {
-      if (dt == DType::bf16) dst.data<BFloat16>()[i] = BFloat16(s[i]);
-      else dst.data<Half>()[i] = Half(s[i]);
-    }
-  };
-  round_into(wf, weight);
-  if (bias) round_into(bf, *bias);
+  // bf16/f16: the f32 draws rounded (uniform_ does it), so the same seed
+  // gives the f32 model's weights rounded.
+  linear_default_init(weight, bias, fan_in);
 }
 
 // 2-D convolution over NCHW input, as torch.nn.Conv2d: weight

@@ -6,16 +6,11 @@
 
 namespace frugal::nn {
 
-// torch.nn.Embedding's default initialisation: N(0, 1).
+// torch.nn.Embedding's default initialisation: N(0, 1) (bf16/f16: the f32
+// draws rounded, nn/init.hpp's fill_drawn_).
 inline void embedding_default_init(Tensor& weight) {
   if (weight.is_meta()) return;
-  auto fill = [&](auto* p) {
-    for (std::int64_t i = 0; i < weight.numel(); ++i) p[i] = decltype(+*p)(init_rng().normal());
-  };
-  if (weight.dtype() == DType::f64)
-    fill(weight.data<double>());
-  else
-    fill(weight.data<float>());
+  fill_drawn_(weight, [] { return init_rng().normal(); });
 }
 
 struct EmbeddingOptions {

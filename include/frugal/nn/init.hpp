@@ -18,19 +18,36 @@ inline Rng& init_rng() {
 // Reseeds parameter initialisation (like torch::manual_seed for weights).
 inline void manual_seed(std::uint64_t seed) { init_rng() = Rng(seed); }
 
-// bf16/f16: each draw rounded once to the dtype (the same draws as f32).
-inline void uniform_(Tensor& t, double lo, double hi) {
+// Writes draw() (a double) into every element of t, in order: f64 keeps
+// it, f32 rounds it to float, bf16/f16 round that float once more. So a
+// model built in 16 bits from the same seed starts from the f32 model's
+// weights, rounded (the draws are the same, one per element).
+template <class Draw>
+void fill_drawn_(Tensor& t, Draw&& draw) {
   if (t.is_meta()) return;  // shapes only (MetaScope): nothing to draw into
-  auto fill = [&](auto* p) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = math::convert<T>(init_rng().uniform(lo, hi));
+  auto fill = [&](auto* p, auto round) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = round(draw());
   };
   switch (t.dtype()) {
-    case DType::f64: return fill(t.data<double>());
-    case DType::bf16: return fill(t.data<BFloat16>());
-    case DType::f16: return fill(t.data<Half>());
-    default: return fill(t.data<float>());
+    case DType::f64: fill(t.data<double>(), [](double x) { return x; }); return;
+    case DType::f32: fill(t.data<float>(), [](double x) { return float(x); }); return;
+    case DType::bf16: fill(t.data<BFloat16>(), [](double x) { return BFloat16(float(x)); }); return;
+    case DType::f16: fill(t.data<Half>(), [](double x) { return Half(float(x)); }); return;
+    default:
+      fail("nn: cannot initialise a ", dtype_name(t.dtype()), " tensor ", t.shape().str(),
+           " (parameters are f32, f64, bf16 or f16)");
   }
+}
+
+inline void uniform_(Tensor& t, double lo, double hi) {
+  if (t.is_meta()) return;  // shapes only (MetaScope): nothing to draw into
+  fill_drawn_(t, [&] { return init_rng().uniform(lo, hi); });
+}
+
+// Every element v (exact in every floating dtype for v = 0 or 1).
+inline void constant_(Tensor& t, double v) {
+  if (t.is_meta()) return;
+  fill_drawn_(t, [v] { return v; });
 }
 
 // PyTorch's Linear default: kaiming_uniform(a=sqrt(5)) on the weight, which is

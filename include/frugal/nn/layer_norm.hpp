@@ -1,5 +1,6 @@
 #pragma once
 #include "../ops/layer_norm.hpp"
+#include "init.hpp"
 #include "module.hpp"
 
 namespace frugal::nn {
@@ -19,13 +20,7 @@ class LayerNorm : public Layer {
     if (d <= 0) fail<ShapeError>("nn::LayerNorm: the normalized dimension must be positive, got ", d);
     if (o.elementwise_affine) {
       weight = register_parameter("weight", Tensor({d}, o.dtype));
-      auto ones = [&](auto* p) { std::fill(p, p + d, 1); };
-      if (weight.is_meta())
-        ;  // shapes only
-      else if (o.dtype == DType::f64)
-        ones(weight.data<double>());
-      else
-        ones(weight.data<float>());
+      if (!weight.is_meta()) constant_(weight, 1);  // a meta weight is shapes only
       if (o.bias) bias = register_parameter("bias", Tensor({d}, o.dtype));  // zeros
     }
   }

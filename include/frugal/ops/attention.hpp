@@ -14,6 +14,11 @@
 // The op never forms the Tq x Tk score matrix. Its second output is the
 // row-wise logsumexp of the scaled, masked scores, [..., Tq]: the backward
 // recomputes the probabilities block by block from it.
+//
+// bf16/f16 q, k, v: scores, the softmax and the output's running sums are
+// computed in f32, o is rounded once on store, and the logsumexp is kept in
+// f32 (compute_dtype): the backward's P = exp(s - lse) would otherwise carry
+// lse's 16-bit rounding error into every probability.
 #include <cmath>
 
 #include "checks.hpp"
@@ -35,7 +40,7 @@ inline AttentionDims attention_shape_dims(const Shape& q, const Shape& k, const 
 // Checks q, k, v and returns their dimensions.
 inline AttentionDims attention_dims(const std::string& op, const TensorMeta& q, const TensorMeta& k,
                                     const TensorMeta& v) {
-  expect_floating(op, q);
+  expect_any_floating(op, q);
   expect_same_dtype(op, q, k);
   expect_same_dtype(op, q, v);
   const Shape &qs = q.shape, &ks = k.shape, &vs = v.shape;
@@ -79,9 +84,10 @@ class CausalAttentionGrad final : public Op {
     attention_dims(name(), in[0], in[1], in[2]);
     std::vector<std::int64_t> od = in[0].shape.dims();
     od.back() = in[2].shape.dim(-1);
-    const TensorMeta o{in[0].dtype, Shape(od)}, lse{in[0].dtype, Shape(attention_lse_dims(in[0].shape))};
+    const TensorMeta o{in[0].dtype, Shape(od)},
+        lse{compute_dtype(in[0].dtype), Shape(attention_lse_dims(in[0].shape))};
     if (in[3].shape != o.shape || in[5].shape != o.shape || in[4].shape != lse.shape || in[3].dtype != o.dtype ||
-        in[4].dtype != o.dtype || in[5].dtype != o.dtype)
+        in[4].dtype != lse.dtype || in[5].dtype != o.dtype)
       fail<ShapeError>(name(), ": o ", in[3].str(), ", lse ", in[4].str(), " and do ", in[5].str(), " do not match q ",
                        in[0].str(), " and v ", in[2].str());
     return {in[0], in[1], in[2]};
@@ -111,7 +117,7 @@ class CausalAttention final : public Op {
     attention_dims(name(), in[0], in[1], in[2]);
     std::vector<std::int64_t> od = in[0].shape.dims();
     od.back() = in[2].shape.dim(-1);
-    return {{in[0].dtype, Shape(od)}, {in[0].dtype, Shape(attention_lse_dims(in[0].shape))}};
+    return {{in[0].dtype, Shape(od)}, {compute_dtype(in[0].dtype), Shape(attention_lse_dims(in[0].shape))}};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     if (!a.grad_outputs[0]) return {std::nullopt, std::nullopt, std::nullopt};
@@ -150,7 +156,7 @@ inline QkvDims qkv_shape_dims(const Shape& qkv, std::int64_t heads) {
 }
 
 inline QkvDims qkv_dims(const std::string& op, const TensorMeta& qkv, std::int64_t heads) {
-  expect_floating(op, qkv);
+  expect_any_floating(op, qkv);
   if (qkv.shape.rank() < 2) fail<ShapeError>(op, ": qkv must be [..., T, 3 * d_model], got ", qkv.str());
   const std::int64_t w = qkv.shape.dim(-1);
   if (heads <= 0 || w == 0 || w % (3 * heads) != 0)
@@ -164,7 +170,7 @@ inline std::vector<TensorMeta> qkv_outputs(const TensorMeta& qkv, const QkvDims&
   od.back() = d.d();
   ld.push_back(d.heads);
   ld.push_back(d.t);
-  return {{qkv.dtype, Shape(od)}, {qkv.dtype, Shape(ld)}};
+  return {{qkv.dtype, Shape(od)}, {compute_dtype(qkv.dtype), Shape(ld)}};
 }
 
 // Inputs (qkv, o, lse, do) -> dqkv.
@@ -180,7 +186,7 @@ class CausalAttentionQkvGrad final : public Op {
     const QkvDims d = qkv_dims(name(), in[0], heads_);
     const auto want = qkv_outputs(in[0], d);
     if (in[1].shape != want[0].shape || in[3].shape != want[0].shape || in[2].shape != want[1].shape ||
-        in[1].dtype != in[0].dtype || in[2].dtype != in[0].dtype || in[3].dtype != in[0].dtype)
+        in[1].dtype != in[0].dtype || in[2].dtype != want[1].dtype || in[3].dtype != in[0].dtype)
       fail<ShapeError>(name(), ": o ", in[1].str(), ", lse ", in[2].str(), " and do ", in[3].str(),
                        " do not match qkv ", in[0].str(), " with ", heads_, " heads");
     return {in[0]};

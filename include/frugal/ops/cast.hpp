@@ -24,8 +24,6 @@
 
 namespace frugal {
 
-constexpr bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
-
 namespace math {
 
 // A double rounded to float with round-to-odd: truncated toward zero, and
@@ -69,11 +67,9 @@ struct ConvertTo {
 
 namespace ops {
 
-// f32, f64, bf16 or f16. (checks.hpp's expect_floating admits only the two
-// compute types; the ops that have bf16/f16 kernels check with this.)
-inline void expect_float_storage(const std::string& op, const TensorMeta& m) {
-  if (!is_floating(m.dtype)) fail<ShapeError>(op, ": expects a floating tensor (f32, f64, bf16 or f16), got ", m.str());
-}
+// f32, f64, bf16 or f16: checks.hpp's expect_any_floating, under the name
+// the elementwise ops have always used.
+inline void expect_float_storage(const std::string& op, const TensorMeta& m) { expect_any_floating(op, m); }
 
 // y = x converted to dtype `to`; the backward converts the gradient back to
 // x's dtype.

@@ -46,7 +46,7 @@ class DropoutOp : public Op {
   std::uint64_t key() const { return key_; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);
-    expect_floating(name(), in[0]);
+    expect_any_floating(name(), in[0]);  // bf16/f16: scaled in f32, rounded once
     return {in[0]};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {

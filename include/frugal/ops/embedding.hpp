@@ -1,7 +1,9 @@
 #pragma once
 // Embedding lookup, as torch.nn.functional.embedding: out[..., :] =
 // table[ids[...], :]. Its backward scatter-adds the output gradient into the
-// rows of a zero table gradient; ids get no gradient.
+// rows of a zero table gradient; ids get no gradient. Any floating table:
+// the lookup only moves rows, and a bf16/f16 backward sums each row in f32
+// and rounds it once (a 16-bit running sum would stall on a frequent id).
 #include "checks.hpp"
 
 namespace frugal::ops {
@@ -30,7 +32,7 @@ class EmbeddingGrad final : public Op {
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
     expect_ids(name(), in[0]);
-    expect_floating(name(), in[1]);
+    expect_any_floating(name(), in[1]);
     std::vector<std::int64_t> want = in[0].shape.dims();
     if (in[1].shape.rank() != in[0].shape.rank() + 1 ||
         !std::equal(want.begin(), want.end(), in[1].shape.dims().begin()))
@@ -50,7 +52,7 @@ class Embedding final : public Op {
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
     expect_ids(name(), in[0]);
-    expect_floating(name(), in[1]);
+    expect_any_floating(name(), in[1]);
     if (in[1].shape.rank() != 2)
       fail<ShapeError>(name(), ": the table must be [rows, dim], got ", in[1].str(), " (ids ", in[0].str(), ")");
     std::vector<std::int64_t> out = in[0].shape.dims();

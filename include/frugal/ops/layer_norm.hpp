@@ -7,6 +7,11 @@
 // rstd = 1/sqrt(var + eps) (shape: x's without its last axis). The backward
 // reads those instead of recomputing the row statistics, and is one fused op
 // too (dx, and dweight/dbias summed over rows).
+//
+// bf16/f16 inputs are normalised in f32 (each element read into f32, y
+// rounded once on store), and mean and rstd are kept in f32
+// (compute_dtype), as PyTorch keeps them: a 16-bit rstd would put a
+// rounding error of up to 2^-8 into every element of the backward's dx.
 #include "checks.hpp"
 
 namespace frugal::ops {
@@ -18,7 +23,7 @@ inline Shape layer_norm_rows_shape(const Shape& x) {
 // Shared checks: x [..., D] floating with D > 0, and each affine parameter [D].
 inline void check_layer_norm(const std::string& op, const TensorMeta& x, const TensorMeta* weight,
                              const TensorMeta* bias) {
-  expect_floating(op, x);
+  expect_any_floating(op, x);
   if (x.shape.rank() < 1) fail<ShapeError>(op, ": needs at least one dimension, got the scalar ", x.str());
   const std::int64_t d = x.shape.dim(-1);
   if (d == 0) fail<ShapeError>(op, ": the normalized (last) dimension of ", x.str(), " is empty");
@@ -44,7 +49,7 @@ class LayerNormGrad final : public Op {
     check_layer_norm(name(), in[0], has_weight_ ? &in[4] : nullptr, nullptr);
     const Shape rows = layer_norm_rows_shape(in[0].shape);
     for (int i : {1, 2})
-      if (in[std::size_t(i)].shape != rows || in[std::size_t(i)].dtype != in[0].dtype)
+      if (in[std::size_t(i)].shape != rows || in[std::size_t(i)].dtype != compute_dtype(in[0].dtype))
         fail<ShapeError>(name(), ": row statistics ", in[std::size_t(i)].str(), " do not match input ", in[0].str());
     if (in[3].shape != in[0].shape || in[3].dtype != in[0].dtype)
       fail<ShapeError>(name(), ": gradient ", in[3].str(), " does not match input ", in[0].str());
@@ -81,7 +86,7 @@ class LayerNorm final : public Op {
     const TensorMeta* w = has_weight_ ? &in[1] : nullptr;
     const TensorMeta* b = has_bias_ ? &in[1 + std::size_t(has_weight_)] : nullptr;
     check_layer_norm(name(), in[0], w, b);
-    const TensorMeta stats{in[0].dtype, layer_norm_rows_shape(in[0].shape)};
+    const TensorMeta stats{compute_dtype(in[0].dtype), layer_norm_rows_shape(in[0].shape)};
     return {in[0], stats, stats};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {

@@ -88,11 +88,12 @@ AdamWMath<T> adamw_math(const AdamWHyper& h, std::int64_t step) {
           T(std::sqrt(1.0 - std::pow(h.beta2, t)))};
 }
 
-// `sixteen_bit`: bf16 and f16 too (AdamW's storage path), not only f32 and f64.
-inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> in, bool sixteen_bit = false) {
+// A parameter, its gradient and its state share one dtype. bf16/f16 ones
+// (a model built in 16 bits) are updated in f32, each element read into
+// f32, stepped by the functors above and rounded once on store.
+inline void expect_same_meta(const std::string& op, std::span<const TensorMeta> in) {
   for (auto& m : in) {
-    if (!sixteen_bit) expect_floating(op, m);
-    else if (!is_floating(m.dtype)) fail<ShapeError>(op, ": expects an f32, f64, bf16 or f16 tensor, got ", m.str());
+    expect_any_floating(op, m);
     if (m.shape != in[0].shape || m.dtype != in[0].dtype)
       fail<ShapeError>(op, ": parameter ", in[0].str(), " and its gradient/state ", m.str(), " differ");
   }
@@ -160,7 +161,7 @@ class AdamWUpdate final : public Op {
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     if (guarded_) expect_guard(name(), in, 4);
     else expect_arity(name(), in, 4);
-    expect_same_meta(name(), in.first(4), true);
+    expect_same_meta(name(), in.first(4));
     return {};
   }
   std::vector<int> mutated_inputs() const override { return {0, 2, 3}; }

@@ -19,6 +19,10 @@
 // from inside the OpenMP region, so each runs single-threaded on its task.
 // Every task's work is fixed by the shapes alone: the same bits for any
 // thread count and wherever the operands sit.
+//
+// bf16/f16: the same kernels on f32 images of q, k, v (o, do) in the op's
+// planned workspace, the outputs rounded once (half_images.hpp); the
+// logsumexp is f32 either way.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -26,6 +30,7 @@
 #include "../../ops/attention.hpp"
 #include "../../ops/gelu.hpp"
 #include "blas.hpp"
+#include "half_images.hpp"
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
 #include "row_math.hpp"
@@ -184,6 +189,8 @@ HeadView<T> dense_view(T* p, std::int64_t t, std::int64_t w) {
 }
 
 inline void attention_kernel(const ops::CausalAttention& op, const KernelArgs& a) {
+  if (is_half(a.in[0].dtype))  // the f32 kernel on f32 images (half_images.hpp)
+    return on_f32_images("causal_attention", a, [&](const KernelArgs& f) { attention_kernel(op, f); });
   dispatch_float(a.in[0].dtype, "causal_attention", [&](auto tag) {
     using T = decltype(tag);
     const ops::AttentionDims d = ops::attention_shape_dims(*a.in[0].shape, *a.in[1].shape, *a.in[2].shape);
@@ -195,6 +202,8 @@ inline void attention_kernel(const ops::CausalAttention& op, const KernelArgs& a
 }
 
 inline void attention_grad_kernel(const ops::CausalAttentionGrad& op, const KernelArgs& a) {
+  if (is_half(a.in[0].dtype))  // the f32 kernel on f32 images (half_images.hpp)
+    return on_f32_images("causal_attention_grad", a, [&](const KernelArgs& f) { attention_grad_kernel(op, f); });
   dispatch_float(a.in[0].dtype, "causal_attention_grad", [&](auto tag) {
     using T = decltype(tag);
     const ops::AttentionDims d = ops::attention_shape_dims(*a.in[0].shape, *a.in[1].shape, *a.in[2].shape);
@@ -224,6 +233,8 @@ HeadView<T> heads_view(T* p, const ops::QkvDims& d) {
 }
 
 inline void attention_qkv_kernel(const ops::CausalAttentionQkv& op, const KernelArgs& a) {
+  if (is_half(a.in[0].dtype))  // the f32 kernel on f32 images (half_images.hpp)
+    return on_f32_images("causal_attention_qkv", a, [&](const KernelArgs& f) { attention_qkv_kernel(op, f); });
   dispatch_float(a.in[0].dtype, "causal_attention_qkv", [&](auto tag) {
     using T = decltype(tag);
     const ops::QkvDims d = ops::qkv_shape_dims(*a.in[0].shape, op.heads());
@@ -234,6 +245,8 @@ inline void attention_qkv_kernel(const ops::CausalAttentionQkv& op, const Kernel
 }
 
 inline void attention_qkv_grad_kernel(const ops::CausalAttentionQkvGrad& op, const KernelArgs& a) {
+  if (is_half(a.in[0].dtype))  // the f32 kernel on f32 images (half_images.hpp)
+    return on_f32_images("causal_attention_qkv_grad", a, [&](const KernelArgs& f) { attention_qkv_grad_kernel(op, f); });
   dispatch_float(a.in[0].dtype, "causal_attention_qkv_grad", [&](auto tag) {
     using T = decltype(tag);
     const ops::QkvDims d = ops::qkv_shape_dims(*a.in[0].shape, op.heads());

@@ -1,7 +1,10 @@
 #pragma once
 // Embedding gather and its deterministic scatter-add backward.
 #include <cstring>
+#include <span>
+#include <type_traits>
 
+#include "../../ops/cast.hpp"
 #include "../../ops/embedding.hpp"
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
@@ -48,38 +51,61 @@ inline void embedding_kernel(const ops::Embedding&, const KernelArgs& a) {
 }
 
 // dtable[v, :] = sum over positions i with ids[i] == v of dy[i, :], summed in
-// position order. Threads own disjoint blocks of columns and each walks all
-// positions: no atomics, no per-thread copies of the table, the same bits for
-// any thread count, and balanced however skewed the ids are.
-template <class T, class I>
-void embedding_scatter_add(const I* __restrict ids, const T* __restrict dy, T* __restrict dtable, std::int64_t n,
-                           std::int64_t rows, std::int64_t d) {
+// position order in the compute type A. Threads own disjoint blocks of
+// columns and each walks all positions: no atomics, no per-thread copies of
+// the table, the same bits for any thread count, and balanced however skewed
+// the ids are. `acc` is where the sums run: dtable itself when T is A (f32,
+// f64), the op's f32 workspace for bf16/f16, rounded into dtable once at the
+// end, so a row hit by many positions loses nothing to 16-bit running sums.
+template <class T, class A, class I>
+void embedding_scatter_add(const I* __restrict ids, const T* __restrict dy, A* __restrict acc, T* __restrict dtable,
+                           std::int64_t n, std::int64_t rows, std::int64_t d) {
   constexpr std::int64_t kCols = 64;
   const std::int64_t blocks = (d + kCols - 1) / kCols;
   parallel_for(blocks, (n + rows) * kCols, [&](std::int64_t k0, std::int64_t k1) {
     for (std::int64_t k = k0; k < k1; ++k) {
       const std::int64_t j0 = k * kCols, w = std::min(kCols, d - j0);
-      for (std::int64_t v = 0; v < rows; ++v) std::fill(dtable + v * d + j0, dtable + v * d + j0 + w, T(0));
+      for (std::int64_t v = 0; v < rows; ++v) std::fill(acc + v * d + j0, acc + v * d + j0 + w, A(0));
       for (std::int64_t i = 0; i < n; ++i) {
-        T* dst = dtable + std::int64_t(ids[i]) * d + j0;
+        A* dst = acc + std::int64_t(ids[i]) * d + j0;
         const T* src = dy + i * d + j0;
-        for (std::int64_t j = 0; j < w; ++j) dst[j] += src[j];
+        for (std::int64_t j = 0; j < w; ++j) dst[j] += math::convert<A>(src[j]);
       }
+      if constexpr (!std::is_same_v<T, A>)
+        for (std::int64_t v = 0; v < rows; ++v)
+          for (std::int64_t j = 0; j < w; ++j) dtable[v * d + j0 + j] = math::convert<T>(acc[v * d + j0 + j]);
     }
   });
 }
 
+// The f32 sums of a bf16/f16 table gradient: [rows, dim] f32, planned by the
+// kernel table; none for f32 and f64, which sum in the output.
+inline std::size_t embedding_grad_workspace(const ops::EmbeddingGrad&, std::span<const TensorMeta> in,
+                                            std::span<const TensorMeta> out) {
+  return is_half(in[1].dtype) ? std::size_t(out[0].shape.numel()) * sizeof(float) : 0;
+}
+
 inline void embedding_grad_kernel(const ops::EmbeddingGrad& op, const KernelArgs& a) {
-  dispatch_float(a.in[1].dtype, "embedding_grad", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[1].dtype, "embedding_grad", [&](auto p) {
+    using T = typename decltype(p)::Storage;
+    using A = typename decltype(p)::Compute;
     dispatch_ids(a.in[0].dtype, [&](auto itag) {
       using I = decltype(itag);
       check_ids<I>("embedding_grad", a.in[0], op.rows());
-      embedding_scatter_add<T, I>(a.in[0].as<I>(), a.in[1].as<T>(), a.out[0].as<T>(), a.in[0].numel(), op.rows(),
-                                  a.in[1].shape->dim(-1));
+      const std::int64_t d = a.in[1].shape->dim(-1);
+      T* dtable = a.out[0].as<T>();
+      A* acc;
+      if constexpr (std::is_same_v<T, A>) {
+        acc = dtable;
+      } else {
+        if (a.workspace_bytes < std::size_t(op.rows() * d) * sizeof(A))
+          fail("cpu: embedding_grad: its f32 workspace holds ", a.workspace_bytes, " bytes, ",
+               std::size_t(op.rows() * d) * sizeof(A), " needed (the kernel table plans it: embedding_grad_workspace)");
+        acc = static_cast<A*>(a.workspace);
+      }
+      embedding_scatter_add<T, A, I>(a.in[0].as<I>(), a.in[1].as<T>(), acc, dtable, a.in[0].numel(), op.rows(), d);
     });
   });
 }
-
 
 }  // namespace frugal::cpu

@@ -2,6 +2,7 @@
 #include <type_traits>
 
 #include "../../ops/adamw_master.hpp"
+#include "../../ops/cast.hpp"
 #include "../../ops/optimizer_updates.hpp"
 #include "../../runtime/backend.hpp"
 #include "isa.hpp"
@@ -139,16 +140,31 @@ void adamw_master_span(CpuIsa isa, const Math& m, S* p, const S* g, float* w, fl
   adamw_master_base(m, p, g, w, mo, v, n, scaled, inv);
 }
 
+// bf16/f16 parameters and state: each element read into f32, stepped by the
+// same functor as an f32 one, every result rounded once on store. (Not
+// vectorised by hand: the conversions dominate either way.)
+template <class S, class Math>
+void sgd_half(const Math& m, S* __restrict p, const S* __restrict g, S* __restrict buf, std::int64_t n, bool scaled,
+              float inv) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    float pf = math::convert<float>(p[i]), bf = math::convert<float>(buf[i]), gf = math::convert<float>(g[i]);
+    m(pf, scaled ? gf * inv : gf, bf);
+    p[i] = math::convert<S>(pf);
+    buf[i] = math::convert<S>(bf);
+  }
+}
+
 }  // namespace detail
 
 // The fused updates: one pass over the parameter, its gradient and its
 // state, vectorised for the widest instruction set the CPU has (isa.hpp),
 // split over the step's threads in fixed chunks.
 inline void sgd_kernel(const ops::SgdUpdate& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "sgd_update", [&](auto tag) {
-    using T = decltype(tag);
-    T *p = a.in[0].as<T>(), *buf = a.in[2].as<T>();
-    const T* g = a.in[1].as<T>();
+  dispatch_precision(a.in[0].dtype, "sgd_update", [&](auto prec) {
+    using S = typename decltype(prec)::Storage;
+    using T = typename decltype(prec)::Compute;
+    S *p = a.in[0].as<S>(), *buf = a.in[2].as<S>();
+    const S* g = a.in[1].as<S>();
     GuardValues gv;
     if (op.guarded()) {
       gv = read_guard(a, 3);
@@ -157,7 +173,10 @@ inline void sgd_kernel(const ops::SgdUpdate& op, const KernelArgs& a) {
     const auto m = op.guarded() ? op.math<T>(gv.step) : op.math<T>();
     const CpuIsa isa = cpu_isa();
     parallel_for(a.in[0].numel(), 4, [&](std::int64_t b, std::int64_t e) {
-      detail::sgd_span(isa, m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
+      if constexpr (std::is_same_v<S, T>)
+        detail::sgd_span(isa, m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
+      else
+        detail::sgd_half(m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
     });
   });
 }

@@ -14,6 +14,10 @@
 // Every output element is written by exactly one lane, from sums in a
 // fixed order: the same bits every run. (Speed is secondary here: a tiled
 // kernel is the follow-up.)
+//
+// Tensors are stored in S and computed in C: bf16/f16 elements are read
+// into f32 registers (scores, the softmax, the running sums all f32), o, dq,
+// dk and dv rounded once on store; the logsumexp is C (f32) either way.
 #include "../../ops/attention.hpp"
 #include "../../ops/gelu.hpp"
 #include "loss.cuh"
@@ -37,71 +41,71 @@ struct DevAttnShape {
   __device__ std::int64_t offset() const { return tk - tq; }
 };
 
-template <class T>
-__device__ __forceinline__ void load_cols(const T* row, std::int64_t n, T (&r)[kAttnCols]) {
+template <class C, class S>
+__device__ __forceinline__ void load_cols(const S* row, std::int64_t n, C (&r)[kAttnCols]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int t = 0; t < kAttnCols; ++t) {
     const std::int64_t c = lane + std::int64_t(kWarp) * t;
-    r[t] = c < n ? row[c] : T(0);
+    r[t] = c < n ? load<C>(row[c]) : C(0);
   }
 }
-template <class T>
-__device__ __forceinline__ T dot_cols(const T (&a)[kAttnCols], const T* row, std::int64_t n) {
+template <class C, class S>
+__device__ __forceinline__ C dot_cols(const C (&a)[kAttnCols], const S* row, std::int64_t n) {
   const int lane = threadIdx.x % kWarp;
-  T s = 0;
+  C s = 0;
 #pragma unroll
   for (int t = 0; t < kAttnCols; ++t) {
     const std::int64_t c = lane + std::int64_t(kWarp) * t;
-    if (c < n) s += a[t] * row[c];
+    if (c < n) s += a[t] * load<C>(row[c]);
   }
   return warp_sum(s);
 }
-template <class T>
-__device__ __forceinline__ T dot_cols(const T (&a)[kAttnCols], const T (&b)[kAttnCols]) {
-  T s = 0;
+template <class C>
+__device__ __forceinline__ C dot_cols(const C (&a)[kAttnCols], const C (&b)[kAttnCols]) {
+  C s = 0;
 #pragma unroll
   for (int t = 0; t < kAttnCols; ++t) s += a[t] * b[t];  // columns past n hold 0 in both
   return warp_sum(s);
 }
-template <class T>
-__device__ __forceinline__ void store_cols(T* row, std::int64_t n, const T (&r)[kAttnCols]) {
+template <class S, class C>
+__device__ __forceinline__ void store_cols(S* row, std::int64_t n, const C (&r)[kAttnCols]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int t = 0; t < kAttnCols; ++t) {
     const std::int64_t c = lane + std::int64_t(kWarp) * t;
-    if (c < n) row[c] = r[t];
+    if (c < n) row[c] = store<S>(r[t]);
   }
 }
 
-template <class T>
-__global__ void attention_fwd_k(DevHead<const T> q, DevHead<const T> k, DevHead<const T> v, DevHead<T> o, T* lse,
-                                DevAttnShape d, T scale) {
+template <class S, class C>
+__global__ void attention_fwd_k(DevHead<const S> q, DevHead<const S> k, DevHead<const S> v, DevHead<S> o, C* lse,
+                                DevAttnShape d, C scale) {
   const std::int64_t r = blockIdx.x * std::int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
   if (r >= d.batch * d.heads * d.tq) return;
   const std::int64_t bh = r / d.tq, i = r % d.tq, b = bh / d.heads, h = bh % d.heads;
   const int lane = threadIdx.x % kWarp;
-  T qr[kAttnCols], acc[kAttnCols];
+  C qr[kAttnCols], acc[kAttnCols];
   load_cols(q.at(b, h, i), d.hd, qr);
 #pragma unroll
-  for (int t = 0; t < kAttnCols; ++t) acc[t] = T(0);
-  T m = -INFINITY, l = 0;
+  for (int t = 0; t < kAttnCols; ++t) acc[t] = C(0);
+  C m = -INFINITY, l = 0;
   const std::int64_t keys = i + d.offset() + 1;
   for (std::int64_t j = 0; j < keys; ++j) {
-    const T s = dot_cols(qr, k.at(b, h, j), d.hd) * scale;
-    const T mnew = m > s ? m : s;
-    const T corr = math::exp_poly(T(m - mnew));  // 0 on the first key (m = -inf)
-    const T p = math::exp_poly(T(s - mnew));
+    const C s = dot_cols(qr, k.at(b, h, j), d.hd) * scale;
+    const C mnew = m > s ? m : s;
+    const C corr = math::exp_poly(C(m - mnew));  // 0 on the first key (m = -inf)
+    const C p = math::exp_poly(C(s - mnew));
     l = l * corr + p;
-    const T* vr = v.at(b, h, j);
+    const S* vr = v.at(b, h, j);
 #pragma unroll
     for (int t = 0; t < kAttnCols; ++t) {
       const std::int64_t c = lane + std::int64_t(kWarp) * t;
-      if (c < d.hdv) acc[t] = acc[t] * corr + p * vr[c];
+      if (c < d.hdv) acc[t] = acc[t] * corr + p * load<C>(vr[c]);
     }
     m = mnew;
   }
-  const T inv = T(1) / l;
+  const C inv = C(1) / l;
 #pragma unroll
   for (int t = 0; t < kAttnCols; ++t) acc[t] = acc[t] * inv;
   store_cols(o.at(b, h, i), d.hdv, acc);
@@ -109,63 +113,63 @@ __global__ void attention_fwd_k(DevHead<const T> q, DevHead<const T> k, DevHead<
 }
 
 // dq_i = Σ_j dS_ij k_j, dS_ij = P_ij (do_i·v_j - delta_i) scale.
-template <class T>
-__global__ void attention_dq_k(DevHead<const T> q, DevHead<const T> k, DevHead<const T> v, DevHead<const T> o,
-                               const T* lse, DevHead<const T> dout, DevHead<T> dq, DevAttnShape d, T scale) {
+template <class S, class C>
+__global__ void attention_dq_k(DevHead<const S> q, DevHead<const S> k, DevHead<const S> v, DevHead<const S> o,
+                               const C* lse, DevHead<const S> dout, DevHead<S> dq, DevAttnShape d, C scale) {
   const std::int64_t r = blockIdx.x * std::int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
   if (r >= d.batch * d.heads * d.tq) return;
   const std::int64_t bh = r / d.tq, i = r % d.tq, b = bh / d.heads, h = bh % d.heads;
   const int lane = threadIdx.x % kWarp;
-  T qr[kAttnCols], dor[kAttnCols], orow[kAttnCols], acc[kAttnCols];
+  C qr[kAttnCols], dor[kAttnCols], orow[kAttnCols], acc[kAttnCols];
   load_cols(q.at(b, h, i), d.hd, qr);
   load_cols(dout.at(b, h, i), d.hdv, dor);
   load_cols(o.at(b, h, i), d.hdv, orow);
 #pragma unroll
-  for (int t = 0; t < kAttnCols; ++t) acc[t] = T(0);
-  const T delta = dot_cols(dor, orow), li = lse[bh * d.tq + i];
+  for (int t = 0; t < kAttnCols; ++t) acc[t] = C(0);
+  const C delta = dot_cols(dor, orow), li = lse[bh * d.tq + i];
   const std::int64_t keys = i + d.offset() + 1;
   for (std::int64_t j = 0; j < keys; ++j) {
-    const T* kr = k.at(b, h, j);
-    const T p = math::exp_poly(T(dot_cols(qr, kr, d.hd) * scale - li));
-    const T ds = p * (dot_cols(dor, v.at(b, h, j), d.hdv) - delta) * scale;
+    const S* kr = k.at(b, h, j);
+    const C p = math::exp_poly(C(dot_cols(qr, kr, d.hd) * scale - li));
+    const C ds = p * (dot_cols(dor, v.at(b, h, j), d.hdv) - delta) * scale;
 #pragma unroll
     for (int t = 0; t < kAttnCols; ++t) {
       const std::int64_t c = lane + std::int64_t(kWarp) * t;
-      if (c < d.hd) acc[t] = acc[t] + ds * kr[c];
+      if (c < d.hd) acc[t] = acc[t] + ds * load<C>(kr[c]);
     }
   }
   store_cols(dq.at(b, h, i), d.hd, acc);
 }
 
 // dv_j = Σ_i P_ij do_i, dk_j = Σ_i dS_ij q_i over the queries i that see key j.
-template <class T>
-__global__ void attention_dkv_k(DevHead<const T> q, DevHead<const T> k, DevHead<const T> v, DevHead<const T> o,
-                                const T* lse, DevHead<const T> dout, DevHead<T> dk, DevHead<T> dv, DevAttnShape d,
-                                T scale) {
+template <class S, class C>
+__global__ void attention_dkv_k(DevHead<const S> q, DevHead<const S> k, DevHead<const S> v, DevHead<const S> o,
+                                const C* lse, DevHead<const S> dout, DevHead<S> dk, DevHead<S> dv, DevAttnShape d,
+                                C scale) {
   const std::int64_t r = blockIdx.x * std::int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
   if (r >= d.batch * d.heads * d.tk) return;
   const std::int64_t bh = r / d.tk, j = r % d.tk, b = bh / d.heads, h = bh % d.heads;
   const int lane = threadIdx.x % kWarp;
-  T kr[kAttnCols], vr[kAttnCols], dka[kAttnCols], dva[kAttnCols];
+  C kr[kAttnCols], vr[kAttnCols], dka[kAttnCols], dva[kAttnCols];
   load_cols(k.at(b, h, j), d.hd, kr);
   load_cols(v.at(b, h, j), d.hdv, vr);
 #pragma unroll
-  for (int t = 0; t < kAttnCols; ++t) dka[t] = T(0), dva[t] = T(0);
+  for (int t = 0; t < kAttnCols; ++t) dka[t] = C(0), dva[t] = C(0);
   // Query i sees key j when j <= i + offset.
   const std::int64_t first = j - d.offset() > 0 ? j - d.offset() : 0;
   for (std::int64_t i = first; i < d.tq; ++i) {
-    const T* qr = q.at(b, h, i);
-    T dor[kAttnCols], orow[kAttnCols];
+    const S* qr = q.at(b, h, i);
+    C dor[kAttnCols], orow[kAttnCols];
     load_cols(dout.at(b, h, i), d.hdv, dor);
     load_cols(o.at(b, h, i), d.hdv, orow);
-    const T delta = dot_cols(dor, orow);
-    const T p = math::exp_poly(T(dot_cols(kr, qr, d.hd) * scale - lse[bh * d.tq + i]));
-    const T ds = p * (dot_cols(dor, vr) - delta) * scale;
+    const C delta = dot_cols(dor, orow);
+    const C p = math::exp_poly(C(dot_cols(kr, qr, d.hd) * scale - lse[bh * d.tq + i]));
+    const C ds = p * (dot_cols(dor, vr) - delta) * scale;
 #pragma unroll
     for (int t = 0; t < kAttnCols; ++t) {
       const std::int64_t c = lane + std::int64_t(kWarp) * t;
       dva[t] = dva[t] + p * dor[t];
-      if (c < d.hd) dka[t] = dka[t] + ds * qr[c];
+      if (c < d.hd) dka[t] = dka[t] + ds * load<C>(qr[c]);
     }
   }
   store_cols(dk.at(b, h, j), d.hd, dka);
@@ -198,28 +202,29 @@ DevHead<T> heads_of(T* p, const ops::QkvDims& d) {
   return {p, d.t * d.d(), d.hd, d.d()};
 }
 
-template <class T>
-void launch_attention_fwd(const Context& ctx, const std::string& what, DevHead<const T> q, DevHead<const T> k,
-                          DevHead<const T> v, DevHead<T> o, T* lse, DevAttnShape s, T scale) {
+template <class S, class C>
+void launch_attention_fwd(const Context& ctx, const std::string& what, DevHead<const S> q, DevHead<const S> k,
+                          DevHead<const S> v, DevHead<S> o, C* lse, DevAttnShape s, C scale) {
   check_head_dims(what, s.hd, s.hdv);
   const std::int64_t rows = s.batch * s.heads * s.tq;
   if (rows == 0) return;
-  attention_fwd_k<T><<<warp_rows_grid(rows, what), kThreads, 0, ctx.compute>>>(q, k, v, o, lse, s, scale);
+  attention_fwd_k<S, C><<<warp_rows_grid(rows, what), kThreads, 0, ctx.compute>>>(q, k, v, o, lse, s, scale);
   check_launch(what);
 }
 
-template <class T>
-void launch_attention_bwd(const Context& ctx, const std::string& what, DevHead<const T> q, DevHead<const T> k,
-                          DevHead<const T> v, DevHead<const T> o, const T* lse, DevHead<const T> dout, DevHead<T> dq,
-                          DevHead<T> dk, DevHead<T> dv, DevAttnShape s, T scale) {
+template <class S, class C>
+void launch_attention_bwd(const Context& ctx, const std::string& what, DevHead<const S> q, DevHead<const S> k,
+                          DevHead<const S> v, DevHead<const S> o, const C* lse, DevHead<const S> dout, DevHead<S> dq,
+                          DevHead<S> dk, DevHead<S> dv, DevAttnShape s, C scale) {
   check_head_dims(what, s.hd, s.hdv);
   const std::int64_t qrows = s.batch * s.heads * s.tq, krows = s.batch * s.heads * s.tk;
   if (qrows > 0) {
-    attention_dq_k<T><<<warp_rows_grid(qrows, what), kThreads, 0, ctx.compute>>>(q, k, v, o, lse, dout, dq, s, scale);
+    attention_dq_k<S, C><<<warp_rows_grid(qrows, what), kThreads, 0, ctx.compute>>>(q, k, v, o, lse, dout, dq, s, scale);
     check_launch(what);
   }
   if (krows > 0) {
-    attention_dkv_k<T><<<warp_rows_grid(krows, what), kThreads, 0, ctx.compute>>>(q, k, v, o, lse, dout, dk, dv, s, scale);
+    attention_dkv_k<S, C><<<warp_rows_grid(krows, what), kThreads, 0, ctx.compute>>>(q, k, v, o, lse, dout, dk, dv, s,
+                                                                                    scale);
     check_launch(what);
   }
 }
@@ -228,13 +233,15 @@ struct AttentionKernel {
   Context ctx;
   void operator()(const ops::CausalAttention& op, const KernelArgs& a) const {
     const std::string what = describe(op, a);
-    dispatch_float(a.in[0].dtype, "causal_attention", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "causal_attention", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const ops::AttentionDims d = ops::attention_shape_dims(*a.in[0].shape, *a.in[1].shape, *a.in[2].shape);
       const DevAttnShape s{d.batch, 1, d.tq, d.tk, d.hd, d.hdv};
-      launch_attention_fwd<T>(ctx, what, dense_head(a.in[0].as<const T>(), d.tq, d.hd),
-                              dense_head(a.in[1].as<const T>(), d.tk, d.hd), dense_head(a.in[2].as<const T>(), d.tk, d.hdv),
-                              dense_head(a.out[0].as<T>(), d.tq, d.hdv), a.out[1].as<T>(), s, T(op.scale_for(d.hd)));
+      launch_attention_fwd<S, C>(ctx, what, dense_head(a.in[0].as<const S>(), d.tq, d.hd),
+                                 dense_head(a.in[1].as<const S>(), d.tk, d.hd),
+                                 dense_head(a.in[2].as<const S>(), d.tk, d.hdv),
+                                 dense_head(a.out[0].as<S>(), d.tq, d.hdv), a.out[1].as<C>(), s, C(op.scale_for(d.hd)));
     });
   }
 };
@@ -243,16 +250,16 @@ struct AttentionGradKernel {
   Context ctx;
   void operator()(const ops::CausalAttentionGrad& op, const KernelArgs& a) const {
     const std::string what = describe(op, a);
-    dispatch_float(a.in[0].dtype, "causal_attention_grad", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "causal_attention_grad", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const ops::AttentionDims d = ops::attention_shape_dims(*a.in[0].shape, *a.in[1].shape, *a.in[2].shape);
       const DevAttnShape s{d.batch, 1, d.tq, d.tk, d.hd, d.hdv};
-      launch_attention_bwd<T>(ctx, what, dense_head(a.in[0].as<const T>(), d.tq, d.hd),
-                              dense_head(a.in[1].as<const T>(), d.tk, d.hd), dense_head(a.in[2].as<const T>(), d.tk, d.hdv),
-                              dense_head(a.in[3].as<const T>(), d.tq, d.hdv), a.in[4].as<const T>(),
-                              dense_head(a.in[5].as<const T>(), d.tq, d.hdv), dense_head(a.out[0].as<T>(), d.tq, d.hd),
-                              dense_head(a.out[1].as<T>(), d.tk, d.hd), dense_head(a.out[2].as<T>(), d.tk, d.hdv), s,
-                              T(op.scale()));
+      launch_attention_bwd<S, C>(
+          ctx, what, dense_head(a.in[0].as<const S>(), d.tq, d.hd), dense_head(a.in[1].as<const S>(), d.tk, d.hd),
+          dense_head(a.in[2].as<const S>(), d.tk, d.hdv), dense_head(a.in[3].as<const S>(), d.tq, d.hdv),
+          a.in[4].as<const C>(), dense_head(a.in[5].as<const S>(), d.tq, d.hdv), dense_head(a.out[0].as<S>(), d.tq, d.hd),
+          dense_head(a.out[1].as<S>(), d.tk, d.hd), dense_head(a.out[2].as<S>(), d.tk, d.hdv), s, C(op.scale()));
     });
   }
 };
@@ -261,13 +268,14 @@ struct AttentionQkvKernel {
   Context ctx;
   void operator()(const ops::CausalAttentionQkv& op, const KernelArgs& a) const {
     const std::string what = describe(op, a);
-    dispatch_float(a.in[0].dtype, "causal_attention_qkv", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "causal_attention_qkv", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const ops::QkvDims d = ops::qkv_shape_dims(*a.in[0].shape, op.heads());
-      const T* in = a.in[0].as<const T>();
+      const S* in = a.in[0].as<const S>();
       const DevAttnShape s{d.batch, d.heads, d.t, d.t, d.hd, d.hd};
-      launch_attention_fwd<T>(ctx, what, qkv_part(in, d, 0), qkv_part(in, d, 1), qkv_part(in, d, 2),
-                              heads_of(a.out[0].as<T>(), d), a.out[1].as<T>(), s, T(op.scale_for(d.hd)));
+      launch_attention_fwd<S, C>(ctx, what, qkv_part(in, d, 0), qkv_part(in, d, 1), qkv_part(in, d, 2),
+                                 heads_of(a.out[0].as<S>(), d), a.out[1].as<C>(), s, C(op.scale_for(d.hd)));
     });
   }
 };
@@ -276,15 +284,17 @@ struct AttentionQkvGradKernel {
   Context ctx;
   void operator()(const ops::CausalAttentionQkvGrad& op, const KernelArgs& a) const {
     const std::string what = describe(op, a);
-    dispatch_float(a.in[0].dtype, "causal_attention_qkv_grad", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "causal_attention_qkv_grad", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const ops::QkvDims d = ops::qkv_shape_dims(*a.in[0].shape, op.heads());
-      const T* in = a.in[0].as<const T>();
-      T* out = a.out[0].as<T>();
+      const S* in = a.in[0].as<const S>();
+      S* out = a.out[0].as<S>();
       const DevAttnShape s{d.batch, d.heads, d.t, d.t, d.hd, d.hd};
-      launch_attention_bwd<T>(ctx, what, qkv_part(in, d, 0), qkv_part(in, d, 1), qkv_part(in, d, 2),
-                              heads_of(a.in[1].as<const T>(), d), a.in[2].as<const T>(), heads_of(a.in[3].as<const T>(), d),
-                              qkv_part(out, d, 0), qkv_part(out, d, 1), qkv_part(out, d, 2), s, T(op.scale()));
+      launch_attention_bwd<S, C>(ctx, what, qkv_part(in, d, 0), qkv_part(in, d, 1), qkv_part(in, d, 2),
+                                 heads_of(a.in[1].as<const S>(), d), a.in[2].as<const C>(),
+                                 heads_of(a.in[3].as<const S>(), d), qkv_part(out, d, 0), qkv_part(out, d, 1),
+                                 qkv_part(out, d, 2), s, C(op.scale()));
     });
   }
 };

@@ -80,15 +80,16 @@ struct EmbeddingKernel {
 
 // dtable[v, j] = sum over positions i with ids[i] == v of dy[i, j], in
 // position order, from 0 (the CPU's sum, term for term). Block v (grid
-// stride over rows), thread j (block stride over columns).
-template <class T, class I>
-__global__ void embedding_grad_k(const I* ids, const T* dy, T* dtable, std::int64_t n, std::int64_t rows, std::int64_t d) {
+// stride over rows), thread j (block stride over columns). bf16/f16 sum in
+// an f32 register and round once, as the CPU's sums in its f32 workspace.
+template <class S, class C, class I>
+__global__ void embedding_grad_k(const I* ids, const S* dy, S* dtable, std::int64_t n, std::int64_t rows, std::int64_t d) {
   for (std::int64_t v = blockIdx.x; v < rows; v += gridDim.x)
     for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      T acc = T(0);
+      C acc = C(0);
       for (std::int64_t i = 0; i < n; ++i)
-        if (std::int64_t(ids[i]) == v) acc += dy[i * d + j];
-      dtable[v * d + j] = acc;
+        if (std::int64_t(ids[i]) == v) acc += load<C>(dy[i * d + j]);
+      dtable[v * d + j] = store<S>(acc);
     }
 }
 
@@ -98,14 +99,15 @@ struct EmbeddingGradKernel {
     const std::string what = describe(op, a);
     const std::int64_t rows = op.rows(), d = a.in[1].shape->dim(-1), n = a.in[0].numel();
     if (rows * d == 0) return;
-    dispatch_float(a.in[1].dtype, "embedding_grad", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[1].dtype, "embedding_grad", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       dispatch_ids(a.in[0].dtype, "embedding_grad", [&](auto itag) {
         using I = decltype(itag);
         const unsigned grid = unsigned(std::min<std::int64_t>(rows, 65535));
         const int threads = int(std::min<std::int64_t>(kThreads, (d + 31) / 32 * 32));
-        embedding_grad_k<T, I><<<grid, threads, 0, ctx.compute>>>(a.in[0].as<const I>(), a.in[1].as<const T>(),
-                                                                  a.out[0].as<T>(), n, rows, d);
+        embedding_grad_k<S, C, I><<<grid, threads, 0, ctx.compute>>>(a.in[0].as<const I>(), a.in[1].as<const S>(),
+                                                                     a.out[0].as<S>(), n, rows, d);
       });
     });
     check_launch(what);
@@ -175,21 +177,22 @@ struct SliceGradKernel {
 
 // One thread per group of four elements: the Philox block at counter
 // (step, group) under the op's key, word l for element 4·group + l, as the
-// CPU kernel draws them (ops::DropoutMask, FRUGAL_HD). y may be x.
-template <class T>
-__global__ void dropout_k(ops::DropoutMask mask, T scale, std::uint64_t step, const T* x, T* y, std::int64_t n) {
+// CPU kernel draws them (ops::DropoutMask, FRUGAL_HD). y may be x. bf16/f16
+// are scaled in f32 and rounded once, as on the CPU.
+template <class S, class C>
+__global__ void dropout_k(ops::DropoutMask mask, C scale, std::uint64_t step, const S* x, S* y, std::int64_t n) {
   const std::int64_t groups = (n + 3) / 4;
   for (std::int64_t g = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; g < groups; g += std::int64_t(gridDim.x) * blockDim.x) {
     const Philox::Block bits = mask.bits(step, std::uint64_t(g));
     const std::int64_t i0 = 4 * g, w = n - i0 < 4 ? n - i0 : 4;
-    for (std::int64_t l = 0; l < w; ++l) y[i0 + l] = x[i0 + l] * (mask.keep(bits.v[l]) ? scale : T(0));
+    for (std::int64_t l = 0; l < w; ++l) y[i0 + l] = store<S>(load<C>(x[i0 + l]) * (mask.keep(bits.v[l]) ? scale : C(0)));
   }
 }
 // p >= 1: everything dropped, as x * 0 (a NaN stays NaN).
-template <class T>
-__global__ void dropout_all_k(const T* x, T* y, std::int64_t n) {
+template <class S, class C>
+__global__ void dropout_all_k(const S* x, S* y, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
-    y[i] = x[i] * T(0);
+    y[i] = store<S>(load<C>(x[i]) * C(0));
 }
 
 struct DropoutKernel {
@@ -198,15 +201,16 @@ struct DropoutKernel {
     const std::string what = describe(op, a);
     const std::int64_t n = a.in[0].numel();
     if (n == 0) return;
-    dispatch_float(a.in[0].dtype, "dropout", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "dropout", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       if (op.p() >= 1) {
-        dropout_all_k<T><<<blocks_for(n), kThreads, 0, ctx.compute>>>(a.in[0].as<const T>(), a.out[0].as<T>(), n);
+        dropout_all_k<S, C><<<blocks_for(n), kThreads, 0, ctx.compute>>>(a.in[0].as<const S>(), a.out[0].as<S>(), n);
       } else {
         const ops::DropoutMask mask(op.key(), op.p());
-        const T scale = T(1.0 / (1.0 - op.p()));
-        dropout_k<T><<<blocks_for((n + 3) / 4), kThreads, 0, ctx.compute>>>(mask, scale, a.step, a.in[0].as<const T>(),
-                                                                            a.out[0].as<T>(), n);
+        const C scale = C(1.0 / (1.0 - op.p()));
+        dropout_k<S, C><<<blocks_for((n + 3) / 4), kThreads, 0, ctx.compute>>>(mask, scale, a.step, a.in[0].as<const S>(),
+                                                                               a.out[0].as<S>(), n);
       }
     });
     check_launch(what);

@@ -13,10 +13,13 @@
 
 namespace frugal::cuda {
 
-template <class T>
-__global__ void adamw_k(ops::AdamWMath<T> m, T* p, const T* g, T* mo, T* v, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
-    m(p[i], g[i], mo[i], v[i]);
+template <class S, class C>
+__global__ void adamw_k(ops::AdamWMath<C> m, S* p, const S* g, S* mo, S* v, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    C pc = load<C>(p[i]), mc = load<C>(mo[i]), vc = load<C>(v[i]);
+    m(pc, load<C>(g[i]), mc, vc);
+    p[i] = store<S>(pc), mo[i] = store<S>(mc), v[i] = store<S>(vc);
+  }
 }
 template <class S>
 __global__ void adamw16_k(ops::AdamWStorageMath<S> m, S* p, const S* g, S* mo, S* v, std::int64_t n) {
@@ -29,10 +32,13 @@ __global__ void adamw_master_k(ops::AdamWMasterMath<S> m, S* p, const S* g, floa
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
     m(p[i], float(g[i]), w[i], mo[i], v[i]);
 }
-template <class T>
-__global__ void sgd_k(ops::SgdMomentumMath<T> m, T* p, const T* g, T* buf, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
-    m(p[i], g[i], buf[i]);
+template <class S, class C>
+__global__ void sgd_k(ops::SgdMomentumMath<C> m, S* p, const S* g, S* buf, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    C pc = load<C>(p[i]), bc = load<C>(buf[i]);
+    m(pc, load<C>(g[i]), bc);
+    p[i] = store<S>(pc), buf[i] = store<S>(bc);
+  }
 }
 
 // Calls fn(S{}) with the storage type of a 16-bit float dtype.
@@ -89,12 +95,13 @@ struct SgdKernel {
   Context ctx;
   void operator()(const ops::SgdUpdate& op, const KernelArgs& a) const {
     if (op.guarded()) fail("cuda: ", op.name(), " (dynamic loss scaling) has no CUDA kernel yet; use the cpu backend");
-    dispatch_float(a.in[0].dtype, "sgd_update", [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_precision(a.in[0].dtype, "sgd_update", [&](auto p) {
+      using S = typename decltype(p)::Storage;
+      using C = typename decltype(p)::Compute;
       const std::int64_t n = a.in[0].numel();
       if (n == 0) return;
-      sgd_k<<<blocks_for(n), kThreads, 0, ctx.compute>>>(op.math<T>(), a.in[0].as<T>(), a.in[1].as<const T>(),
-                                                         a.in[2].as<T>(), n);
+      sgd_k<S, C><<<blocks_for(n), kThreads, 0, ctx.compute>>>(op.math<C>(), a.in[0].as<S>(), a.in[1].as<const S>(),
+                                                               a.in[2].as<S>(), n);
       check_launch(describe(op, a));
     });
   }

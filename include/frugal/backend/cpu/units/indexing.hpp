@@ -18,7 +18,7 @@ void add_indexing_kernels(KernelTable& t, const BackendOptions&) {
   t.add<ops::Gather>(gather_kernel);
   t.add<ops::ScatterAdd>(scatter_add_kernel);
   t.add<ops::Embedding>(embedding_kernel);
-  t.add<ops::EmbeddingGrad>(embedding_grad_kernel);
+  t.add<ops::EmbeddingGrad>(embedding_grad_kernel, embedding_grad_workspace);
   t.add<ops::Dropout>([](const ops::Dropout& op, const KernelArgs& a) { dropout_kernel(op, a); });
   t.add<ops::DropoutGrad>([](const ops::DropoutGrad& op, const KernelArgs& a) { dropout_kernel(op, a); });
 }
