@@ -131,12 +131,15 @@ int main() {
                     psi / 1e9, f.total() / 1e9, double(ds.gpu_bytes) / 1e9, same / 1e9, same / double(ds.gpu_bytes));
       }
       // Stage 3 without offload: 4 x largest layer (its gathered fp16
-      // parameters and gradients) + 18 psi / N.
+      // parameters and gradients) + 18 psi / N: the fp16 parameter
+      // partition (2) and fp32 master, momentum, variance and gradient
+      // partition (16), where frugal holds the gradient shard in bf16 (2).
       {
         ModelStates f = rank_states(m.c, 0, gpus, 3);
         auto ds = published::deepspeed::estimate_zero3_model_states_mem_needs(psi, largest, gpus, 1, false, false);
-        const double same = f.total() + 4 * psi / gpus + 4 * largest;
-        std::printf("| %s | %.4gB | 3 | %.3f | %.3f | %.3f (+ 4 psi/N, + a gathered largest layer 4 x %.4gM) | %.6f |\n",
+        const double same = f.total() + 2 * psi / gpus + 4 * largest;
+        std::printf("| %s | %.4gB | 3 | %.3f | %.3f | %.3f (gradient shard in fp32, + 2 psi/N; + a gathered largest "
+                    "layer, 4 x %.4gM) | %.6f |\n",
                     m.name, psi / 1e9, f.total() / 1e9, double(ds.gpu_bytes) / 1e9, same / 1e9, largest / 1e6,
                     same / double(ds.gpu_bytes));
       }
