@@ -13,20 +13,17 @@
 #include <frugal/frugal.hpp>
 
 #include "../tools/model_zoo.hpp"
+#include "../tests/model_states.hpp"
 #include "published/zero_formulas.hpp"
 
 using namespace frugal;
 
 namespace {
 
-struct ModelStates {
-  double parameters = 0, optimizer_state = 0, gradients = 0;
-  double total() const { return parameters + optimizer_state + gradients; }
-};
+using test_model_states::ModelStates;
 
-// What rank `rank` of `ranks` holds of the model states at `stage`: its
-// persistent parameters and optimizer state, and the gradients its update
-// reads (what the gradients' collectives leave it).
+// What rank `rank` of `ranks` holds of the model states at `stage`
+// (tests/model_states.hpp).
 ModelStates rank_states(zoo::Config c, int rank, int ranks, int stage, std::optional<bool> offload = {}) {
   c.meta = true;
   zoo::Workload w = zoo::make(c);
@@ -34,25 +31,7 @@ ModelStates rank_states(zoo::Config c, int rank, int ranks, int stage, std::opti
   o.communicator = std::make_shared<dist::PlanOnly>(rank, ranks);
   o.zero_stage = stage;
   o.offload_optimizer = offload;
-  PlannedStep ps = zoo::plan(w, {}, o);
-  ModelStates s;
-  auto kind = [&](const char* k) {
-    auto it = ps.plan.persistent_by_kind.find(k);
-    return it == ps.plan.persistent_by_kind.end() ? 0.0 : double(it->second);
-  };
-  s.parameters = kind("parameters");
-  s.optimizer_state = kind("optimizer state");
-  for (NodeId id : ps.plan.schedule) {
-    const Node& node = ps.graph->node(id);
-    std::string name = node.op->name();
-    if (name.ends_with(".start")) name.resize(name.size() - 6);
-    if (name != "all_reduce_mean" && name != "reduce_scatter_mean") continue;
-    for (ValueId v : node.outputs) {
-      const Value& val = ps.graph->value(v);
-      if (!val.is_workspace && val.meta.shape.numel() > 1) s.gradients += double(val.meta.nbytes());
-    }
-  }
-  return s;
+  return test_model_states::of(zoo::plan(w, {}, o));
 }
 
 double parameters_of(zoo::Config c, double* largest_layer = nullptr) {

@@ -13,6 +13,7 @@
 #include <frugal/runtime/process_memory.hpp>
 
 #include "../bench/published/zero_formulas.hpp"
+#include "model_states.hpp"
 #include "../tools/model_zoo.hpp"
 
 using namespace frugal;
@@ -291,32 +292,6 @@ TEST_CASE("step_sim: on a cluster each collective costs what the cluster's ring 
 
 // ---- ZeRO's model-state memory, as the paper counts it -------------------------------
 
-namespace {
-
-// What a rank holds of the model states (ZeRO §3: parameters, gradients,
-// optimizer state): its persistent parameters and optimizer state, and the
-// gradients its update reads -- what the gradients' collectives leave it,
-// whole (all-reduce) or its shard (reduce-scatter).
-double model_state_bytes(const PlannedStep& ps) {
-  auto kind = [&](const char* k) {
-    auto it = ps.plan.persistent_by_kind.find(k);
-    return it == ps.plan.persistent_by_kind.end() ? 0.0 : double(it->second);
-  };
-  double gradients = 0;
-  for (NodeId id : ps.plan.schedule) {
-    const Node& node = ps.graph->node(id);
-    std::string name = node.op->name();
-    if (name.ends_with(".start")) name.resize(name.size() - 6);
-    if (name != "all_reduce_mean" && name != "reduce_scatter_mean") continue;
-    for (ValueId v : node.outputs) {
-      const Value& val = ps.graph->value(v);
-      if (!val.is_workspace && val.meta.shape.numel() > 1) gradients += double(val.meta.nbytes());
-    }
-  }
-  return kind("parameters") + kind("optimizer state") + gradients;
-}
-
-}  // namespace
 
 TEST_CASE("zero: model-state bytes per rank are the ZeRO paper's, exactly, at every stage", "[cluster][zero]") {
   // bf16 parameters and gradients, AdamW with f32 master weights: the
@@ -339,7 +314,7 @@ TEST_CASE("zero: model-state bytes per rank are the ZeRO paper's, exactly, at ev
       CompileOptions o;
       o.communicator = std::make_shared<dist::PlanOnly>(rank, n);
       o.zero_stage = stage;
-      total += model_state_bytes(zoo::plan(w, {}, o));
+      total += test_model_states::of(zoo::plan(w, {}, o)).total();
     }
     const double paper = stage == 0   ? published::zero::baseline_bytes(psi)
                          : stage == 1 ? published::zero::pos_bytes(psi, n)
