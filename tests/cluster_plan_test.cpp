@@ -367,3 +367,20 @@ TEST_CASE("meta: for random small models and budgets, the planned bytes are what
     CHECK(step.plan().host_bytes == meta.plan.host_bytes);
   }
 }
+
+TEST_CASE("meta: a meta model cannot be saved, and a file read inside a MetaScope holds its data", "[cluster][meta]") {
+  const std::string path = "/tmp/frugal_meta_test.safetensors";
+  Tensor real = Tensor::from(std::vector<float>{1, 2, 3}, {3});
+  io::write_safetensors(path, {{"w", real}});
+  Tensor m;
+  {
+    MetaScope meta;
+    m = Tensor({3});
+    auto loaded = io::read_safetensors(path);
+    REQUIRE(loaded.tensors.size() == 1);
+    CHECK_FALSE(loaded.tensors[0].second.is_meta());
+    CHECK(loaded.tensors[0].second.to_vector<float>() == std::vector<float>{1, 2, 3});
+  }
+  CHECK_THROWS_WITH(io::write_safetensors(path, {{"w", m}}), Contains("meta tensor"));
+  std::remove(path.c_str());
+}

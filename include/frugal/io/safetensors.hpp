@@ -196,6 +196,9 @@ inline void write_safetensors(const std::filesystem::path& path, const NamedTens
   for (auto& nt : tensors) {
     if (!nt.second.defined())
       fail(path.string(), ": cannot write tensor '", nt.first, "': it is undefined (a default-constructed Tensor)");
+    if (nt.second.is_meta())
+      fail(path.string(), ": cannot write tensor '", nt.first, "': it is a meta tensor (made inside a "
+           "frugal::MetaScope), which has a shape and no data; save a model built outside the scope");
     if (nt.first == "__metadata__")
       fail(path.string(), ": cannot write a tensor named '__metadata__': safetensors reserves that name");
     sorted.push_back(&nt);
@@ -362,6 +365,7 @@ inline SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     fail<DataError>(p, ": ", data_size - expect, " bytes of trailing garbage after the last tensor's data (the "
                     "header accounts for ", expect, " of ", data_size, " data bytes)");
 
+  MetaScope real(false);  // what a file holds is data, even read inside a MetaScope
   for (auto& e : entries) {
     Tensor t(e.shape, e.dtype);
     read_at(t.raw(), e.end - e.begin, 8 + n + e.begin, cat("tensor '", e.name, "'").c_str());
