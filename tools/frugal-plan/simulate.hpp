@@ -85,6 +85,10 @@ inline bool fits(const SimulateArgs& a, const zoo::Config& model, const DevicePr
   }
 }
 
+// The search stops here: a deeper graph takes long to plan, and a model
+// that fits this deep is reported as fitting at least this deep.
+inline constexpr int kMostLayersSearched = 256;
+
 // The most layers at the model's width that still fit, by doubling then
 // bisection (fitting is monotone in depth: a deeper model holds more).
 inline int largest_layers(const SimulateArgs& a, const DeviceProfile& gpu, int ranks) {
@@ -95,7 +99,8 @@ inline int largest_layers(const SimulateArgs& a, const DeviceProfile& gpu, int r
   };
   if (!ok(1)) return 0;
   int lo = 1, hi = 2;
-  while (hi < (1 << 20) && ok(hi)) lo = hi, hi *= 2;
+  while (hi <= kMostLayersSearched && ok(hi)) lo = hi, hi *= 2;
+  if (lo == kMostLayersSearched) return lo;
   while (hi - lo > 1) {
     int mid = lo + (hi - lo) / 2;
     (ok(mid) ? lo : hi) = mid;
@@ -236,8 +241,8 @@ inline int simulate(SimulateArgs a) {
   std::cout << (any ? "" : " nothing") << "\n";
   if (largest == 0) std::cout << "largest model that fits: not even one layer at width " << a.model.width << "\n";
   else if (largest > 0)
-    std::cout << "largest model that fits: " << largest << " layers at width " << a.model.width << ", "
-              << fmt(largest_params / 1e9, 4) << "B parameters\n";
+    std::cout << "largest model that fits: " << (largest == kMostLayersSearched ? "at least " : "") << largest
+              << " layers at width " << a.model.width << ", " << fmt(largest_params / 1e9, 4) << "B parameters\n";
   return 0;
 }
 
