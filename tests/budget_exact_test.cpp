@@ -4,10 +4,12 @@
 // beats either, and below the least feasible peak all three find nothing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include <frugal/plan/budget_cbc.hpp>
@@ -535,4 +537,181 @@ TEST_CASE("the least-memory search's answer is kept per view: the same view gets
         CHECK(least_memory_key(q) != key);
       }
   }
+}
+
+namespace {
+
+// plan/budget_least.hpp's local search as it was before it judged moves by
+// their pieces (commit 65cba79): every tried move evaluated as a whole choice.
+Solution improve_by_evaluation(const BudgetProblem& p, Solution s, int max_rounds = 512) {
+  const std::size_t n = std::size_t(std::max(p.positions, 0));
+  const std::size_t C = p.candidates.size();
+  const RequirementRepair repair(p);
+  std::vector<std::pair<std::size_t, int>> undo;
+  for (int round = 0; round < max_rounds && n > 0; ++round) {
+    const Evaluation now = evaluate(p, s.choice);
+    const Profiles pr = profiles(p, s.choice);
+    const std::int64_t peak = now.device_peak;
+    const PeakPositions peaks(pr.device, peak);
+    const std::vector<int>& at_peak = peaks.at;
+    auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
+    bool moved = false;
+    for (std::size_t i = 0; i < C && !moved; ++i) {
+      const int was = s.choice[i];
+      const Option& from = p.candidates[i].options[std::size_t(was)];
+      for (int j = 0; j < int(p.candidates[i].options.size()) && !moved; ++j) {
+        if (j == was) continue;
+        const Option& to = p.candidates[i].options[std::size_t(j)];
+        bool frees = false;
+        for (int t : at_peak) frees = frees || bytes_at(to.device, t) < bytes_at(from.device, t);
+        if (!frees) continue;
+        std::vector<int> trial = s.choice;
+        trial[i] = j;
+        undo.clear();
+        if (!repair.repair(trial, i, at_peak_bytes, undo)) continue;
+        auto improves = [&](const std::vector<int>& c) {
+          const Evaluation e = evaluate(p, c);
+          if (!fits_target(p, e, e.device_peak) || e.device_peak > peak) return false;
+          if (e.device_peak < peak) return true;
+          std::size_t count = 0;
+          for (std::int64_t b : profiles(p, c).device) count += b == peak;
+          return count < at_peak.size();
+        };
+        if (improves(trial)) {
+          s.choice = std::move(trial);
+          moved = true;
+          break;
+        }
+        // Over the host or NVMe limit: make room by moving one candidate that
+        // holds bytes there (and nothing at the peak positions) to its option
+        // with the fewest bytes at the peak among those holding less there.
+        const Evaluation e = evaluate(p, trial);
+        const bool host_over = p.host_budget && e.host_peak > p.host_budget;
+        const bool nvme_over = p.nvme_budget && e.nvme_peak > p.nvme_budget;
+        if (!e.requirements_met || (!host_over && !nvme_over) || e.device_peak > peak) continue;
+        for (std::size_t k = 0; k < C && !moved; ++k) {
+          if (k == i || trial[k] != s.choice[k]) continue;
+          const Option& held = p.candidates[k].options[std::size_t(trial[k])];
+          if ((host_over ? held.host : held.nvme).empty()) continue;
+          int best = -1;
+          std::int64_t best_bytes = 0;
+          for (int m = 0; m < int(p.candidates[k].options.size()); ++m) {
+            const Option& o = p.candidates[k].options[std::size_t(m)];
+            if (m == trial[k] || !(host_over ? o.host : o.nvme).empty() || !may_choose(p, trial, k, m)) continue;
+            const std::int64_t b = at_peak_bytes(o);
+            if (best < 0 || b < best_bytes) best = m, best_bytes = b;
+          }
+          if (best < 0) continue;
+          std::vector<int> pair = trial;
+          pair[k] = best;
+          if (improves(pair)) {
+            s.choice = std::move(pair);
+            moved = true;
+          }
+        }
+      }
+    }
+    if (!moved) break;
+  }
+  s.eval = evaluate(p, s.choice);
+  s.feasible = fits_target(p, s.eval, s.eval.device_peak);
+  return s;
+}
+
+
+}  // namespace
+
+TEST_CASE("the local search judges a move by its pieces exactly as by evaluating the whole choice", "[budget][least]") {
+  // Larger steps than the exact tests: plateaus of equal peaks, long spans.
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 4, .max_layers = 16});
+    for (const Solution& start : {solve_min_memory(p), transfer_start(p), checkpoint_start(p),
+                                  make_solution(p, std::vector<int>(p.candidates.size(), 0), unconstrained_peak(p))}) {
+      const Solution fast = improve_least_memory(p, start);
+      const Solution full = improve_by_evaluation(p, start);
+      INFO("seed " << seed);
+      CHECK(fast.choice == full.choice);
+      CHECK(fast.eval.device_peak == full.eval.device_peak);
+      CHECK(fast.feasible == full.feasible);
+    }
+  }
+}
+
+TEST_CASE("a move's pieces, a profile's range maximum and its peak positions agree with walking every position",
+          "[budget][least]") {
+  std::mt19937_64 rng(7);
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 4, .max_layers = 12});
+    const std::size_t n = std::size_t(p.positions);
+    const std::vector<int> keep(p.candidates.size(), 0);
+    for (int trial = 0; trial < 20; ++trial) {
+      // A random move of up to three candidates.
+      std::vector<int> choice = keep;
+      std::vector<std::pair<std::size_t, int>> was, now;
+      for (int k = 0; k < 3; ++k) {
+        const std::size_t c = std::size_t(rng() % p.candidates.size());
+        if (std::any_of(was.begin(), was.end(), [&](auto& w) { return w.first == c; })) continue;
+        const int j = int(rng() % p.candidates[c].options.size());
+        was.push_back({c, 0});
+        now.push_back({c, j});
+        choice[c] = j;
+      }
+      const Profiles before = profiles(p, keep), after = profiles(p, choice);
+      for (auto [tier, b, a] : {std::tuple{&Option::device, &before.device, &after.device},
+                                std::tuple{&Option::host, &before.host, &after.host},
+                                std::tuple{&Option::nvme, &before.nvme, &after.nvme}}) {
+        std::vector<std::int64_t> walked(*b);
+        for (const DevicePiece& pc : tier_change(p, was, now, tier)) {
+          CHECK(pc.bytes != 0);
+          for (int t = pc.first; t <= pc.last; ++t) walked[std::size_t(t)] += pc.bytes;
+        }
+        CHECK(walked == *a);
+      }
+      const RangeMax most(after.device);
+      for (int q = 0; q < 20; ++q) {
+        int first = int(rng() % n), last = int(rng() % n);
+        if (first > last) std::swap(first, last);
+        CHECK(most(first, last) == *std::max_element(after.device.begin() + first, after.device.begin() + last + 1));
+      }
+      const std::int64_t peak = *std::max_element(after.device.begin(), after.device.end());
+      const PeakPositions peaks(after.device, peak);
+      for (std::size_t c = 0; c < p.candidates.size(); ++c)
+        for (const Option& to : p.candidates[c].options) {
+          const Option& from = p.candidates[c].options[std::size_t(choice[c])];
+          std::int64_t at_peak = 0;
+          bool frees = false;
+          for (int t : peaks.at) {
+            at_peak += bytes_at(to.device, t);
+            frees = frees || bytes_at(to.device, t) < bytes_at(from.device, t);
+          }
+          CHECK(peaks.bytes(to) == at_peak);
+          CHECK(peaks.frees(from, to) == frees);
+        }
+    }
+  }
+}
+
+TEST_CASE("the greedy on a problem of thousands of candidates ends, meeting every requirement and the host limit",
+          "[budget][least]") {
+  // Above kBatchMovesAbove candidates the greedy takes several moves a
+  // round; its moves once undid each other until the round limit (minutes
+  // on a deep model), and together could pass the host limit.
+  int batched = 0;
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 560, .max_layers = 700});
+    batched += p.candidates.size() > kBatchMovesAbove;
+    const Solution least = solve_min_memory(p);
+    CHECK(least.eval.requirements_met);
+    CHECK((p.host_budget == 0 || least.eval.host_peak <= p.host_budget));
+    CHECK((p.nvme_budget == 0 || least.eval.nvme_peak <= p.nvme_budget));
+    CHECK(least.eval.device_peak < unconstrained_peak(p));
+    // A target between the least and the unconstrained peak is reached.
+    const std::int64_t target = (least.eval.device_peak + unconstrained_peak(p)) / 2;
+    const Solution s = solve_greedy(p, target);
+    CHECK(s.eval.requirements_met);
+    CHECK((p.host_budget == 0 || s.eval.host_peak <= p.host_budget));
+    CHECK(s.feasible);
+    CHECK(s.eval.device_peak <= target);
+  }
+  CHECK(batched == 4);
 }

@@ -15,6 +15,7 @@
 #include "../bench/published/zero_formulas.hpp"
 #include "model_states.hpp"
 #include "../tools/model_zoo.hpp"
+#include "../tools/frugal-plan/simulate.hpp"
 
 using namespace frugal;
 using Catch::Matchers::Contains;
@@ -383,4 +384,49 @@ TEST_CASE("meta: a meta model cannot be saved, and a file read inside a MetaScop
   }
   CHECK_THROWS_WITH(io::write_safetensors(path, {{"w", m}}), Contains("meta tensor"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("pricing: a given profile prices a plan that evicts nothing, as it prices one that does",
+          "[cluster][sim]") {
+  // The ZeRO stage choice compares stages that bind with stages that do
+  // not: at the built-in CPU rates for the latter (a 13B GPT's stage 1 at
+  // 16,000 s), stage 0 with its host updates always won.
+  const plan::Cluster a100 = plan::Cluster::preset("dgx-a100");
+  const DeviceProfile gpu = a100.device_profile(DType::f32);
+  zoo::Config c{.family = "gpt", .batch = 2, .layers = 2, .width = 64, .seq = 32, .heads = 2, .vocab = 96};
+  c.meta = true;
+  zoo::Workload w = zoo::make(c);
+  PlannedStep ps = zoo::plan(w, Budget{}, CompileOptions{.profile = &gpu});
+  REQUIRE(ps.plan.decisions.empty());
+  CHECK_THAT(ps.plan.priced_with, Contains("CompileOptions::profile"));
+  const plan::CostModel cm(gpu);
+  double sum = 0;
+  for (NodeId n : ps.plan.schedule) sum += cm.op_ms(*ps.graph, n);
+  CHECK(ps.plan.predicted_step_ms == Approx(sum).epsilon(1e-9));
+}
+
+TEST_CASE("pricing: GPT-3 13B on one DGX-A100 is sharded, not moved to host updates priced as free",
+          "[cluster][sim]") {
+  frugal_plan::SimulateArgs a;
+  a.cluster = plan::Cluster::preset("dgx-a100");
+  zoo::Config c;
+  zoo::apply_preset(c, *zoo::find_preset("gpt3-13b"));
+  c.dtype = DType::bf16;
+  c.master_weights = true;
+  a.model = c;
+  const int ranks = 8;
+  const DeviceProfile gpu = a.cluster.device_profile(c.dtype, false, ranks);
+  // An update on the host is priced at the node's DRAM bandwidth shared by
+  // its GPUs, less the device time it no longer takes.
+  CHECK(gpu.host_update_bytes == a.cluster.host_memory_bytes_per_s / ranks);
+  const PlannedStep chosen = frugal_plan::plan_rank(a, c, gpu, 0, ranks);
+  a.options.zero_stage = 0;
+  const PlannedStep stage0 = frugal_plan::plan_rank(a, c, gpu, 0, ranks);
+  CHECK(chosen.plan.zero_stage >= 1);
+  REQUIRE_FALSE(stage0.plan.decisions.empty());  // stage 0 must evict to fit 80 GB
+  const plan::ClusterPrices prices(a.cluster, ranks);
+  const double chosen_s = plan::simulate_step(*chosen.graph, chosen.plan, prices).step_seconds;
+  const double stage0_s = plan::simulate_step(*stage0.graph, stage0.plan, prices).step_seconds;
+  CHECK(chosen_s < stage0_s);
+  CHECK(chosen.plan.predicted_step_ms < stage0.plan.predicted_step_ms);
 }

@@ -145,7 +145,7 @@ inline int simulate(SimulateArgs a) {
   if (ranks > cl.total_gpus())
     fail("--ranks ", ranks, ": cluster '", cl.name, "' has ", cl.total_gpus(), " GPUs (", cl.nodes, " nodes of ",
          cl.gpus_per_node, "); give at most that, or more nodes in the cluster file");
-  const DeviceProfile gpu = cl.device_profile(a.model.dtype, a.assumptions.tf32);
+  const DeviceProfile gpu = cl.device_profile(a.model.dtype, a.assumptions.tf32, std::min(ranks, cl.gpus_per_node));
   const Budget budget = rank_budget(a, ranks);
   double params = 0;
   std::vector<PlannedStep> steps;

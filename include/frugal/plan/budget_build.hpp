@@ -21,6 +21,7 @@
 #include "budget_problem.hpp"
 #include "offload.hpp"
 #include "liveness.hpp"
+#include "node_cost.hpp"
 
 namespace frugal::plan {
 
@@ -32,6 +33,9 @@ struct Prices {
   std::function<double(std::size_t)> nvme_write_ms;
   std::function<double(std::size_t)> nvme_read_ms;
   double overlap_slowdown = 0.1;  // how much an overlapped copy slows compute, as a fraction of its time
+  // An update's memory traffic (bytes) run on the host; empty: free (the
+  // device is the host).
+  std::function<double(double)> host_update_ms;
 };
 
 inline constexpr std::size_t kMinPersistentCandidate = 1 << 10;  // smaller state is not worth a transfer
@@ -120,6 +124,23 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       for (std::size_t i = 0; i < n.inputs.size(); ++i)
         if (!state_updatable_on_host(g, n, i)) updatable_on_host[std::size_t(n.inputs[i])] = 0;
     }
+
+  // What moving a state's update to the host adds to the step: its share
+  // of each update's time there, less its share of the device time that
+  // update no longer takes (nothing where the device is the host).
+  auto host_update_ms = [&](ValueId v) {
+    if (!prices.host_update_ms) return 0.0;
+    double ms = 0;
+    for (int t : mutated_at[std::size_t(v)]) {
+      const NodeId id = schedule[std::size_t(t)];
+      const Node& n = g.node(id);
+      int states = 0;
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) states += state_updatable_on_host(g, n, i) ? 1 : 0;
+      if (states == 0) continue;
+      ms += std::max(0.0, (prices.host_update_ms(node_cost(g, id).bytes) - prices.op_ms[std::size_t(t)]) / states);
+    }
+    return ms;
+  };
 
   // Where a value must stay in place because a collective runs on it beside
   // compute: from its start to its done (ops::CollectiveStart), by root.
@@ -246,7 +267,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     // whole step, no copy at all. On a backend whose kernels use host
     // memory (the only ones host_updates is set for) that costs nothing.
     if (updatable_on_host[std::size_t(v)] && val.kind == ValueKind::state && !pinned) {
-      Option o{Choice::host_update, 0};
+      Option o{Choice::host_update, host_update_ms(v)};
       o.price_free = true;
       o.device = {{{0, T - 1}, -bytes}};
       o.host = {{{0, T - 1}, bytes}};

@@ -44,15 +44,64 @@ inline std::int64_t bytes_at(const std::vector<MemEffect>& effects, int t) {
 // fewest bytes there.
 struct PeakPositions {
   std::vector<int> at;
-  PeakPositions(const std::vector<std::int64_t>& device, std::int64_t peak) {
-    for (std::size_t t = 0; t < device.size(); ++t)
+  std::vector<int> before;  // before[t]: how many of `at` lie before position t
+  PeakPositions(const std::vector<std::int64_t>& device, std::int64_t peak) : before(device.size() + 1, 0) {
+    for (std::size_t t = 0; t < device.size(); ++t) {
       if (device[t] == peak) at.push_back(int(t));
+      before[t + 1] = int(at.size());
+    }
+  }
+  // How many peak positions [first, last] holds (by counts, not a walk: a
+  // deep model's plateau has thousands).
+  std::int64_t within(const Span& s) const {
+    return s.empty() ? 0 : before[std::size_t(s.last) + 1] - before[std::size_t(s.first)];
   }
   std::int64_t bytes(const Option& o) const {
     std::int64_t b = 0;
-    for (int t : at) b += bytes_at(o.device, t);
+    for (auto& e : o.device) b += e.bytes * within(e.span);
     return b;
   }
+  // Whether switching a candidate from `from` to `to` frees bytes at some
+  // peak position.
+  bool frees(const Option& from, const Option& to) const {
+    std::vector<std::pair<int, std::int64_t>> events;
+    for (auto& e : from.device)
+      if (!e.span.empty()) events.push_back({e.span.first, -e.bytes}), events.push_back({e.span.last + 1, e.bytes});
+    for (auto& e : to.device)
+      if (!e.span.empty()) events.push_back({e.span.first, e.bytes}), events.push_back({e.span.last + 1, -e.bytes});
+    std::sort(events.begin(), events.end());
+    std::int64_t level = 0;
+    for (std::size_t k = 0; k < events.size();) {
+      const int t = events[k].first;
+      for (; k < events.size() && events[k].first == t; ++k) level += events[k].second;
+      if (level < 0 && k < events.size() && within({t, events[k].first - 1}) > 0) return true;
+    }
+    return false;
+  }
+};
+
+// The highest value of a profile over any span, in constant time (a sparse
+// table): a move's long pieces (a persistent's option spans the whole step)
+// are judged without a walk over their positions.
+class RangeMax {
+ public:
+  explicit RangeMax(const std::vector<std::int64_t>& v) : level_{v} {
+    for (std::size_t w = 1; 2 * w <= v.size(); w *= 2) {
+      const std::vector<std::int64_t>& prev = level_.back();
+      std::vector<std::int64_t> next(v.size() - 2 * w + 1);
+      for (std::size_t t = 0; t < next.size(); ++t) next[t] = std::max(prev[t], prev[t + w]);
+      level_.push_back(std::move(next));
+    }
+  }
+  std::int64_t operator()(int first, int last) const {
+    const std::size_t n = std::size_t(last - first + 1);
+    std::size_t k = 0;
+    while ((std::size_t(2) << k) <= n) ++k;
+    return std::max(level_[k][std::size_t(first)], level_[k][std::size_t(last) + 1 - (std::size_t(1) << k)]);
+  }
+
+ private:
+  std::vector<std::vector<std::int64_t>> level_;
 };
 
 // Device bytes times positions an option adds (negative where it frees).
@@ -69,18 +118,6 @@ inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<M
   for (std::size_t t = 0; t < prof.size(); ++t)
     if (prof[t] + bytes_at(add, int(t)) > limit) return false;
   return true;
-}
-
-// As above, with the profile's highest value known: a move that adds less
-// than the headroom there fits without a walk over every position (most
-// do, and at thousands of positions the walk was the solve's whole time).
-inline bool tier_fits(const std::vector<std::int64_t>& prof, std::int64_t prof_max, const std::vector<MemEffect>& add,
-                      std::int64_t limit) {
-  if (limit == 0 || add.empty()) return true;
-  std::int64_t added = 0;
-  for (auto& e : add)
-    if (e.bytes > 0 && !e.span.empty()) added += e.bytes;
-  return prof_max + added <= limit || tier_fits(prof, add, limit);
 }
 
 // Repairs the requirements a changed choice breaks, in place: a candidate
@@ -193,6 +230,54 @@ inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, s
   return s;
 }
 
+// The net change of a tier's bytes (`tier`: &Option::device, ::host or
+// ::nvme) from switching candidates' options (each (candidate, option it
+// had) in `was`, the option it takes in `now`), as pieces of constant
+// change, in position order (zero changes left out): a move's effect
+// without evaluating the whole choice again.
+struct DevicePiece {
+  int first, last;
+  std::int64_t bytes;
+};
+inline std::vector<DevicePiece> tier_change(const BudgetProblem& p, const std::vector<std::pair<std::size_t, int>>& was,
+                                            const std::vector<std::pair<std::size_t, int>>& now,
+                                            std::vector<MemEffect> Option::*tier = &Option::device) {
+  std::vector<std::pair<int, std::int64_t>> events;
+  auto add = [&](const std::vector<MemEffect>& effects, int sign) {
+    for (auto& e : effects)
+      if (!e.span.empty()) events.push_back({e.span.first, sign * e.bytes}), events.push_back({e.span.last + 1, -sign * e.bytes});
+  };
+  for (std::size_t w = 0; w < was.size(); ++w) {
+    const auto& opts = p.candidates[was[w].first].options;
+    add(opts[std::size_t(was[w].second)].*tier, -1);
+    add(opts[std::size_t(now[w].second)].*tier, 1);
+  }
+  std::sort(events.begin(), events.end());
+  std::vector<DevicePiece> pieces;
+  std::int64_t level = 0;
+  for (std::size_t k = 0; k < events.size();) {
+    const int at = events[k].first;
+    for (; k < events.size() && events[k].first == at; ++k) level += events[k].second;
+    if (k < events.size() && level != 0) pieces.push_back({at, events[k].first - 1, level});
+  }
+  return pieces;
+}
+
+// Whether switching options as `was` -> `now` keeps a tier (`tier` of each
+// option) within `limit` (0: none) over its profile `prof`: by the move's net
+// change, so a move of several parts that each fit alone but not together
+// is refused, and one that trades a tier's bytes for others is not.
+inline bool change_fits(const BudgetProblem& p, const std::vector<std::int64_t>& prof,
+                        const std::vector<std::pair<std::size_t, int>>& was,
+                        const std::vector<std::pair<std::size_t, int>>& now, std::vector<MemEffect> Option::*tier,
+                        std::int64_t limit) {
+  if (limit == 0) return true;
+  for (const DevicePiece& pc : tier_change(p, was, now, tier))
+    for (int t = pc.first; pc.bytes > 0 && t <= pc.last; ++t)
+      if (prof[std::size_t(t)] + pc.bytes > limit) return false;
+  return true;
+}
+
 // Above this many candidates solve_greedy takes several moves a round.
 inline constexpr std::size_t kBatchMovesAbove = 1000;
 
@@ -208,15 +293,13 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     for (int t = 1; t < p.positions; ++t)
       if (pr.device[std::size_t(t)] > pr.device[std::size_t(peak)]) peak = t;
     if (p.positions == 0 || pr.device[std::size_t(peak)] <= target) break;
-    const std::int64_t host_max = pr.host.empty() ? 0 : *std::max_element(pr.host.begin(), pr.host.end());
-    const std::int64_t nvme_max = pr.nvme.empty() ? 0 : *std::max_element(pr.nvme.begin(), pr.nvme.end());
     // A move sets one candidate's option, together with what its
     // requirements then ask of others (a persistent's inner window needs the
     // persistent to live on the host first; a recomputation needs its inputs
     // kept or recomputed no later than itself), RequirementRepair.
     double best_score = -1;
     std::vector<std::pair<std::size_t, int>> best;
-    std::vector<std::pair<std::size_t, int>> undo;
+    std::vector<std::pair<std::size_t, int>> undo, move_was;
     // Large problems (a model of hundreds of layers) take several moves per
     // round, best first, while they free no more at the peak together than
     // it is over the target: one move a round made their solve quadratic in
@@ -242,21 +325,20 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
         std::int64_t saving = 0;
         double cost = 0;
         std::vector<std::pair<std::size_t, int>> move;
+        move_was.clear();
         if (ok) {
           for (auto [c, was_option] : undo) {
             if (std::find_if(move.begin(), move.end(), [&](auto& m) { return m.first == c; }) != move.end()) continue;
             // The first entry for c holds the option it had before the move.
             const Option& was = p.candidates[c].options[std::size_t(was_option)];
             const Option& oc = p.candidates[c].options[std::size_t(s.choice[c])];
-            if (!tier_fits(pr.host, host_max, oc.host, p.host_budget) ||
-                !tier_fits(pr.nvme, nvme_max, oc.nvme, p.nvme_budget)) {
-              ok = false;
-              break;
-            }
             saving += bytes_at(was.device, peak) - bytes_at(oc.device, peak);
             cost += oc.cost_ms - was.cost_ms;
             move.push_back({c, s.choice[c]});
+            move_was.push_back({c, was_option});
           }
+          ok = saving > 0 && change_fits(p, pr.host, move_was, move, &Option::host, p.host_budget) &&
+               change_fits(p, pr.nvme, move_was, move, &Option::nvme, p.nvme_budget);
         }
         for (auto it = undo.rbegin(); it != undo.rend(); ++it) s.choice[it->first] = it->second;
         if (!ok || saving <= 0) continue;
@@ -277,29 +359,51 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     const std::int64_t excess = pr.device[std::size_t(peak)] - target;
     std::int64_t freed = 0;
     std::vector<char> touched(p.candidates.size(), 0);
+    std::vector<std::pair<std::size_t, int>> was;
+    std::vector<std::int64_t> host = pr.host, nvme = pr.nvme;
+    // A move must leave every position it adds bytes to below this round's
+    // peak: one that lifts another position to it only moves the peak, and
+    // such moves undid each other round after round (a candidate's options
+    // free different spans, so the best at one peak is the worst at the
+    // next) until the round limit, minutes into a deep model's solve.
+    std::vector<std::int64_t> device = pr.device;
+    const std::int64_t peak_bytes = pr.device[std::size_t(peak)];
     for (const Scored& m : scored) {
       if (freed >= excess) break;
       bool disjoint = true;
       for (auto [c, k] : m.move) disjoint = disjoint && !touched[c];
       if (!disjoint) continue;
-      // Each part of the move must still be allowed beside the moves taken.
-      std::vector<std::pair<std::size_t, int>> was;
-      bool ok = true;
+      // A move holds together (an option and the ones its requirements
+      // moved), so it is set whole, then checked beside the moves taken:
+      // part by part it may pass through a state no requirement allows.
+      was.clear();
       for (auto [c, k] : m.move) {
-        if (!repair.may_choose(s.choice, c, k)) {
-          ok = false;
-          break;
-        }
         was.push_back({c, s.choice[c]});
         s.choice[c] = k;
       }
+      bool ok = true;
+      for (auto [c, k] : m.move) ok = ok && repair.may_choose(s.choice, c, k);
+      const std::vector<DevicePiece> change = ok ? tier_change(p, was, m.move) : std::vector<DevicePiece>{};
+      for (const DevicePiece& pc : change)
+        for (int t = pc.first; ok && pc.bytes > 0 && t <= pc.last; ++t) ok = device[std::size_t(t)] + pc.bytes < peak_bytes;
+      // The host and NVMe bytes of the moves taken this round count too.
+      ok = ok && change_fits(p, host, was, m.move, &Option::host, p.host_budget) &&
+           change_fits(p, nvme, was, m.move, &Option::nvme, p.nvme_budget);
       if (!ok) {
         for (auto it = was.rbegin(); it != was.rend(); ++it) s.choice[it->first] = it->second;
         continue;
       }
+      for (auto [tier, prof] : {std::pair{&Option::host, &host}, std::pair{&Option::nvme, &nvme}})
+        for (const DevicePiece& pc : tier_change(p, was, m.move, tier))
+          for (int t = pc.first; t <= pc.last; ++t) (*prof)[std::size_t(t)] += pc.bytes;
+      for (const DevicePiece& pc : change)
+        for (int t = pc.first; t <= pc.last; ++t) device[std::size_t(t)] += pc.bytes;
       for (auto [c, k] : m.move) touched[c] = 1;
       freed += m.saving;
     }
+    // No move lowers the peak without lifting another position to it: as
+    // low as this search goes (the local searches after it go on).
+    if (freed == 0) break;
   }
   // Undo what the target does not need, dearest first.
   s = undo_unneeded(p, std::move(s.choice), std::max(target, evaluate(p, s.choice).device_peak));

@@ -137,14 +137,70 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
   const std::size_t n = std::size_t(std::max(p.positions, 0));
   const std::size_t C = p.candidates.size();
   const RequirementRepair repair(p);
-  std::vector<std::pair<std::size_t, int>> undo;
+  std::vector<std::pair<std::size_t, int>> undo, was_list, now_list;
   for (int round = 0; round < max_rounds && n > 0; ++round) {
     const Evaluation now = evaluate(p, s.choice);
     const Profiles pr = profiles(p, s.choice);
     const std::int64_t peak = now.device_peak;
     const PeakPositions peaks(pr.device, peak);
     const std::vector<int>& at_peak = peaks.at;
+    const RangeMax device_max(pr.device);
     auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
+    auto improves = [&](const std::vector<int>& c) {
+      const Evaluation e = evaluate(p, c);
+      if (!fits_target(p, e, e.device_peak) || e.device_peak > peak) return false;
+      if (e.device_peak < peak) return true;
+      std::size_t count = 0;
+      for (std::int64_t b : profiles(p, c).device) count += b == peak;
+      return count < at_peak.size();
+    };
+    // From a choice that meets every requirement and limit, a move is judged
+    // by what it changes alone (its pieces of each tier), not by evaluating
+    // the whole choice again: on a deep model's thousands of candidates
+    // that evaluation, per tried move, was the search's whole time. The
+    // verdict is the same as improves()'s.
+    const bool incremental = now.requirements_met && (p.host_budget == 0 || now.host_peak <= p.host_budget) &&
+                             (p.nvme_budget == 0 || now.nvme_peak <= p.nvme_budget);
+    struct Verdict {
+      bool improves = false, requirements_met = true, above_peak = false, host_over = false, nvme_over = false;
+    };
+    auto judge = [&](const std::vector<int>& trial) {
+      Verdict v;
+      for (auto& [c, k] : now_list) v.requirements_met = v.requirements_met && repair.may_choose(trial, c, k);
+      std::size_t count = at_peak.size();
+      for (const DevicePiece& pc : tier_change(p, was_list, now_list)) {
+        if (pc.bytes < 0) {  // every peak position in it drops below the peak
+          count -= std::size_t(peaks.within({pc.first, pc.last}));
+          continue;
+        }
+        const std::int64_t most = device_max(pc.first, pc.last);
+        if (most + pc.bytes > peak) {
+          v.above_peak = true;
+        } else if (most + pc.bytes == peak) {  // some rise to the peak: count them
+          for (int t = pc.first; t <= pc.last; ++t) count += std::size_t(pr.device[std::size_t(t)] + pc.bytes == peak);
+        }
+      }
+      auto over = [&](std::vector<MemEffect> Option::*tier, const std::vector<std::int64_t>& prof, std::int64_t limit) {
+        if (limit == 0) return false;
+        for (const DevicePiece& pc : tier_change(p, was_list, now_list, tier))
+          for (int t = pc.first; pc.bytes > 0 && t <= pc.last; ++t)
+            if (prof[std::size_t(t)] + pc.bytes > limit) return true;
+        return false;
+      };
+      v.host_over = over(&Option::host, pr.host, p.host_budget);
+      v.nvme_over = over(&Option::nvme, pr.nvme, p.nvme_budget);
+      v.improves = v.requirements_met && !v.above_peak && !v.host_over && !v.nvme_over && count < at_peak.size();
+      return v;
+    };
+    std::vector<int> trial = s.choice;  // tried in place; each try is undone
+    // The candidates whose option holds host (NVMe) bytes, in index order:
+    // the only ones that can make room there.
+    std::vector<std::size_t> on_host, on_nvme;
+    for (std::size_t k = 0; k < C; ++k) {
+      const Option& held = p.candidates[k].options[std::size_t(s.choice[k])];
+      if (!held.host.empty()) on_host.push_back(k);
+      if (!held.nvme.empty()) on_nvme.push_back(k);
+    }
     bool moved = false;
     for (std::size_t i = 0; i < C && !moved; ++i) {
       const int was = s.choice[i];
@@ -152,42 +208,55 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
       for (int j = 0; j < int(p.candidates[i].options.size()) && !moved; ++j) {
         if (j == was) continue;
         const Option& to = p.candidates[i].options[std::size_t(j)];
-        bool frees = false;
-        for (int t : at_peak) frees = frees || bytes_at(to.device, t) < bytes_at(from.device, t);
-        if (!frees) continue;
-        std::vector<int> trial = s.choice;
+        if (!peaks.frees(from, to)) continue;
         trial[i] = j;
         undo.clear();
-        if (!repair.repair(trial, i, at_peak_bytes, undo)) continue;
-        auto improves = [&](const std::vector<int>& c) {
-          const Evaluation e = evaluate(p, c);
-          if (!fits_target(p, e, e.device_peak) || e.device_peak > peak) return false;
-          if (e.device_peak < peak) return true;
-          std::size_t count = 0;
-          for (std::int64_t b : profiles(p, c).device) count += b == peak;
-          return count < at_peak.size();
+        auto revert = [&] {
+          for (auto it = undo.rbegin(); it != undo.rend(); ++it) trial[it->first] = it->second;
+          trial[i] = was;
         };
-        if (improves(trial)) {
-          s.choice = std::move(trial);
+        if (!repair.repair(trial, i, at_peak_bytes, undo)) {
+          revert();
+          continue;
+        }
+        Verdict v;
+        if (incremental) {
+          was_list.assign(1, {i, was});
+          for (auto [c, old] : undo)
+            if (std::none_of(was_list.begin(), was_list.end(), [&](auto& w) { return w.first == c; }))
+              was_list.push_back({c, old});
+          now_list.clear();
+          for (auto [c, old] : was_list) now_list.push_back({c, trial[c]});
+          v = judge(trial);
+        } else {
+          v.improves = improves(trial);
+          const Evaluation e = evaluate(p, trial);
+          v.requirements_met = e.requirements_met;
+          v.above_peak = e.device_peak > peak;
+          v.host_over = p.host_budget && e.host_peak > p.host_budget;
+          v.nvme_over = p.nvme_budget && e.nvme_peak > p.nvme_budget;
+        }
+        if (v.improves) {
+          s.choice = trial;
           moved = true;
           break;
         }
         // Over the host or NVMe limit: make room by moving one candidate that
         // holds bytes there (and nothing at the peak positions) to its option
         // with the fewest bytes at the peak among those holding less there.
-        const Evaluation e = evaluate(p, trial);
-        const bool host_over = p.host_budget && e.host_peak > p.host_budget;
-        const bool nvme_over = p.nvme_budget && e.nvme_peak > p.nvme_budget;
-        if (!e.requirements_met || (!host_over && !nvme_over) || e.device_peak > peak) continue;
-        for (std::size_t k = 0; k < C && !moved; ++k) {
+        const bool host_over = v.host_over, nvme_over = v.nvme_over;
+        if (!v.requirements_met || (!host_over && !nvme_over) || v.above_peak) {
+          revert();
+          continue;
+        }
+        for (std::size_t k : host_over ? on_host : on_nvme) {
+          if (moved) break;
           if (k == i || trial[k] != s.choice[k]) continue;
-          const Option& held = p.candidates[k].options[std::size_t(trial[k])];
-          if ((host_over ? held.host : held.nvme).empty()) continue;
           int best = -1;
           std::int64_t best_bytes = 0;
           for (int m = 0; m < int(p.candidates[k].options.size()); ++m) {
             const Option& o = p.candidates[k].options[std::size_t(m)];
-            if (m == trial[k] || !(host_over ? o.host : o.nvme).empty() || !may_choose(p, trial, k, m)) continue;
+            if (m == trial[k] || !(host_over ? o.host : o.nvme).empty() || !repair.may_choose(trial, k, m)) continue;
             const std::int64_t b = at_peak_bytes(o);
             if (best < 0 || b < best_bytes) best = m, best_bytes = b;
           }
@@ -199,6 +268,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
             moved = true;
           }
         }
+        if (!moved) revert();
       }
     }
     if (!moved) break;
@@ -338,9 +408,15 @@ inline std::vector<std::int64_t> least_bytes_by_position(const BudgetProblem& p)
   return least;
 }
 
-inline std::int64_t least_memory_lower_bound(const BudgetProblem& p) {
+// A lower bound on the least device peak: each position's least bytes,
+// then the linear relaxation's optimum, unless the first already reaches
+// `enough` (an answer in hand, which it then proves the least: the
+// relaxation of a deep model's step takes minutes and cannot raise it).
+inline std::int64_t least_memory_lower_bound(const BudgetProblem& p,
+                                             std::int64_t enough = std::numeric_limits<std::int64_t>::max()) {
   std::int64_t bound = 0;
   for (std::int64_t b : least_bytes_by_position(p)) bound = std::max(bound, b);
+  if (bound >= enough) return bound;
 #ifdef FRUGAL_HAVE_GLPK
   if (!p.candidates.empty()) {
     detail::IlpModel m = detail::build_ilp(p, 0, true);
@@ -384,7 +460,7 @@ inline Solution least_memory_search(const BudgetProblem& view) {
   if (view.positions > kExactPositions || !kExactSolverHasGlpk) {
     // Where the bound does not already prove the local search's answer the
     // least, CBC closes the gap from it (and can only lower it).
-    if (kHaveCbc && greedy.feasible && greedy.eval.device_peak > least_memory_lower_bound(view)) {
+    if (kHaveCbc && greedy.feasible && greedy.eval.device_peak > least_memory_lower_bound(view, greedy.eval.device_peak)) {
       CbcLeast c = cbc_least_peak(view, greedy, kLeastMemoryCbcNodeLimit, kLeastMemoryCbcBackstopSeconds);
       if (c.solution.feasible && c.solution.eval.device_peak < greedy.eval.device_peak) greedy = std::move(c.solution);
     }

@@ -44,6 +44,7 @@ struct PriceModel {
   std::function<double(const Graph&, NodeId)> op_ms;
   std::function<double(std::size_t)> copy_ms, nvme_write_ms, nvme_read_ms;
   double overlap_slowdown = 0.1;
+  std::function<double(double)> host_update_ms;  // an update's traffic (bytes) on the host; empty: free
 };
 
 // The solver's prices from a cost model (the profile's roofline, or
@@ -56,6 +57,8 @@ inline PriceModel prices_from(std::shared_ptr<const CostModel> cm) {
   m.nvme_write_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_write_ms(b) : cm->copy_ms(b) * 20; };
   m.nvme_read_ms = [cm, nvme](std::size_t b) { return nvme ? cm->nvme_read_ms(b) : cm->copy_ms(b) * 20; };
   m.overlap_slowdown = cm->profile().overlap_slowdown;
+  if (cm->profile().host_update_bytes > 0)
+    m.host_update_ms = [rate = cm->profile().host_update_bytes](double bytes) { return bytes / rate * 1e3; };
   return m;
 }
 
@@ -107,7 +110,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     return {g, std::move(base)};
   }
 
-  Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
+  Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown, price.host_update_ms};
   for (NodeId n : schedule) prices.op_ms.push_back(price.op_ms(*g, n));
   BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace,
                                             !o.offload_optimizer.has_value() && !o.nvme_offload.optimizer_state,

@@ -111,7 +111,9 @@ struct Cluster {
   // NVMe numbers are the node's shared by all its GPUs (each GPU streams
   // its own shard at once, as ZeRO-Infinity does); the CPU threads are the
   // node's cores shared the same way (the host optimizer of each rank).
-  DeviceProfile device_profile(DType compute, bool tf32 = false) const {
+  // `ranks_on_node`: the job's GPUs on a node, which share its DRAM for
+  // updates offloaded there (0: all of them).
+  DeviceProfile device_profile(DType compute, bool tf32 = false, int ranks_on_node = 0) const {
     DeviceProfile p = DeviceProfile::defaults("cuda", std::max(1, cpu_cores / gpus_per_node));
     p.machine = "cluster " + name + " (" + gpu + ")";
     p.gemm_flops = flops(compute, tf32);
@@ -123,6 +125,7 @@ struct Cluster {
     p.nvme_write_bytes = nvme_write_bytes_per_s / gpus_per_node;
     p.nvme_latency_s = nvme_latency_s;
     p.nvme_dir = "";
+    p.host_update_bytes = host_memory_bytes_per_s / (ranks_on_node > 0 ? std::min(ranks_on_node, gpus_per_node) : gpus_per_node);
     return p;
   }
 

@@ -43,12 +43,12 @@ class ClusterPrices final : public StepPrices {
   int ranks_per_node() const { return std::min(ranks_, c_.gpus_per_node); }
 
   double compute_seconds(const Graph& g, NodeId n) const override {
-    Cost cost = cost_of(g, n);
+    Cost cost = node_cost(g, n);
     const double flops = c_.flops(compute_dtype(g, n), a_.tf32) * a_.gemm_efficiency;
     return c_.op_latency_s + std::max(cost.flops / flops, cost.bytes / (c_.hbm_bytes_per_s * a_.stream_efficiency));
   }
   double host_update_seconds(const Graph& g, NodeId n) const override {
-    return cost_of(g, n).bytes / (c_.host_memory_bytes_per_s / ranks_per_node());
+    return node_cost(g, n).bytes / (c_.host_memory_bytes_per_s / ranks_per_node());
   }
   double h2d_seconds(std::size_t bytes) const override { return c_.h2d_seconds(double(bytes)); }
   double d2h_seconds(std::size_t bytes) const override { return c_.d2h_seconds(double(bytes)); }
@@ -70,13 +70,6 @@ class ClusterPrices final : public StepPrices {
   }
 
  private:
-  static Cost cost_of(const Graph& g, NodeId n) {
-    const Node& node = g.node(n);
-    std::vector<TensorMeta> in, out;
-    for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
-    for (ValueId v : node.results()) out.push_back(g.value(v).meta);
-    return node.op->cost(in, out);
-  }
   // The dtype an op computes in: its first floating input's (a cast's or a
   // loss's output may be wider than the GEMMs that fed it). A cluster has no
   // f64 rate: Cluster::flops says so.

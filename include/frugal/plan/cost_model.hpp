@@ -12,6 +12,7 @@
 #include "../graph/graph.hpp"
 #include "../stats/quantiles.hpp"
 #include "device_profile.hpp"
+#include "node_cost.hpp"
 
 namespace frugal::plan {
 
@@ -70,12 +71,7 @@ class CostModel {
   // id, so they belong to one graph).
   double op_ms(const Graph& g, NodeId n) const {
     if (auto it = measured_.find(n); it != measured_.end()) return it->second * 1e3;
-    const Node& node = g.node(n);
-    std::vector<TensorMeta> in, out;
-    in.reserve(node.inputs.size());
-    for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
-    for (ValueId v : node.results()) out.push_back(g.value(v).meta);
-    return profile_.op_seconds(*node.op, in, out) * 1e3;
+    return profile_.op_seconds(node_cost(g, n)) * 1e3;
   }
   double copy_ms(std::size_t bytes) const { return profile_.copy_seconds(bytes) * 1e3; }
   double nvme_write_ms(std::size_t bytes) const { return profile_.nvme_write_seconds(bytes) * 1e3; }

@@ -35,6 +35,10 @@ struct DeviceProfile {
   // How much longer compute takes while a copy runs beside it: 0.25 means
   // an op overlapped with a transfer takes 1.25 times as long.
   double overlap_slowdown = 0;
+  // Bytes/s of host memory that an optimizer update moved to the host gets
+  // (offload from a GPU); 0: the device is the host (the CPU backend), where
+  // such an update costs what it costs on the device. Optional in JSON.
+  double host_update_bytes = 0;
 
   // Conservative numbers (slow compute, slow links) for planning before, or
   // without, a calibration: an overestimated time costs speed, an
@@ -68,9 +72,9 @@ struct DeviceProfile {
 
   // A roofline: the op is bound by its arithmetic or by its memory traffic,
   // whichever takes longer, plus a fixed launch cost.
+  double op_seconds(const Cost& c) const { return op_latency_s + std::max(c.flops / gemm_flops, c.bytes / stream_bytes); }
   double op_seconds(const Op& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) const {
-    Cost c = op.cost(in, out);
-    return op_latency_s + std::max(c.flops / gemm_flops, c.bytes / stream_bytes);
+    return op_seconds(op.cost(in, out));
   }
   double copy_seconds(std::size_t bytes) const { return copy_latency_s + double(bytes) / copy_bytes; }
   double nvme_write_seconds(std::size_t bytes) const {
@@ -110,6 +114,7 @@ class ProfileFields {
   ProfileFields(std::string_view text, const std::string& source)
       : root_(parse_json_object(text, source + ": not a device profile: its text")), source_(source) {}
 
+  bool has(const std::string& key) const { return root_.find(key) != nullptr; }
   const Json& field(const std::string& key) const {
     const Json* f = root_.find(key);
     if (!f) fail<DataError>(source_, ": field '", key, "' is missing");
@@ -168,6 +173,7 @@ inline std::string DeviceProfile::to_json() const {
   num("nvme_latency_s", nvme_latency_s);
   str("nvme_dir", nvme_dir);
   num("overlap_slowdown", overlap_slowdown);
+  num("host_update_bytes", host_update_bytes);
   o += "\n}\n";
   return o;
 }
@@ -202,6 +208,7 @@ inline DeviceProfile DeviceProfile::from_json(std::string_view text, const std::
   p.nvme_latency_s = at_least("nvme_latency_s", 0, false);
   p.nvme_dir = j.string("nvme_dir");
   p.overlap_slowdown = at_least("overlap_slowdown", 0, false);
+  if (j.has("host_update_bytes")) p.host_update_bytes = at_least("host_update_bytes", 0, false);
   return p;
 }
 

@@ -45,13 +45,7 @@ class ProfilePrices final : public StepPrices {
   }
 
  private:
-  double seconds(const Graph& g, NodeId n) const {
-    const Node& node = g.node(n);
-    std::vector<TensorMeta> in, out;
-    for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
-    for (ValueId v : node.results()) out.push_back(g.value(v).meta);
-    return p_.op_seconds(*node.op, in, out);
-  }
+  double seconds(const Graph& g, NodeId n) const { return p_.op_seconds(node_cost(g, n)); }
   DeviceProfile p_;
   RankLink link_;
 };

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "../graph/graph.hpp"
+#include "node_cost.hpp"
 #include "plan.hpp"
 
 namespace frugal::plan {
@@ -243,12 +244,7 @@ inline StepSimulation simulate_step(const Graph& g, const Plan& plan, const Step
     // Compute (a collective's done and other views cost nothing but the wait).
     double start = compute_waits(node);
     double seconds = prices.compute_seconds(g, n);
-    {
-      std::vector<TensorMeta> in, out;
-      for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
-      for (ValueId v : node.results()) out.push_back(g.value(v).meta);
-      sim.flops += op.cost(in, out).flops;
-    }
+    sim.flops += node_cost(g, n).flops;
     clock = run_on(Resource::compute, start, seconds);
     finish(node, clock);
   }

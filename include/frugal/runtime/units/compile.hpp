@@ -844,9 +844,14 @@ static Plan plan_prepared_from(Prepared& p, const Budget& budget, const CompileO
   const bool binding =
       (budget.device > 0 && (start.plan.total_bytes() > budget.device || o.plan.least_saved_activations)) ||
       o.plan.nvme_offload.pinned();
-  // An unconstrained plan makes no choice; its predicted time is priced at
-  // the built-in rates, measuring nothing.
-  Pricing pricing = binding ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);
+  // An unconstrained plan makes no choice, so it measures nothing: its
+  // predicted time is priced with the profile given (CompileOptions::profile,
+  // FRUGAL_PROFILE), else at the built-in rates. A given profile prices
+  // every plan, so ZeRO stages that bind and stages that do not are
+  // compared at the same rates.
+  const char* forced = std::getenv("FRUGAL_PROFILE");
+  const bool measures = o.calibrate && !o.profile && !(forced && *forced);
+  Pricing pricing = binding || !measures ? pricing_for(*p.backend, budget, o) : builtin_pricing(*p.backend, o);
   auto solved = plan::solve_budget(p.c.graph, p.roots, budget, plan::prices_from(pricing.model),
                                    plan_options(o, *p.backend), std::move(start));
   p.c.graph = std::move(solved.graph);
