@@ -64,7 +64,7 @@ struct PeakPositions {
   // Whether switching a candidate from `from` to `to` frees bytes at some
   // peak position.
   bool frees(const Option& from, const Option& to) const {
-    std::vector<std::pair<int, std::int64_t>> events;
+    events.clear();
     for (auto& e : from.device)
       if (!e.span.empty()) events.push_back({e.span.first, -e.bytes}), events.push_back({e.span.last + 1, e.bytes});
     for (auto& e : to.device)
@@ -78,6 +78,9 @@ struct PeakPositions {
     }
     return false;
   }
+
+ private:
+  mutable std::vector<std::pair<int, std::int64_t>> events;  // frees()'s scratch
 };
 
 // The highest value of a profile over any span, in constant time (a sparse
@@ -239,10 +242,14 @@ struct DevicePiece {
   int first, last;
   std::int64_t bytes;
 };
-inline std::vector<DevicePiece> tier_change(const BudgetProblem& p, const std::vector<std::pair<std::size_t, int>>& was,
-                                            const std::vector<std::pair<std::size_t, int>>& now,
-                                            std::vector<MemEffect> Option::*tier = &Option::device) {
-  std::vector<std::pair<int, std::int64_t>> events;
+// Into `pieces`, with `events` as scratch (the local search judges millions
+// of moves: allocating per move was a third of its time).
+inline void tier_change_into(std::vector<DevicePiece>& pieces, std::vector<std::pair<int, std::int64_t>>& events,
+                             const BudgetProblem& p, const std::vector<std::pair<std::size_t, int>>& was,
+                             const std::vector<std::pair<std::size_t, int>>& now,
+                             std::vector<MemEffect> Option::*tier = &Option::device) {
+  events.clear();
+  pieces.clear();
   auto add = [&](const std::vector<MemEffect>& effects, int sign) {
     for (auto& e : effects)
       if (!e.span.empty()) events.push_back({e.span.first, sign * e.bytes}), events.push_back({e.span.last + 1, -sign * e.bytes});
@@ -253,13 +260,19 @@ inline std::vector<DevicePiece> tier_change(const BudgetProblem& p, const std::v
     add(opts[std::size_t(now[w].second)].*tier, 1);
   }
   std::sort(events.begin(), events.end());
-  std::vector<DevicePiece> pieces;
   std::int64_t level = 0;
   for (std::size_t k = 0; k < events.size();) {
     const int at = events[k].first;
     for (; k < events.size() && events[k].first == at; ++k) level += events[k].second;
     if (k < events.size() && level != 0) pieces.push_back({at, events[k].first - 1, level});
   }
+}
+inline std::vector<DevicePiece> tier_change(const BudgetProblem& p, const std::vector<std::pair<std::size_t, int>>& was,
+                                            const std::vector<std::pair<std::size_t, int>>& now,
+                                            std::vector<MemEffect> Option::*tier = &Option::device) {
+  std::vector<DevicePiece> pieces;
+  std::vector<std::pair<int, std::int64_t>> events;
+  tier_change_into(pieces, events, p, was, now, tier);
   return pieces;
 }
 

@@ -138,6 +138,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
   const std::size_t C = p.candidates.size();
   const RequirementRepair repair(p);
   std::vector<std::pair<std::size_t, int>> undo, was_list, now_list;
+  std::vector<DevicePiece> pieces;                   // judge()'s scratch
+  std::vector<std::pair<int, std::int64_t>> events;
   for (int round = 0; round < max_rounds && n > 0; ++round) {
     const Evaluation now = evaluate(p, s.choice);
     const Profiles pr = profiles(p, s.choice);
@@ -145,6 +147,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
     const PeakPositions peaks(pr.device, peak);
     const std::vector<int>& at_peak = peaks.at;
     const RangeMax device_max(pr.device);
+    const RangeMax host_max(p.host_budget ? pr.host : std::vector<std::int64_t>{}),
+        nvme_max(p.nvme_budget ? pr.nvme : std::vector<std::int64_t>{});
     auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
     auto improves = [&](const std::vector<int>& c) {
       const Evaluation e = evaluate(p, c);
@@ -168,7 +172,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
       Verdict v;
       for (auto& [c, k] : now_list) v.requirements_met = v.requirements_met && repair.may_choose(trial, c, k);
       std::size_t count = at_peak.size();
-      for (const DevicePiece& pc : tier_change(p, was_list, now_list)) {
+      tier_change_into(pieces, events, p, was_list, now_list);
+      for (const DevicePiece& pc : pieces) {
         if (pc.bytes < 0) {  // every peak position in it drops below the peak
           count -= std::size_t(peaks.within({pc.first, pc.last}));
           continue;
@@ -180,15 +185,15 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
           for (int t = pc.first; t <= pc.last; ++t) count += std::size_t(pr.device[std::size_t(t)] + pc.bytes == peak);
         }
       }
-      auto over = [&](std::vector<MemEffect> Option::*tier, const std::vector<std::int64_t>& prof, std::int64_t limit) {
+      auto over = [&](std::vector<MemEffect> Option::*tier, const RangeMax& most, std::int64_t limit) {
         if (limit == 0) return false;
-        for (const DevicePiece& pc : tier_change(p, was_list, now_list, tier))
-          for (int t = pc.first; pc.bytes > 0 && t <= pc.last; ++t)
-            if (prof[std::size_t(t)] + pc.bytes > limit) return true;
+        tier_change_into(pieces, events, p, was_list, now_list, tier);
+        for (const DevicePiece& pc : pieces)
+          if (pc.bytes > 0 && most(pc.first, pc.last) + pc.bytes > limit) return true;
         return false;
       };
-      v.host_over = over(&Option::host, pr.host, p.host_budget);
-      v.nvme_over = over(&Option::nvme, pr.nvme, p.nvme_budget);
+      v.host_over = over(&Option::host, host_max, p.host_budget);
+      v.nvme_over = over(&Option::nvme, nvme_max, p.nvme_budget);
       v.improves = v.requirements_met && !v.above_peak && !v.host_over && !v.nvme_over && count < at_peak.size();
       return v;
     };
@@ -261,6 +266,16 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
             if (best < 0 || b < best_bytes) best = m, best_bytes = b;
           }
           if (best < 0) continue;
+          if (incremental) {  // the pair judged by its pieces too
+            was_list.push_back({k, trial[k]});
+            now_list.push_back({k, best});
+            trial[k] = best;
+            if (judge(trial).improves) s.choice = trial, moved = true;
+            trial[k] = was_list.back().second;
+            was_list.pop_back();
+            now_list.pop_back();
+            continue;
+          }
           std::vector<int> pair = trial;
           pair[k] = best;
           if (improves(pair)) {
