@@ -49,11 +49,7 @@ std::vector<Tensor> run_all(const BuildAll& build, const std::vector<Tensor>& in
   std::size_t outputs = 0;
   Step step = compile_inference(
       [&] {
-        std::vector<Var> vs;
-        for (std::size_t i = 0; i < ins.size(); ++i)
-          vs.push_back(persistent_var(ins[i], is_floating(ins[i].dtype()) ? ValueKind::parameter : ValueKind::state,
-                                      "in" + std::to_string(i)));
-        std::vector<Var> out = build(vs);
+        std::vector<Var> out = build(bind_inputs(ins));
         outputs = out.size();
         return out;
       },
@@ -73,11 +69,7 @@ std::vector<Tensor> grads_of(const Build& op, const std::vector<Tensor>& ins, co
     if (is_floating(t.dtype())) wrt.push_back(t);
   Step step = compile_gradients(
       [&] {
-        std::vector<Var> vs;
-        for (std::size_t i = 0; i < ins.size(); ++i)
-          vs.push_back(persistent_var(ins[i], is_floating(ins[i].dtype()) ? ValueKind::parameter : ValueKind::state,
-                                      "in" + std::to_string(i)));
-        return cast(sum(op(vs) * persistent_var(r, ValueKind::state, "R")), DType::f32);
+        return cast(sum(op(bind_inputs(ins)) * persistent_var(r, ValueKind::state, "R")), DType::f32);
       },
       {}, wrt);
   step.run();

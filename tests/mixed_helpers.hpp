@@ -84,16 +84,22 @@ inline std::vector<double> draw(std::uint64_t seed, std::int64_t n, double lo, d
 
 using Build = std::function<Var(const std::vector<Var>&)>;
 
-// Runs build on the inputs (floating ones as parameters, integer ones as
-// state) in a forward-only step and returns its output.
+// The inputs bound into a step being captured: floating ones as
+// parameters (so gradients reach them), integer ones as state.
+inline std::vector<Var> bind_inputs(const std::vector<Tensor>& ins) {
+  std::vector<Var> vs;
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    vs.push_back(persistent_var(ins[i], is_floating(ins[i].dtype()) ? ValueKind::parameter : ValueKind::state,
+                                "in" + std::to_string(i)));
+  return vs;
+}
+
+// Runs build on the inputs (bind_inputs) in a forward-only step and returns
+// its output.
 inline Tensor run(const Build& build, const std::vector<Tensor>& ins) {
   Step step = compile_inference(
       [&] {
-        std::vector<Var> vs;
-        for (std::size_t i = 0; i < ins.size(); ++i)
-          vs.push_back(persistent_var(ins[i], is_floating(ins[i].dtype()) ? ValueKind::parameter : ValueKind::state,
-                                      "in" + std::to_string(i)));
-        return build(vs);
+        return build(bind_inputs(ins));
       },
       {});
   step.run();
