@@ -548,6 +548,7 @@ Solution improve_by_evaluation(const BudgetProblem& p, Solution s, int max_round
   const std::size_t C = p.candidates.size();
   const RequirementRepair repair(p);
   std::vector<std::pair<std::size_t, int>> undo;
+  std::size_t start = 0;  // where the scan resumes: the last candidate moved
   for (int round = 0; round < max_rounds && n > 0; ++round) {
     const Evaluation now = evaluate(p, s.choice);
     const Profiles pr = profiles(p, s.choice);
@@ -556,7 +557,8 @@ Solution improve_by_evaluation(const BudgetProblem& p, Solution s, int max_round
     const std::vector<int>& at_peak = peaks.at;
     auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
     bool moved = false;
-    for (std::size_t i = 0; i < C && !moved; ++i) {
+    for (std::size_t step = 0; step < C && !moved; ++step) {
+      const std::size_t i = (start + step) % C;
       const int was = s.choice[i];
       const Option& from = p.candidates[i].options[std::size_t(was)];
       for (int j = 0; j < int(p.candidates[i].options.size()) && !moved; ++j) {
@@ -610,6 +612,7 @@ Solution improve_by_evaluation(const BudgetProblem& p, Solution s, int max_round
           }
         }
       }
+      if (moved) start = i;
     }
     if (!moved) break;
   }
@@ -672,6 +675,8 @@ TEST_CASE("a move's pieces, a profile's range maximum and its peak positions agr
         int first = int(rng() % n), last = int(rng() % n);
         if (first > last) std::swap(first, last);
         CHECK(most(first, last) == *std::max_element(after.device.begin() + first, after.device.begin() + last + 1));
+        const int at = most.argmax(first, last);
+        CHECK((at >= first && at <= last && after.device[std::size_t(at)] == most(first, last)));
       }
       const std::int64_t peak = *std::max_element(after.device.begin(), after.device.end());
       const PeakPositions peaks(after.device, peak);
@@ -714,4 +719,27 @@ TEST_CASE("the greedy on a problem of thousands of candidates ends, meeting ever
     CHECK(s.eval.device_peak <= target);
   }
   CHECK(batched == 4);
+}
+
+TEST_CASE("the integer program's size is counted before it is built, and bounds what is built", "[budget][least]") {
+  // least_memory_search skips the LP bound and CBC above
+  // kIlpCoefficientLimit: the count must never be below the nonzeros
+  // build_ilp really holds in its rows of positions (else a program too
+  // large for memory could still be built), and must grow with the step.
+  std::size_t smallest = std::numeric_limits<std::size_t>::max(), largest = 0;
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 2, .max_layers = 12});
+    if (seed % 3 == 0) p.host_budget = 1 << 20;  // host rows too
+    const std::size_t counted = plan::detail::ilp_position_coefficients(p);
+    const plan::detail::IlpModel m = plan::detail::build_ilp(p, 0, true);
+    std::size_t built = 0;
+    for (const plan::detail::IlpRow& r : m.rows)
+      if (r.tier >= 0) built += r.cols.size();  // (the peak column is added when GLPK loads the rows)
+    INFO("seed " << seed << ": counted " << counted << ", built " << built);
+    CHECK(built <= counted);
+    CHECK(built > 0);
+    smallest = std::min(smallest, counted);
+    largest = std::max(largest, counted);
+  }
+  CHECK(largest > 4 * smallest);
 }

@@ -88,23 +88,31 @@ struct PeakPositions {
 // are judged without a walk over their positions.
 class RangeMax {
  public:
-  explicit RangeMax(const std::vector<std::int64_t>& v) : level_{v} {
+  explicit RangeMax(const std::vector<std::int64_t>& v) : value_(v) {
+    std::vector<int> first(v.size());
+    for (std::size_t t = 0; t < v.size(); ++t) first[t] = int(t);
+    at_.push_back(std::move(first));
     for (std::size_t w = 1; 2 * w <= v.size(); w *= 2) {
-      const std::vector<std::int64_t>& prev = level_.back();
-      std::vector<std::int64_t> next(v.size() - 2 * w + 1);
-      for (std::size_t t = 0; t < next.size(); ++t) next[t] = std::max(prev[t], prev[t + w]);
-      level_.push_back(std::move(next));
+      const std::vector<int>& prev = at_.back();
+      std::vector<int> next(v.size() - 2 * w + 1);
+      for (std::size_t t = 0; t < next.size(); ++t) next[t] = higher(prev[t], prev[t + w]);
+      at_.push_back(std::move(next));
     }
   }
-  std::int64_t operator()(int first, int last) const {
+  std::int64_t operator()(int first, int last) const { return value_[std::size_t(argmax(first, last))]; }
+  // A position of the span where the profile is highest (the first such
+  // of two halves' answers): where a move that goes over a limit goes over.
+  int argmax(int first, int last) const {
     const std::size_t n = std::size_t(last - first + 1);
     std::size_t k = 0;
     while ((std::size_t(2) << k) <= n) ++k;
-    return std::max(level_[k][std::size_t(first)], level_[k][std::size_t(last) + 1 - (std::size_t(1) << k)]);
+    return higher(at_[k][std::size_t(first)], at_[k][std::size_t(last) + 1 - (std::size_t(1) << k)]);
   }
 
  private:
-  std::vector<std::vector<std::int64_t>> level_;
+  int higher(int a, int b) const { return value_[std::size_t(b)] > value_[std::size_t(a)] ? b : a; }
+  std::vector<std::int64_t> value_;
+  std::vector<std::vector<int>> at_;
 };
 
 // Device bytes times positions an option adds (negative where it frees).

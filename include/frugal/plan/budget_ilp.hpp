@@ -131,6 +131,38 @@ inline void ban_dominated_options(const BudgetProblem& p, IlpModel& m) {
 }
 
 // The model for `target`, or (min_peak) for the least device peak.
+// The coefficients build_ilp would hold in its rows of positions: for each
+// tier, every option's effect counted once per segment (between two span
+// ends) it covers. Counted without building anything, so that a problem
+// whose model would not fit in memory is never built: the step of a
+// 1T-parameter GPT (14,000 candidates over 8,000 positions, its persistent
+// state in every row) needed hundreds of millions, over 24 GB.
+inline std::size_t ilp_position_coefficients(const BudgetProblem& p) {
+  std::size_t total = 0;
+  for (int tier = 0; tier < 3; ++tier) {
+    std::vector<int> cuts{0, p.positions};
+    for (auto& c : p.candidates)
+      for (auto& o : c.options)
+        for (auto& e : tier_effects(o, tier))
+          if (!e.span.empty()) cuts.push_back(e.span.first), cuts.push_back(e.span.last + 1);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (auto& c : p.candidates)
+      for (auto& o : c.options)
+        for (auto& e : tier_effects(o, tier))
+          if (!e.span.empty())
+            total += std::size_t(std::lower_bound(cuts.begin(), cuts.end(), e.span.last + 1) -
+                                 std::lower_bound(cuts.begin(), cuts.end(), e.span.first));
+  }
+  return total;
+}
+// Above it, the integer program of a problem is not built (its LP bound and
+// CBC's search are skipped; the local search's answer stands): build_ilp
+// holds only nonzeros, so this bounds its memory and GLPK's or CBC's (about
+// 1 GB), far above the largest step the suite and bench/budget_gap solve
+// exactly.
+inline constexpr std::size_t kIlpCoefficientLimit = std::size_t(20) << 20;
+
 inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_peak) {
   IlpModel m;
   m.min_peak = min_peak;
@@ -178,7 +210,7 @@ inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_
   struct Segment {
     int position;
     std::int64_t base;
-    std::vector<std::int64_t> coef;  // per column
+    std::vector<std::pair<int, std::int64_t>> coef;  // the nonzero ones, by column (0-based)
     std::int64_t least, most;        // the fewest and most bytes the candidates can add
   };
   const std::int64_t limits[3] = {target, p.host_budget, p.nvme_budget};
@@ -205,11 +237,13 @@ inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_
           if (p.base[std::size_t(t)] > p.base[std::size_t(s.position)]) s.position = t;
       s.base = tier == 0 ? p.base[std::size_t(s.position)] : 0;
       s.least = s.most = 0;
+      int col = 0;
       for (auto& c : p.candidates) {
         std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
         for (auto& o : c.options) {
           std::int64_t b = bytes_at(tier_effects(o, tier), s.position);
-          s.coef.push_back(b);
+          if (b != 0) s.coef.push_back({col, b});
+          ++col;
           lo = std::min(lo, b);
           hi = std::max(hi, b);
         }
@@ -241,12 +275,11 @@ inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_
         }
       }
       std::int64_t scale = 1;
-      for (std::size_t col = 0; col < s.coef.size(); ++col)
-        if (s.coef[col] != 0) {
-          r.cols.push_back(int(col) + 1);
-          r.coef.push_back(s.coef[col]);
-          scale = std::max<std::int64_t>(scale, std::llabs(s.coef[col]));
-        }
+      for (auto [col, b] : s.coef) {
+        r.cols.push_back(col + 1);
+        r.coef.push_back(b);
+        scale = std::max<std::int64_t>(scale, std::llabs(b));
+      }
       // Coefficients near 1: GLPK's tolerances are relative to them.
       r.unit = pow2_at_least(double(scale));
       if (!(tier == 0 && min_peak)) {

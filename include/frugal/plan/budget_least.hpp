@@ -130,7 +130,11 @@ inline std::vector<int> full_choice(const MemoryView& v, const std::vector<int>&
 // whose option required the old state (a recomputation needing its input
 // kept) is moved to the option of its own that holds the fewest bytes at
 // the peak. Deterministic: candidates and options in index order, the first
-// improving move taken. Requirements are repaired as a chain
+// improving move taken, and the next scan resumes at the candidate just
+// moved, wrapping around; the search ends when a whole scan finds no move
+// (a deep model's step of 14,000 candidates scanned from the first one
+// after every move spent its minutes trying the same early candidates
+// again). Requirements are repaired as a chain
 // (RequirementRepair), so a recomputation that needs its inputs recomputed
 // earlier moves them with it.
 inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max_rounds = 512) {
@@ -140,6 +144,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
   std::vector<std::pair<std::size_t, int>> undo, was_list, now_list;
   std::vector<DevicePiece> pieces;                   // judge()'s scratch
   std::vector<std::pair<int, std::int64_t>> events;
+  std::size_t start = 0;  // where the scan resumes: the last candidate moved
   for (int round = 0; round < max_rounds && n > 0; ++round) {
     const Evaluation now = evaluate(p, s.choice);
     const Profiles pr = profiles(p, s.choice);
@@ -167,6 +172,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
                              (p.nvme_budget == 0 || now.nvme_peak <= p.nvme_budget);
     struct Verdict {
       bool improves = false, requirements_met = true, above_peak = false, host_over = false, nvme_over = false;
+      int over_at = -1;             // a position the move takes over the host (else NVMe) limit
+      std::int64_t overshoot = 0;  // by how many bytes there
     };
     auto judge = [&](const std::vector<int>& trial) {
       Verdict v;
@@ -189,7 +196,13 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
         if (limit == 0) return false;
         tier_change_into(pieces, events, p, was_list, now_list, tier);
         for (const DevicePiece& pc : pieces)
-          if (pc.bytes > 0 && most(pc.first, pc.last) + pc.bytes > limit) return true;
+          if (pc.bytes > 0 && most(pc.first, pc.last) + pc.bytes > limit) {
+            if (v.over_at < 0) {
+              v.over_at = most.argmax(pc.first, pc.last);
+              v.overshoot = most(pc.first, pc.last) + pc.bytes - limit;
+            }
+            return true;
+          }
         return false;
       };
       v.host_over = over(&Option::host, host_max, p.host_budget);
@@ -207,7 +220,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
       if (!held.nvme.empty()) on_nvme.push_back(k);
     }
     bool moved = false;
-    for (std::size_t i = 0; i < C && !moved; ++i) {
+    for (std::size_t step = 0; step < C && !moved; ++step) {
+      const std::size_t i = (start + step) % C;
       const int was = s.choice[i];
       const Option& from = p.candidates[i].options[std::size_t(was)];
       for (int j = 0; j < int(p.candidates[i].options.size()) && !moved; ++j) {
@@ -254,9 +268,20 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
           revert();
           continue;
         }
+        // Only a candidate holding at least the overshoot in that tier where
+        // the move goes over it can bring it back under (v.over_at; the slow
+        // path does not say where, so there every holder is tried).
+        auto holds_at = [&](std::size_t k) {
+          if (v.over_at < 0) return true;
+          const Option& held = p.candidates[k].options[std::size_t(trial[k])];
+          std::int64_t bytes = 0;
+          for (const MemEffect& e : host_over ? held.host : held.nvme)
+            if (!e.span.empty() && e.span.first <= v.over_at && v.over_at <= e.span.last) bytes += e.bytes;
+          return bytes >= v.overshoot;
+        };
         for (std::size_t k : host_over ? on_host : on_nvme) {
           if (moved) break;
-          if (k == i || trial[k] != s.choice[k]) continue;
+          if (k == i || trial[k] != s.choice[k] || !holds_at(k)) continue;
           int best = -1;
           std::int64_t best_bytes = 0;
           for (int m = 0; m < int(p.candidates[k].options.size()); ++m) {
@@ -285,6 +310,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
         }
         if (!moved) revert();
       }
+      if (moved) start = i;
     }
     if (!moved) break;
   }
@@ -426,14 +452,15 @@ inline std::vector<std::int64_t> least_bytes_by_position(const BudgetProblem& p)
 // A lower bound on the least device peak: each position's least bytes,
 // then the linear relaxation's optimum, unless the first already reaches
 // `enough` (an answer in hand, which it then proves the least: the
-// relaxation of a deep model's step takes minutes and cannot raise it).
+// relaxation of a deep model's step takes minutes and cannot raise it), or
+// the program is too large to build (detail::kIlpCoefficientLimit).
 inline std::int64_t least_memory_lower_bound(const BudgetProblem& p,
                                              std::int64_t enough = std::numeric_limits<std::int64_t>::max()) {
   std::int64_t bound = 0;
   for (std::int64_t b : least_bytes_by_position(p)) bound = std::max(bound, b);
   if (bound >= enough) return bound;
 #ifdef FRUGAL_HAVE_GLPK
-  if (!p.candidates.empty()) {
+  if (!p.candidates.empty() && detail::ilp_position_coefficients(p) <= detail::kIlpCoefficientLimit) {
     detail::IlpModel m = detail::build_ilp(p, 0, true);
     if (m.infeasible.empty()) {
       double lp = 0;
@@ -474,8 +501,10 @@ inline Solution least_memory_search(const BudgetProblem& view) {
   Solution greedy = least_memory_heuristic(view);
   if (view.positions > kExactPositions || !kExactSolverHasGlpk) {
     // Where the bound does not already prove the local search's answer the
-    // least, CBC closes the gap from it (and can only lower it).
-    if (kHaveCbc && greedy.feasible && greedy.eval.device_peak > least_memory_lower_bound(view, greedy.eval.device_peak)) {
+    // least, CBC closes the gap from it (and can only lower it), if its
+    // program fits in memory.
+    if (kHaveCbc && greedy.feasible && greedy.eval.device_peak > least_memory_lower_bound(view, greedy.eval.device_peak) &&
+        detail::ilp_position_coefficients(view) <= detail::kIlpCoefficientLimit) {
       CbcLeast c = cbc_least_peak(view, greedy, kLeastMemoryCbcNodeLimit, kLeastMemoryCbcBackstopSeconds);
       if (c.solution.feasible && c.solution.eval.device_peak < greedy.eval.device_peak) greedy = std::move(c.solution);
     }
