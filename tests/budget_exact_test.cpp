@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -735,8 +736,24 @@ TEST_CASE("the integer program's size is counted before it is built, and bounds 
     std::size_t built = 0;
     for (const plan::detail::IlpRow& r : m.rows)
       if (r.tier >= 0) built += r.cols.size();  // (the peak column is added when GLPK loads the rows)
-    INFO("seed " << seed << ": counted " << counted << ", built " << built);
-    CHECK(built <= counted);
+    // Every option's nonzero bytes at every segment, walked: what build_ilp
+    // holds before it drops the rows that can never bind.
+    std::size_t walked = 0;
+    for (int tier = 0; tier < 3; ++tier) {
+      std::set<int> ends{0, p.positions};
+      for (const Candidate& c : p.candidates)
+        for (const Option& o : c.options)
+          for (const MemEffect& e : plan::detail::tier_effects(o, tier))
+            if (!e.span.empty()) ends.insert(e.span.first), ends.insert(e.span.last + 1);
+      for (auto it = ends.begin(); std::next(it) != ends.end(); ++it)
+        for (const Candidate& c : p.candidates)
+          for (const Option& o : c.options) walked += bytes_at(plan::detail::tier_effects(o, tier), *it) != 0;
+    }
+    INFO("seed " << seed << ": counted " << counted << ", walked " << walked << ", built " << built);
+    CHECK(built <= walked);
+    CHECK(walked <= counted);
+    CHECK(counted <= 2 * walked);  // an upper bound, not a wild one: it would skip problems CBC can solve
+    CHECK(counted < plan::detail::kIlpCoefficientLimit);
     CHECK(built > 0);
     smallest = std::min(smallest, counted);
     largest = std::max(largest, counted);

@@ -130,7 +130,6 @@ inline void ban_dominated_options(const BudgetProblem& p, IlpModel& m) {
   }
 }
 
-// The model for `target`, or (min_peak) for the least device peak.
 // The coefficients build_ilp would hold in its rows of positions: for each
 // tier, every option's effect counted once per segment (between two span
 // ends) it covers. Counted without building anything, so that a problem
@@ -163,6 +162,7 @@ inline std::size_t ilp_position_coefficients(const BudgetProblem& p) {
 // exactly.
 inline constexpr std::size_t kIlpCoefficientLimit = std::size_t(20) << 20;
 
+// The model for `target`, or (min_peak) for the least device peak.
 inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_peak) {
   IlpModel m;
   m.min_peak = min_peak;
