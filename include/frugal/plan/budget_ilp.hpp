@@ -130,6 +130,20 @@ inline void ban_dominated_options(const BudgetProblem& p, IlpModel& m) {
   }
 }
 
+// Where some option's effect on a tier begins or ends, with 0 and the
+// step's end, sorted: between two consecutive ones every option's effect is
+// the same (one row of positions each).
+inline std::vector<int> segment_ends(const BudgetProblem& p, int tier) {
+  std::vector<int> cuts{0, p.positions};
+  for (auto& c : p.candidates)
+    for (auto& o : c.options)
+      for (auto& e : tier_effects(o, tier))
+        if (!e.span.empty()) cuts.push_back(e.span.first), cuts.push_back(e.span.last + 1);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
 // The coefficients build_ilp would hold in its rows of positions: for each
 // tier, every option's effect counted once per segment (between two span
 // ends) it covers. Counted without building anything, so that a problem
@@ -139,13 +153,7 @@ inline void ban_dominated_options(const BudgetProblem& p, IlpModel& m) {
 inline std::size_t ilp_position_coefficients(const BudgetProblem& p) {
   std::size_t total = 0;
   for (int tier = 0; tier < 3; ++tier) {
-    std::vector<int> cuts{0, p.positions};
-    for (auto& c : p.candidates)
-      for (auto& o : c.options)
-        for (auto& e : tier_effects(o, tier))
-          if (!e.span.empty()) cuts.push_back(e.span.first), cuts.push_back(e.span.last + 1);
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    const std::vector<int> cuts = segment_ends(p, tier);
     for (auto& c : p.candidates)
       for (auto& o : c.options)
         for (auto& e : tier_effects(o, tier))
@@ -217,17 +225,7 @@ inline IlpModel build_ilp(const BudgetProblem& p, std::int64_t target, bool min_
   std::vector<IlpRow> device_rows;
   for (int tier = 0; tier < 3; ++tier) {
     if (tier > 0 && limits[tier] == 0) continue;
-    // Between two consecutive span ends every option's effect is the same.
-    std::vector<int> cuts{0, p.positions};
-    for (auto& c : p.candidates)
-      for (auto& o : c.options)
-        for (auto& e : tier_effects(o, tier))
-          if (!e.span.empty()) {
-            cuts.push_back(e.span.first);
-            cuts.push_back(e.span.last + 1);
-          }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    const std::vector<int> cuts = segment_ends(p, tier);
     std::vector<Segment> segments;
     for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
       Segment s;

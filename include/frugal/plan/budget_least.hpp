@@ -155,14 +155,14 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
     const RangeMax host_max(p.host_budget ? pr.host : std::vector<std::int64_t>{}),
         nvme_max(p.nvme_budget ? pr.nvme : std::vector<std::int64_t>{});
     auto at_peak_bytes = [&](const Option& o) { return peaks.bytes(o); };
-    auto improves = [&](const std::vector<int>& c) {
-      const Evaluation e = evaluate(p, c);
+    auto improves_with = [&](const Evaluation& e, const std::vector<int>& c) {  // e: c's evaluation
       if (!fits_target(p, e, e.device_peak) || e.device_peak > peak) return false;
       if (e.device_peak < peak) return true;
       std::size_t count = 0;
       for (std::int64_t b : profiles(p, c).device) count += b == peak;
       return count < at_peak.size();
     };
+    auto improves = [&](const std::vector<int>& c) { return improves_with(evaluate(p, c), c); };
     // From a choice that meets every requirement and limit, a move is judged
     // by what it changes alone (its pieces of each tier), not by evaluating
     // the whole choice again: on a deep model's thousands of candidates
@@ -248,8 +248,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
           for (auto [c, old] : was_list) now_list.push_back({c, trial[c]});
           v = judge(trial);
         } else {
-          v.improves = improves(trial);
           const Evaluation e = evaluate(p, trial);
+          v.improves = improves_with(e, trial);
           v.requirements_met = e.requirements_met;
           v.above_peak = e.device_peak > peak;
           v.host_over = p.host_budget && e.host_peak > p.host_budget;
@@ -503,8 +503,8 @@ inline Solution least_memory_search(const BudgetProblem& view) {
     // Where the bound does not already prove the local search's answer the
     // least, CBC closes the gap from it (and can only lower it), if its
     // program fits in memory.
-    if (kHaveCbc && greedy.feasible && greedy.eval.device_peak > least_memory_lower_bound(view, greedy.eval.device_peak) &&
-        detail::ilp_position_coefficients(view) <= detail::kIlpCoefficientLimit) {
+    if (kHaveCbc && greedy.feasible && detail::ilp_position_coefficients(view) <= detail::kIlpCoefficientLimit &&
+        greedy.eval.device_peak > least_memory_lower_bound(view, greedy.eval.device_peak)) {
       CbcLeast c = cbc_least_peak(view, greedy, kLeastMemoryCbcNodeLimit, kLeastMemoryCbcBackstopSeconds);
       if (c.solution.feasible && c.solution.eval.device_peak < greedy.eval.device_peak) greedy = std::move(c.solution);
     }
