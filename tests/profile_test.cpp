@@ -18,6 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include <frugal/ops/fused_elementwise.hpp>
+#include <frugal/ops/loss.hpp>
+#include <frugal/ops/shape_ops.hpp>
+#include <frugal/ops/softmax.hpp>
 #include <frugal/plan/cost_model.hpp>
 #include <frugal/runtime/calibrate.hpp>
 #include <frugal/stats/quantiles.hpp>
@@ -120,6 +124,8 @@ DeviceProfile sample_profile() {
   p.nvme_latency_s = 8.5e-5;
   p.nvme_dir = "/scratch/ü";
   p.overlap_slowdown = 0.1 + 0.2;
+  p.transcendentals_per_s = 7.77e8 + 0.5;
+  p.tile_flops = 4.1e10 / 3;
   return p;
 }
 
@@ -128,7 +134,8 @@ bool same(const DeviceProfile& a, const DeviceProfile& b) {
          a.stream_bytes == b.stream_bytes && a.op_latency_s == b.op_latency_s && a.copy_bytes == b.copy_bytes &&
          a.copy_latency_s == b.copy_latency_s && a.nvme_write_bytes == b.nvme_write_bytes &&
          a.nvme_read_bytes == b.nvme_read_bytes && a.nvme_latency_s == b.nvme_latency_s && a.nvme_dir == b.nvme_dir &&
-         a.overlap_slowdown == b.overlap_slowdown;
+         a.overlap_slowdown == b.overlap_slowdown && a.transcendentals_per_s == b.transcendentals_per_s &&
+         a.tile_flops == b.tile_flops && a.host_update_bytes == b.host_update_bytes;
 }
 
 bool finite_positive(double v) { return std::isfinite(v) && v > 0; }
@@ -308,6 +315,72 @@ TEST_CASE("device profile: roofline prices bigger GEMMs higher and never below t
   CHECK(p.nvme_read_seconds(std::size_t(1e9)) == Approx(0.5001));
 }
 
+TEST_CASE("device profile: exps, tanh and erf are priced at the transcendental rate, attention's tiles at theirs",
+          "[profile]") {
+  DeviceProfile p = DeviceProfile::defaults("cpu", 1);
+  p.gemm_flops = 1e11, p.stream_bytes = 1e10, p.op_latency_s = 0;
+  p.transcendentals_per_s = 1e9, p.tile_flops = 4e10;
+  const std::int64_t n = 1 << 20;
+  std::vector<TensorMeta> x{{DType::f32, Shape{n}}};
+  auto seconds = [&](const Op& op, std::vector<TensorMeta> in) { return p.op_seconds(op, in, op.infer(in)); };
+  // GELU: one erf an element forward, erf and exp backward; ReLU none.
+  ops::Unary<math::GeluErfPoly> gelu;
+  CHECK(gelu.cost(x, x).transcendentals == double(n));
+  CHECK(seconds(gelu, x) == Approx(double(n) / 1e11 + double(n) / 1e9));
+  ops::UnaryGrad<math::GeluErfPoly> gelu_grad;
+  std::vector<TensorMeta> three{x[0], x[0], x[0]};
+  CHECK(gelu_grad.cost(three, x).transcendentals == 2.0 * double(n));
+  ops::Unary<math::Relu> relu;
+  CHECK(relu.cost(x, x).transcendentals == 0);
+  CHECK(seconds(relu, x) == Approx(8.0 * double(n) / 1e10));  // memory bound, as before
+  ops::UnaryGrad<math::Tanh> tanh_grad;                          // from y: no tanh again
+  CHECK(tanh_grad.cost(three, x).transcendentals == 0);
+  // Softmax: an exp per element; cross-entropy: one per logit and a log per position.
+  std::vector<TensorMeta> rows{{DType::f32, Shape{64, 1000}}};
+  CHECK(ops::Softmax(-1).cost(rows, rows).transcendentals == 64000);
+  CHECK(ops::LogSoftmax(-1).cost(rows, rows).transcendentals == 64000 + 64);
+  std::vector<TensorMeta> ce{rows[0], {DType::i32, Shape{64}}};
+  CHECK(ops::CrossEntropy().cost(ce, {}).transcendentals == 64000 + 64);
+  // A fused chain counts each step's.
+  ops::FusedProgram prog;
+  prog.inputs = 1;
+  prog.steps = {{math::GeluTanh{}, {0, -1, -1}}, {math::Exp{}, {1, -1, -1}}, {math::Relu{}, {2, -1, -1}}};
+  prog.outputs = {3};
+  ops::FusedElementwise fused(prog);
+  CHECK(fused.cost(x, x).transcendentals == 2.0 * double(n));
+  // Causal attention: an exp per (query, key) pair, its products in tiles.
+  ops::CausalAttention attn;
+  std::vector<TensorMeta> qkv(3, {DType::f32, Shape{8, 128, 32}});
+  const Cost c = attn.cost(qkv, attn.infer(qkv));
+  const double pairs = 8.0 * 128 * 129 / 2;
+  CHECK(c.transcendentals == pairs);
+  CHECK(c.tile_flops == 2 * pairs * 64);
+  CHECK(c.flops == 0);
+  CHECK(seconds(attn, qkv) == Approx(pairs / 1e9 + 2 * pairs * 64 / 4e10));
+  // A profile from before the fields prices neither (as it did); tiles then at the GEMM rate.
+  p.transcendentals_per_s = 0, p.tile_flops = 0;
+  CHECK(seconds(gelu, x) == Approx(8.0 * double(n) / 1e10));
+  CHECK(seconds(attn, qkv) == Approx(std::max(2 * pairs * 64 / 1e11, c.bytes / 1e10)));
+  // A reshape is a view: it moves nothing.
+  ops::Reshape view({1024, 1024});
+  CHECK(view.cost(x, view.infer(x)).bytes == 0);
+}
+
+TEST_CASE("device profile: a profile written before transcendentals and tile flops still reads", "[profile]") {
+  std::string text = sample_profile().to_json();
+  for (std::string field : {"transcendentals_per_s", "tile_flops"}) {
+    auto at = text.find("  \"" + field + "\"");
+    REQUIRE(at != std::string::npos);
+    text.erase(at, text.find('\n', at) - at + 1);
+  }
+  auto last = text.rfind(',');  // the field before the closing brace lost its successor
+  if (text.find_first_not_of(" \n", last + 1) == text.rfind('}')) text.erase(last, 1);
+  DeviceProfile p = DeviceProfile::from_json(text, "old.json");
+  CHECK(p.transcendentals_per_s == 0);
+  CHECK(p.tile_flops == 0);
+  CHECK(p.gemm_flops == sample_profile().gemm_flops);
+}
+
 // ---- CostModel, OpTimeRecorder, re-planning ----------------------------------
 
 TEST_CASE("cost model: measured medians replace the roofline when present", "[profile]") {
@@ -387,6 +460,12 @@ TEST_CASE("calibration: positive, finite rates in under 1.5 s, cached once and t
     CHECK(finite_positive(v));
   CHECK(std::isfinite(p.overlap_slowdown));
   CHECK(p.overlap_slowdown >= 0);
+  CHECK(finite_positive(p.transcendentals_per_s));
+  CHECK(finite_positive(p.tile_flops));
+  CHECK(p.tile_flops <= p.gemm_flops);  // small tiles never beat the large GEMM
+  // An exp costs more than a flop of a GEMM and less than a microsecond.
+  CHECK(p.transcendentals_per_s < p.gemm_flops);
+  CHECK(p.transcendentals_per_s > 1e6);
   // Sanity of scale for any machine this runs on: a GEMM is faster than a
   // 100 Mflop/s toy and slower than 100 Tflop/s; a tiny op takes < 1 ms.
   CHECK(p.gemm_flops > 1e8);

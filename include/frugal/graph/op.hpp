@@ -15,6 +15,15 @@ class TransferOp;
 struct Cost {
   double flops = 0;
   double bytes = 0;
+  // Evaluations of exp, log, tanh, erf and the like. Each costs tens of
+  // cycles on a CPU where an add costs one, so GELU, softmax or attention's
+  // exponentials bind an op before its bytes or its flops do
+  // (DeviceProfile::transcendentals_per_s prices them).
+  double transcendentals = 0;
+  // Arithmetic in small tiles: fused attention's products over blocks of
+  // (query, key) pairs, a head's few dimensions deep, which reach a fraction
+  // of a large GEMM's rate (`flops`); DeviceProfile::tile_flops prices it.
+  double tile_flops = 0;
 };
 
 // What autograd hands an op's backward: its inputs and outputs as Vars, and
@@ -42,6 +51,7 @@ class Op {
   // where an op is made.
   inline virtual std::vector<std::optional<Var>> backward(const BackwardArgs& args) const;
   virtual Cost cost(std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs) const {
+    if (is_view()) return {};  // its output is its input's memory: nothing is read or written
     double bytes = 0;
     for (auto& m : inputs) bytes += double(m.nbytes());
     for (auto& m : outputs) bytes += double(m.nbytes());

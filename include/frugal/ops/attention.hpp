@@ -98,7 +98,7 @@ class CausalAttentionGrad final : public Op {
     for (auto& m : in) bytes += double(m.nbytes());
     for (auto& m : out) bytes += double(m.nbytes());
     // Recomputed scores, dv, dp, dq, dk: five products over the unmasked pairs.
-    return {2.0 * attention_pairs(d) * double(3 * d.hd + 2 * d.hdv), bytes};
+    return {0, bytes, attention_pairs(d), 2.0 * attention_pairs(d) * double(3 * d.hd + 2 * d.hdv)};  // p = exp(s - lse) again
   }
 
  private:
@@ -127,8 +127,8 @@ class CausalAttention final : public Op {
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     AttentionDims d = attention_dims(name(), in[0], in[1], in[2]);
-    return {2.0 * attention_pairs(d) * double(d.hd + d.hdv),
-            double(in[0].nbytes() + in[1].nbytes() + in[2].nbytes() + out[0].nbytes() + out[1].nbytes())};
+    return {0, double(in[0].nbytes() + in[1].nbytes() + in[2].nbytes() + out[0].nbytes() + out[1].nbytes()),
+            attention_pairs(d), 2.0 * attention_pairs(d) * double(d.hd + d.hdv)};  // an exp per pair
   }
 
  private:
@@ -194,8 +194,8 @@ class CausalAttentionQkvGrad final : public Op {
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     const QkvDims d = qkv_dims(name(), in[0], heads_);
     const AttentionDims a{d.batch * d.heads, d.t, d.t, d.hd, d.hd};
-    return {2.0 * attention_pairs(a) * double(5 * d.hd),
-            double(in[0].nbytes() + in[1].nbytes() + in[2].nbytes() + in[3].nbytes() + out[0].nbytes())};
+    return {0, double(in[0].nbytes() + in[1].nbytes() + in[2].nbytes() + in[3].nbytes() + out[0].nbytes()),
+            attention_pairs(a), 2.0 * attention_pairs(a) * double(5 * d.hd)};  // p = exp(s - lse) again
   }
 
  private:
@@ -225,7 +225,8 @@ class CausalAttentionQkv final : public Op {
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     const QkvDims d = qkv_dims(name(), in[0], heads_);
     const AttentionDims a{d.batch * d.heads, d.t, d.t, d.hd, d.hd};
-    return {2.0 * attention_pairs(a) * double(2 * d.hd), double(in[0].nbytes() + out[0].nbytes() + out[1].nbytes())};
+    return {0, double(in[0].nbytes() + out[0].nbytes() + out[1].nbytes()), attention_pairs(a),
+            2.0 * attention_pairs(a) * double(2 * d.hd)};  // an exp per pair
   }
 
  private:

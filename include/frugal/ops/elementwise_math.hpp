@@ -6,6 +6,8 @@
 // stay alive until the backward pass.
 #include <math.h>
 
+#include <type_traits>
+
 #include "../core/hd.hpp"
 
 namespace frugal::math {
@@ -37,6 +39,27 @@ FRUGAL_HD double fabs_(double x) { return ::fabs(x); }
 template <class T> FRUGAL_HD T max_nan(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> FRUGAL_HD T min_nan(T a, T b) { return (a < b || a != a) ? a : b; }
 
+// Evaluations of exp, log, tanh, erf and the like per element of a
+// functor's value and of its gradient (Cost::transcendentals); 0 where it
+// declares none.
+// (A C++17 trait: nvcc compiles this header for the CUDA kernels too.)
+template <class F, class = void>
+struct TranscendentalsOf {
+  static constexpr double value = 0, grad = 0;
+};
+template <class F>
+struct TranscendentalsOf<F, std::void_t<decltype(F::transcendentals)>> {
+  static constexpr double value = F::transcendentals, grad = F::grad_transcendentals;
+};
+template <class F>
+constexpr double transcendentals_of() {
+  return TranscendentalsOf<F>::value;
+}
+template <class F>
+constexpr double grad_transcendentals_of() {
+  return TranscendentalsOf<F>::grad;
+}
+
 struct Relu {
   static constexpr const char* name = "relu";
   static constexpr bool uses_x = false, uses_y = true;  // y > 0 exactly where x > 0, y is NaN where x is
@@ -50,6 +73,7 @@ struct Relu {
 struct GeluTanh {
   static constexpr const char* name = "gelu_tanh";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 1, grad_transcendentals = 1;  // Cost::transcendentals
   static constexpr double kA = 0.7978845608028654;  // sqrt(2/pi)
   static constexpr double kB = 0.044715;
   template <class T> FRUGAL_HD T operator()(T x) const {
@@ -68,6 +92,7 @@ struct GeluTanh {
 struct GeluErf {
   static constexpr const char* name = "gelu_erf";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 1, grad_transcendentals = 2;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T x) const {
     return T(0.5) * x * (T(1) + erf_(x * T(0.7071067811865476)));
   }
@@ -81,6 +106,7 @@ struct GeluErf {
 struct Tanh {
   static constexpr const char* name = "tanh";
   static constexpr bool uses_x = false, uses_y = true;
+  static constexpr double transcendentals = 1, grad_transcendentals = 0;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T x) const { return tanh_(x); }
   template <class T> FRUGAL_HD T grad(T, T y, T dy) const { return dy * (T(1) - y * y); }
 };
@@ -88,6 +114,7 @@ struct Tanh {
 struct Sigmoid {
   static constexpr const char* name = "sigmoid";
   static constexpr bool uses_x = false, uses_y = true;
+  static constexpr double transcendentals = 1, grad_transcendentals = 0;  // Cost::transcendentals
   // Split by sign so neither branch overflows exp.
   template <class T> FRUGAL_HD T operator()(T x) const {
     if (x >= T(0)) return T(1) / (T(1) + exp_(-x));
@@ -100,6 +127,7 @@ struct Sigmoid {
 struct Exp {
   static constexpr const char* name = "exp";
   static constexpr bool uses_x = false, uses_y = true;
+  static constexpr double transcendentals = 1, grad_transcendentals = 0;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T x) const { return exp_(x); }
   template <class T> FRUGAL_HD T grad(T, T y, T dy) const { return dy * y; }
 };
@@ -107,6 +135,7 @@ struct Exp {
 struct Log {
   static constexpr const char* name = "log";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 1, grad_transcendentals = 0;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T x) const { return log_(x); }
   template <class T> FRUGAL_HD T grad(T x, T, T dy) const { return dy / x; }
 };
@@ -175,6 +204,7 @@ struct Square {
 struct Sin {
   static constexpr const char* name = "sin";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 1, grad_transcendentals = 1;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T x) const { return sin_(x); }
   template <class T> FRUGAL_HD T grad(T x, T, T dy) const { return dy * cos_(x); }
 };
@@ -182,6 +212,7 @@ struct Sin {
 struct Cos {
   static constexpr const char* name = "cos";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 1, grad_transcendentals = 1;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T x) const { return cos_(x); }
   template <class T> FRUGAL_HD T grad(T x, T, T dy) const { return -dy * sin_(x); }
 };
@@ -191,6 +222,7 @@ struct Cos {
 struct Pow {
   static constexpr const char* name = "pow";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 2, grad_transcendentals = 2;  // Cost::transcendentals
   double p = 1;
   template <class T> FRUGAL_HD T operator()(T x) const { return pow_(x, T(p)); }
   template <class T> FRUGAL_HD T grad(T x, T, T dy) const {
@@ -249,6 +281,7 @@ struct Huber {
 struct Log1pExp {
   static constexpr const char* name = "log1p_exp";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 2, grad_transcendentals = 1;  // Cost::transcendentals
   template <class T> FRUGAL_HD T operator()(T z) const { return max_nan(z, T(0)) + log1p_(exp_(-fabs_(z))); }
   template <class T> FRUGAL_HD T grad(T z, T, T dy) const {
     if (z >= T(0)) return dy / (T(1) + exp_(-z));

@@ -46,6 +46,16 @@ inline int arity_of(const FusedFn& fn) {
   return std::visit([](const auto& f) { return fused_arity<std::decay_t<decltype(f)>>; }, fn);
 }
 
+// A step's exp, log, tanh... evaluations per element (Cost::transcendentals).
+template <class F>
+constexpr double fused_transcendentals(const F&) {
+  return math::transcendentals_of<F>();
+}
+template <class F>
+constexpr double fused_transcendentals(const GradOf<F>&) {
+  return math::grad_transcendentals_of<F>();
+}
+
 struct FusedStep {
   FusedFn fn;
   std::array<int, 3> args{-1, -1, -1};  // operand slots; the first arity_of(fn) are used
@@ -80,7 +90,10 @@ class FusedElementwise final : public Op {
     double bytes = 0;
     for (auto& m : in) bytes += double(m.nbytes());
     for (auto& m : out) bytes += double(m.nbytes());
-    return {double(p_.steps.size()) * double(out[0].shape.numel()), bytes};
+    double per_element = 0;
+    for (const FusedStep& st : p_.steps) per_element += std::visit([](const auto& f) { return fused_transcendentals(f); }, st.fn);
+    const double n = double(out[0].shape.numel());
+    return {double(p_.steps.size()) * n, bytes, per_element * n};
   }
   // A CPU block reads every input before it stores any output, so any
   // input of the output's shape (the planner checks) may be overwritten.

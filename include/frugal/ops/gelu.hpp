@@ -74,6 +74,7 @@ FRUGAL_HD double exp_poly(double x) { return exp_(x); }
 struct GeluErfPoly {
   static constexpr const char* name = "gelu";
   static constexpr bool uses_x = true, uses_y = false;
+  static constexpr double transcendentals = 1, grad_transcendentals = 2;  // erf; erf and exp
   template <class T>
   FRUGAL_HD T operator()(T x) const {
     return T(0.5) * x * (T(1) + erf_poly(x * T(0.7071067811865476)));

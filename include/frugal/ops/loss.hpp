@@ -25,6 +25,11 @@ class CrossEntropyGrad final : public Op {
  public:
   ~CrossEntropyGrad() override;
   std::string name() const override { return "cross_entropy_grad"; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Cost c = Op::cost(in, out);
+    c.transcendentals = double(in[0].shape.numel());  // softmax again: an exp per logit
+    return c;
+  }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 3);
     check_cross_entropy(name(), in[0], in[1]);
@@ -42,6 +47,11 @@ class CrossEntropy final : public Op {
  public:
   ~CrossEntropy() override;
   std::string name() const override { return "cross_entropy"; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Cost c = Op::cost(in, out);
+    c.transcendentals = double(in[0].shape.numel() + in[1].shape.numel());  // an exp per logit, a log per position
+    return c;
+  }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 2);
     check_cross_entropy(name(), in[0], in[1]);

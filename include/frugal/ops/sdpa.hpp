@@ -115,7 +115,7 @@ class ScaledDotProductAttentionGrad final : public Op {
     double bytes = 0;
     for (auto& m : in) bytes += double(m.nbytes());
     for (auto& m : out) bytes += double(m.nbytes());
-    return {2.0 * sdpa_pairs(d, causal_) * double(3 * d.hd + 2 * d.hdv), bytes};
+    return {0, bytes, sdpa_pairs(d, causal_), 2.0 * sdpa_pairs(d, causal_) * double(3 * d.hd + 2 * d.hdv)};  // p again
   }
 
  private:
@@ -158,7 +158,7 @@ class ScaledDotProductAttention final : public Op {
     const AttentionDims d = attention_shape_dims(in[0].shape, in[1].shape, in[2].shape);
     double bytes = double(out[0].nbytes() + out[1].nbytes());
     for (auto& m : in) bytes += double(m.nbytes());
-    return {2.0 * sdpa_pairs(d, causal_) * double(d.hd + d.hdv), bytes};
+    return {0, bytes, sdpa_pairs(d, causal_), 2.0 * sdpa_pairs(d, causal_) * double(d.hd + d.hdv)};  // an exp per pair
   }
 
  private:

@@ -1,5 +1,7 @@
 #pragma once
 // softmax and log_softmax along one axis, with fused backward kernels.
+#include <algorithm>
+
 #include "cast.hpp"
 
 namespace frugal::ops {
@@ -38,6 +40,11 @@ class LogSoftmaxGrad final : public AlongAxis {
   ~LogSoftmaxGrad() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "log_softmax_grad"; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Cost c = Op::cost(in, out);
+    c.transcendentals = double(in[0].shape.numel());  // exp(y)
+    return c;
+  }
   std::vector<int> inplace_inputs() const override { return {1}; }  // dx over dy
 };
 
@@ -46,6 +53,11 @@ class Softmax final : public AlongAxis {
   ~Softmax() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "softmax"; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Cost c = Op::cost(in, out);
+    c.transcendentals = double(in[0].shape.numel());  // an exp per element
+    return c;
+  }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     return {apply1<SoftmaxGrad>({a.outputs[0], *a.grad_outputs[0]}, axis_)};
   }
@@ -56,6 +68,11 @@ class LogSoftmax final : public AlongAxis {
   ~LogSoftmax() override;
   using AlongAxis::AlongAxis;
   std::string name() const override { return "log_softmax"; }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Cost c = Op::cost(in, out);
+    c.transcendentals = double(in[0].shape.numel()) + double(in[0].shape.numel() / std::max<std::int64_t>(1, in[0].shape.dim(axis_for(in[0].shape))));  // an exp per element, a log per row
+    return c;
+  }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     return {apply1<LogSoftmaxGrad>({a.outputs[0], *a.grad_outputs[0]}, axis_)};
   }

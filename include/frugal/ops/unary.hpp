@@ -27,7 +27,8 @@ class Unary final : public Op {
     return {apply1<UnaryGrad<F>>({F::uses_x ? a.inputs[0] : dy, F::uses_y ? a.outputs[0] : dy, dy}, f_)};
   }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
-    return {double(in[0].shape.numel()), double(in[0].nbytes() + out[0].nbytes())};
+    const double n = double(in[0].shape.numel());
+    return {n, double(in[0].nbytes() + out[0].nbytes()), n * math::transcendentals_of<F>()};
   }
   std::vector<int> inplace_inputs() const override { return {0}; }
 
@@ -48,6 +49,12 @@ class UnaryGrad final : public Op {
       if (in[i].shape != in[0].shape || in[i].dtype != in[0].dtype)
         fail<ShapeError>(name(), ": inputs ", in[0].str(), " and ", in[i].str(), " differ");
     return {in[0]};
+  }
+  Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
+    Cost c = Op::cost(in, out);
+    c.flops = double(in[0].shape.numel());
+    c.transcendentals = c.flops * math::grad_transcendentals_of<F>();
+    return c;
   }
   std::vector<int> inplace_inputs() const override { return {2, 1, 0}; }
 

@@ -107,6 +107,11 @@ struct Cluster {
          " compute; a cluster gives f32, tf32, bf16 and f16 rates");
   }
 
+  // exp, log, tanh... per second: the special-function units, 16 per SM
+  // beside 64 FP32 lanes on V100 and A100 (128 on H100, so there this is
+  // twice the truth), each lane's FMA counted as 2 flops in f32_flops.
+  double transcendentals_per_s() const { return f32_flops / 8; }
+
   // What the planner's cost model needs of one GPU of this cluster. The
   // NVMe numbers are the node's shared by all its GPUs (each GPU streams
   // its own shard at once, as ZeRO-Infinity does); the CPU threads are the
@@ -118,6 +123,8 @@ struct Cluster {
     p.machine = "cluster " + name + " (" + gpu + ")";
     p.gemm_flops = flops(compute, tf32);
     p.stream_bytes = hbm_bytes_per_s;
+    p.transcendentals_per_s = transcendentals_per_s();
+    p.tile_flops = f32_flops;  // frugal's CUDA attention runs on the FP32 lanes, not the tensor cores
     p.op_latency_s = op_latency_s;
     p.copy_bytes = pcie_bytes_per_s;
     p.copy_latency_s = pcie_latency_s;

@@ -3,7 +3,8 @@
 // (plan/cluster.hpp), a rank of a data-parallel job over `ranks` of its GPUs.
 //
 // Compute is a roofline: an op takes its launch latency plus the longer of
-// its arithmetic at the GPU's dense peak for its dtype and its memory
+// its arithmetic at the GPU's dense peak for its dtype (and its exp, log...
+// on the special-function units) and its memory
 // traffic at HBM bandwidth, each scaled by what real kernels reach of the
 // peak (SimAssumptions). Transfers and collectives are the cluster's own
 // prices; every GPU of a node streams from NVMe at once (each rank holds a
@@ -45,7 +46,10 @@ class ClusterPrices final : public StepPrices {
   double compute_seconds(const Graph& g, NodeId n) const override {
     Cost cost = node_cost(g, n);
     const double flops = c_.flops(compute_dtype(g, n), a_.tf32) * a_.gemm_efficiency;
-    return c_.op_latency_s + std::max(cost.flops / flops, cost.bytes / (c_.hbm_bytes_per_s * a_.stream_efficiency));
+    // frugal's CUDA attention kernels run their tiles on the FP32 lanes.
+    const double tiles = cost.tile_flops / (c_.f32_flops * a_.gemm_efficiency);
+    return c_.op_latency_s + std::max(cost.flops / flops + tiles + cost.transcendentals / c_.transcendentals_per_s(),
+                                      cost.bytes / (c_.hbm_bytes_per_s * a_.stream_efficiency));
   }
   double host_update_seconds(const Graph& g, NodeId n) const override {
     return node_cost(g, n).bytes / (c_.host_memory_bytes_per_s / ranks_per_node());

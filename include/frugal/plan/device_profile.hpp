@@ -39,6 +39,15 @@ struct DeviceProfile {
   // (offload from a GPU); 0: the device is the host (the CPU backend), where
   // such an update costs what it costs on the device. Optional in JSON.
   double host_update_bytes = 0;
+  // Evaluations per second of exp, log, tanh, erf and the like
+  // (Cost::transcendentals), measured on the backend's GELU kernel over
+  // operands in cache. 0: not measured (a profile from before the field),
+  // and they are left out of the price. Optional in JSON.
+  double transcendentals_per_s = 0;
+  // Flop/s of arithmetic in small tiles (Cost::tile_flops), measured on the
+  // backend's fused causal attention. 0: not measured, priced at gemm_flops.
+  // Optional in JSON.
+  double tile_flops = 0;
 
   // Conservative numbers (slow compute, slow links) for planning before, or
   // without, a calibration: an overestimated time costs speed, an
@@ -55,6 +64,8 @@ struct DeviceProfile {
       p.copy_bytes = 5e9;  // pageable PCIe copies
       p.copy_latency_s = 1e-5;
       p.overlap_slowdown = 0.05;
+      p.transcendentals_per_s = 5e11;
+      p.tile_flops = 2e12;
     } else {
       // Near what calibration measures on a 2-core AVX-512 VM (11-22 Gflop/s
       // on a 512-square GEMM, 3-5 GB/s streaming, 4-7 GB/s memcpy).
@@ -64,15 +75,22 @@ struct DeviceProfile {
       p.copy_bytes = 5e9;
       p.copy_latency_s = 1e-6;
       p.overlap_slowdown = 0.5;  // the copy thread takes a core from compute
+      p.transcendentals_per_s = 5e8 * threads;  // 2 ns each: a vectorised GELU measures 1 ns or less per element
+      p.tile_flops = 4e9 * threads;              // 40% of the GEMM rate, as attention measures
     }
     return p;
   }
 
   bool has_nvme() const { return nvme_write_bytes > 0 && nvme_read_bytes > 0; }
 
-  // A roofline: the op is bound by its arithmetic or by its memory traffic,
-  // whichever takes longer, plus a fixed launch cost.
-  double op_seconds(const Cost& c) const { return op_latency_s + std::max(c.flops / gemm_flops, c.bytes / stream_bytes); }
+  // A roofline: the op is bound by its arithmetic (its flops, tile flops
+  // and transcendentals) or by its memory traffic, whichever takes longer,
+  // plus a fixed launch cost.
+  double op_seconds(const Cost& c) const {
+    const double special = transcendentals_per_s > 0 ? c.transcendentals / transcendentals_per_s : 0;
+    const double tiles = c.tile_flops / (tile_flops > 0 ? tile_flops : gemm_flops);
+    return op_latency_s + std::max(c.flops / gemm_flops + tiles + special, c.bytes / stream_bytes);
+  }
   double op_seconds(const Op& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) const {
     return op_seconds(op.cost(in, out));
   }
@@ -174,6 +192,8 @@ inline std::string DeviceProfile::to_json() const {
   str("nvme_dir", nvme_dir);
   num("overlap_slowdown", overlap_slowdown);
   num("host_update_bytes", host_update_bytes);
+  num("transcendentals_per_s", transcendentals_per_s);
+  num("tile_flops", tile_flops);
   o += "\n}\n";
   return o;
 }
@@ -209,6 +229,8 @@ inline DeviceProfile DeviceProfile::from_json(std::string_view text, const std::
   p.nvme_dir = j.string("nvme_dir");
   p.overlap_slowdown = at_least("overlap_slowdown", 0, false);
   if (j.has("host_update_bytes")) p.host_update_bytes = at_least("host_update_bytes", 0, false);
+  if (j.has("transcendentals_per_s")) p.transcendentals_per_s = at_least("transcendentals_per_s", 0, false);
+  if (j.has("tile_flops")) p.tile_flops = at_least("tile_flops", 0, false);
   return p;
 }
 

@@ -244,7 +244,8 @@ inline StepSimulation simulate_step(const Graph& g, const Plan& plan, const Step
     // Compute (a collective's done and other views cost nothing but the wait).
     double start = compute_waits(node);
     double seconds = prices.compute_seconds(g, n);
-    sim.flops += node_cost(g, n).flops;
+    const Cost c = node_cost(g, n);
+    sim.flops += c.flops + c.tile_flops;
     clock = run_on(Resource::compute, start, seconds);
     finish(node, clock);
   }

@@ -24,7 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include "../ops/attention.hpp"
 #include "../ops/binary.hpp"
+#include "../ops/gelu.hpp"
 #include "../ops/matmul.hpp"
 #include "backend.hpp"
 #include "measure_nvme.hpp"
@@ -224,6 +226,26 @@ inline DeviceProfile calibrate(Backend& backend, int threads, const std::string&
     }
     p.overlap_slowdown = std::max(0.0, beside / alone - 1);
   }
+  {  // transcendentals: the GELU of 64K elements in cache (256 KiB of f32 in,
+     // as much out), bound by its erf and not by memory
+    TimedOp gelu(backend, std::make_shared<ops::Unary<math::GeluErfPoly>>(), {Shape{65536}}, pool.get(), kPool);
+    constexpr int calls = 8;
+    p.transcendentals_per_s = calls * gelu.cost().transcendentals / median_seconds([&] { gelu.run(calls); });
+  }
+  {  // small tiles: causal attention and its backward (every training step
+     // runs both; the backward's products are the larger, and faster) over
+     // 8 heads of 128 positions, 32 deep (the samples' head size; GPT-2's is
+     // 64), less their exps
+    const Shape head{8, 128, 32}, lse{8, 128};
+    TimedOp fwd(backend, std::make_shared<ops::CausalAttention>(), {head, head, head}, pool.get(), kPool);
+    TimedOp bwd(backend, std::make_shared<ops::CausalAttentionGrad>(1 / std::sqrt(32.0)),
+                {head, head, head, head, lse, head}, pool.get() + 8_MiB, kPool - 8_MiB);
+    const Cost a = fwd.cost(), b = bwd.cost();
+    const double took = median_seconds([&] { fwd.run(); }) + median_seconds([&] { bwd.run(); }) -
+                        (a.transcendentals + b.transcendentals) / p.transcendentals_per_s;
+    // The exps cannot take all of it; if noise says they did, the GEMM rate stands.
+    p.tile_flops = took > 0 ? std::min(p.gemm_flops, (a.tile_flops + b.tile_flops) / took) : p.gemm_flops;
+  }
   if (!nvme_dir.empty()) measure_nvme(p, nvme_dir);
   return p;
 }
@@ -278,8 +300,10 @@ inline DeviceProfile load_or_calibrate(Backend& backend, int threads, const std:
       std::fprintf(stderr, "frugal: %s; recalibrating over it\n", e.what());
     }
   }
+  // A cache without transcendentals or tile flops is from a build that did
+  // not measure them.
   if (cached && cached->machine == machine_name() && cached->backend == backend.name() &&
-      cached->threads == threads) {
+      cached->threads == threads && cached->transcendentals_per_s > 0 && cached->tile_flops > 0) {
     if (nvme_dir.empty()) return *cached;
     auto want = std::filesystem::weakly_canonical(nvme_dir, ec);
     if (cached->has_nvme() && cached->nvme_dir == (ec ? nvme_dir : want.string())) return *cached;
