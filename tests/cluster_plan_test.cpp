@@ -16,6 +16,7 @@
 #include "model_states.hpp"
 #include "../tools/model_zoo.hpp"
 #include "../tools/frugal-plan/simulate.hpp"
+#include "../tools/frugal-plan/simulate_local.hpp"
 
 using namespace frugal;
 using Catch::Matchers::Contains;
@@ -289,6 +290,51 @@ TEST_CASE("step_sim: on a cluster each collective costs what the cluster's ring 
       else CHECK(expect_bytes["all_gather"] >= param_bytes);
     }
   }
+}
+
+TEST_CASE("step_sim: CPU ranks under mpirun: collectives move 2(p-1)/p of the buffer, shared cores stretch the work",
+          "[cluster][sim]") {
+  DeviceProfile cpu = DeviceProfile::defaults("cpu", 1);
+  cpu.stream_bytes = 1e10;
+  const plan::RankLink link{4, 1e-5, 1e9};
+  plan::ProfilePrices prices(cpu, link);
+  const double bytes = 1e8;
+  // dist::Mpi's rank-order sum: an all-to-all of chunks, the sum, an all-gather.
+  CHECK(prices.collective_seconds(plan::Collective::all_reduce, std::size_t(bytes)) ==
+        Approx(2e-5 + 2 * 0.75 * bytes / 1e9 + bytes / 1e10));
+  CHECK(prices.collective_seconds(plan::Collective::reduce_scatter, std::size_t(bytes)) ==
+        Approx(1e-5 + 0.75 * bytes / 1e9 + bytes / 1e10));
+  CHECK(prices.collective_seconds(plan::Collective::all_gather, std::size_t(bytes)) == Approx(1e-5 + 0.75 * bytes / 1e9));
+  plan::ProfilePrices alone(cpu, plan::RankLink{1, 1e-5, 1e9});
+  CHECK(alone.collective_seconds(plan::Collective::all_reduce, std::size_t(bytes)) == 0);
+  // Ranks share the machine's rates at the threads they keep busy: 4 ranks
+  // of 1 thread on 2 cores get a quarter of the 2-thread rates each, and
+  // their ops' fixed costs stretch twice (time-sliced).
+  CHECK(frugal_plan::busy_threads(4, 1, 2) == 2);
+  CHECK(frugal_plan::busy_threads(2, 2, 16) == 4);
+  DeviceProfile machine = DeviceProfile::defaults("cpu", 2);
+  machine.gemm_flops = 1.6e11, machine.stream_bytes = 4e10, machine.copy_bytes = 2e10;
+  machine.transcendentals_per_s = 2e9, machine.tile_flops = 6e10, machine.op_latency_s = 1e-6;
+  const DeviceProfile rank = frugal_plan::rank_profile(machine, 4, 1, 2);
+  CHECK(rank.gemm_flops == 4e10);
+  CHECK(rank.stream_bytes == 1e10);
+  CHECK(rank.copy_bytes == 5e9);
+  CHECK(rank.transcendentals_per_s == 5e8);
+  CHECK(rank.tile_flops == 1.5e10);
+  CHECK(rank.op_latency_s == 2e-6);
+  const DeviceProfile own = frugal_plan::rank_profile(machine, 1, 2, 2);  // one rank on all it measured
+  CHECK(own.gemm_flops == machine.gemm_flops);
+  CHECK(own.op_latency_s == machine.op_latency_s);
+  PlannedStep ps = plan_sim(sim_gpt(), 4, 0, false);
+  const plan::StepSimulation whole =
+      plan::simulate_step(*ps.graph, ps.plan, plan::ProfilePrices(own, plan::RankLink{4, 0, own.copy_bytes}));
+  const plan::StepSimulation shared =
+      plan::simulate_step(*ps.graph, ps.plan, plan::ProfilePrices(frugal_plan::rank_profile(machine, 4, 1, 4),
+                                                                  plan::RankLink{4, 0, machine.copy_bytes / 4}));
+  CHECK(shared.step_seconds > 3.5 * whole.step_seconds);  // a quarter of every rate, the fixed costs kept
+  CHECK(shared.step_seconds < 4 * whole.step_seconds);
+  const plan::StepSimulation one = plan::simulate_step(*ps.graph, ps.plan, prices);
+  CHECK(one.busy(plan::Resource::network) > 0);
 }
 
 // ---- ZeRO's model-state memory, as the paper counts it -------------------------------

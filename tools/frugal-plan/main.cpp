@@ -48,6 +48,13 @@
 // the simulation predicts, and the largest model at this width that fits
 // (--no-largest skips that search). A model that does not fit exits with
 // status 1, naming what runs out and by how much.
+//
+// frugal-plan --simulate local --ranks N plans the step of each rank of an
+// MPI job on this machine (mpirun -np N; --threads T each, by default as the
+// samples pick them, on --cores C, by default this machine's) and runs rank
+// 0's in virtual time, priced by this machine's calibrated rates (or
+// --profile FILE): the per-rank table of --ranks N and the predicted step
+// time (tools/frugal-plan/simulate_local.hpp).
 #include <fstream>
 #include <iostream>
 
@@ -56,6 +63,7 @@
 
 #include "../model_zoo.hpp"
 #include "simulate.hpp"
+#include "simulate_local.hpp"
 
 using namespace frugal;
 
@@ -72,6 +80,8 @@ using namespace frugal;
                "                   [--host BYTES] [--zero ...] [--offload ...] [--dtype bf16|f16|f32]\n"
                "                   [--no-master-weights] [--tf32] [--gemm-efficiency F] [--stream-efficiency F]\n"
                "                   [--no-largest] [--json]\n"
+               "       frugal-plan --simulate local --ranks N --model mlp|gpt|gcn|resnet [model flags] [--budget ...]\n"
+               "                   [--zero ...] [--offload ...] [--threads T] [--cores C] [--profile FILE] [--json]\n"
                "       presets: " << zoo::preset_names() << "\n";
   std::exit(2);
 }
@@ -86,7 +96,7 @@ int main(int argc, char** argv) try {
   std::string simulate_what;
   int nodes = 0;
   frugal_plan::SimulateArgs sim;
-  int ranks = 0;
+  int ranks = 0, threads = 0, cores = 0;
   std::string zero = "auto", overlap = "auto", offload = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -117,6 +127,8 @@ int main(int argc, char** argv) try {
     }
     else if (k == "--simulate") simulate_what = val();
     else if (k == "--nodes") nodes = num();
+    else if (k == "--threads") threads = num();
+    else if (k == "--cores") cores = num();
     else if (k == "--gemm-efficiency") sim.assumptions.gemm_efficiency = fraction();
     else if (k == "--stream-efficiency") sim.assumptions.stream_efficiency = fraction();
     else if (k == "--tf32") sim.assumptions.tf32 = true;
@@ -182,6 +194,23 @@ int main(int argc, char** argv) try {
   if (offload == "0" || offload == "1") o.offload_optimizer = offload == "1";
   o.plan.nvme_offload.optimizer_state = offload.starts_with("nvme");
   o.plan.nvme_offload.parameters = offload == "nvme+params";
+  const bool local = simulate_what == "local";
+  if ((threads || cores) && !local) usage("--threads and --cores are for --simulate local");
+  if (local) {
+    if (!ranks) usage("--simulate local needs --ranks N: the ranks mpirun -np N starts on this machine");
+    if (nodes) usage("--nodes is for a cluster; --simulate local is this one machine");
+    frugal_plan::LocalArgs l;
+    l.model = c;
+    l.options = o;
+    l.ranks = ranks;
+    l.threads = threads;
+    l.cores = cores;
+    if (o.profile) l.profile = profile, l.options.profile = nullptr;
+    l.budget = budget;
+    l.budget_arg = budget_arg;
+    l.json = json;
+    return frugal_plan::simulate_local(l);
+  }
   if (!simulate_what.empty()) {
     sim.cluster = frugal_plan::read_cluster(simulate_what);
     if (nodes) sim.cluster.nodes = nodes;
