@@ -98,7 +98,8 @@ class CausalAttentionGrad final : public Op {
     for (auto& m : in) bytes += double(m.nbytes());
     for (auto& m : out) bytes += double(m.nbytes());
     // Recomputed scores, dv, dp, dq, dk: five products over the unmasked pairs.
-    return {0, bytes, attention_pairs(d), 2.0 * attention_pairs(d) * double(3 * d.hd + 2 * d.hdv)};  // p = exp(s - lse) again
+    // p = exp(s - lse) again: an exp per pair.
+    return {0, bytes, attention_pairs(d), 2.0 * attention_pairs(d) * double(3 * d.hd + 2 * d.hdv)};
   }
 
  private:

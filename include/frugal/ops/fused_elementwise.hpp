@@ -91,7 +91,8 @@ class FusedElementwise final : public Op {
     for (auto& m : in) bytes += double(m.nbytes());
     for (auto& m : out) bytes += double(m.nbytes());
     double per_element = 0;
-    for (const FusedStep& st : p_.steps) per_element += std::visit([](const auto& f) { return fused_transcendentals(f); }, st.fn);
+    for (const FusedStep& st : p_.steps)
+      per_element += std::visit([](const auto& f) { return fused_transcendentals(f); }, st.fn);
     const double n = double(out[0].shape.numel());
     return {double(p_.steps.size()) * n, bytes, per_element * n};
   }

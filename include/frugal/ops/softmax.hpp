@@ -70,7 +70,10 @@ class LogSoftmax final : public AlongAxis {
   std::string name() const override { return "log_softmax"; }
   Cost cost(std::span<const TensorMeta> in, std::span<const TensorMeta> out) const override {
     Cost c = Op::cost(in, out);
-    c.transcendentals = double(in[0].shape.numel()) + double(in[0].shape.numel() / std::max<std::int64_t>(1, in[0].shape.dim(axis_for(in[0].shape))));  // an exp per element, a log per row
+    // An exp per element, a log per row.
+    const std::int64_t n = in[0].shape.numel();
+    const std::int64_t along = std::max<std::int64_t>(1, in[0].shape.dim(axis_for(in[0].shape)));
+    c.transcendentals = double(n) + double(n / along);
     return c;
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
