@@ -172,6 +172,17 @@ zoo::Config sim_gpt() {
   return c;
 }
 
+// A published shape on a cluster preset, in 16-bit with f32 master weights,
+// as frugal-plan --simulate sets it up.
+frugal_plan::SimulateArgs preset_on(const std::string& cluster, const std::string& preset, DType dtype) {
+  frugal_plan::SimulateArgs a;
+  a.cluster = plan::Cluster::preset(cluster);
+  zoo::apply_preset(a.model, *zoo::find_preset(preset));
+  a.model.dtype = dtype;
+  a.model.master_weights = true;
+  return a;
+}
+
 // One collective per gradient (no buckets), so that the backward can hide them.
 PlannedStep plan_sim(zoo::Config c, int ranks, int stage, bool overlap, Budget b = {}) {
   c.meta = true;
@@ -344,15 +355,10 @@ TEST_CASE("budget: where the priced solve fails, the fallback keeps the budget's
   // relaxed up to the budget realizes above it (its arena's gaps). That
   // plan relaxed again below what it reached fits; the least (12.7 GB,
   // twice the step time) is what came back before.
-  frugal_plan::SimulateArgs a;
-  a.cluster = plan::Cluster::preset("dgx2");
-  zoo::Config c;
-  zoo::apply_preset(c, *zoo::find_preset("zinf-0.5t"));
-  c.layers = 4;
-  c.dtype = DType::f16;
-  c.master_weights = true;
-  a.model = c;
+  frugal_plan::SimulateArgs a = preset_on("dgx2", "zinf-0.5t", DType::f16);
+  a.model.layers = 4;
   a.options.zero_stage = 3;
+  const zoo::Config& c = a.model;
   const DeviceProfile gpu = a.cluster.device_profile(c.dtype, false, 16);
   const PlannedStep ps = frugal_plan::plan_rank(a, c, gpu, 0, 16);
   const std::size_t budget = std::size_t(a.cluster.hbm_bytes);
@@ -477,13 +483,8 @@ TEST_CASE("pricing: a given profile prices a plan that evicts nothing, as it pri
 
 TEST_CASE("pricing: GPT-3 13B on one DGX-A100 is sharded, not moved to host updates priced as free",
           "[cluster][sim]") {
-  frugal_plan::SimulateArgs a;
-  a.cluster = plan::Cluster::preset("dgx-a100");
-  zoo::Config c;
-  zoo::apply_preset(c, *zoo::find_preset("gpt3-13b"));
-  c.dtype = DType::bf16;
-  c.master_weights = true;
-  a.model = c;
+  frugal_plan::SimulateArgs a = preset_on("dgx-a100", "gpt3-13b", DType::bf16);
+  const zoo::Config& c = a.model;
   const int ranks = 8;
   const DeviceProfile gpu = a.cluster.device_profile(c.dtype, false, ranks);
   // An update on the host is priced at the node's DRAM bandwidth shared by
