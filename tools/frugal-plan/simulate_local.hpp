@@ -2,8 +2,8 @@
 // frugal-plan --simulate local --ranks N: the step of an MPI job of N CPU
 // ranks on this machine (`mpirun -np N` of a program built on frugal), run
 // in virtual time (plan/step_sim.hpp) with a DeviceProfile: this machine's,
-// calibrated and cached at the ranks' thread count, or --profile FILE (for
-// another machine, with --cores saying how many it has). Each rank's plan
+// calibrated and cached at the threads the job keeps busy, or --profile FILE
+// (for another machine, with --cores saying how many it has). Each rank's plan
 // is the one the real job compiles (the same graph, budget and
 // communicator size), so its memory is exact; the time is a prediction.
 //
@@ -16,8 +16,6 @@
 // not 99.) MPI's shared-memory transport moves a large message with one
 // copy (Open MPI's CMA, MPICH's LMT), so the ranks' link is priced at a
 // rank's share of the memcpy rate.
-#include <omp.h>
-
 #include <algorithm>
 #include <iostream>
 #include <thread>
@@ -40,8 +38,8 @@ struct LocalArgs {
   int threads = 0;  // per rank; 0: as the samples pick them, min(2, cores / ranks), at least 1
   int cores = 0;    // 0: this machine's
   std::optional<DeviceProfile> profile;  // the machine's at busy_threads(); none: this machine's, calibrated
-  Budget budget;                          // per rank; a percentage in budget_percent instead of budget.device
-  std::string budget_arg;
+  Budget budget;           // per rank
+  std::string budget_arg;  // --budget as given: bytes, or N% of the rank's unconstrained step
   double link_latency_s = 5e-6;  // one MPI message over shared memory, each round of a collective
   bool json = false;
 };
