@@ -21,6 +21,7 @@
 //    Prices choose among plans that fit; they never decide whether one
 //    exists.
 #include <numeric>
+#include <optional>
 
 #include "budget_cheapen.hpp"
 #include "budget_exact.hpp"
@@ -74,6 +75,18 @@ inline std::string largest_consumers(const Graph& g, const Plan& plan, std::size
   std::string list;
   for (std::size_t i = 0; i < std::min(count, big.size()); ++i) list += cat("\n  ", format_bytes(big[i].first), "  ", big[i].second);
   return list;
+}
+
+// The bound to solve for after solution `s`, solved for `bound`, realized
+// as `realized` above the budget. The abstract problem counts live bytes (its
+// peak is the realized plan's live-bytes lower bound plus its persistents,
+// exactly); the arena adds the gaps its offsets leave. Tighten below what the
+// solution reached, not below the bound: a solution with room under the
+// bound (its evictions come in whole tensors) is otherwise found again and
+// again, its overshoot unchanged, until the attempts run out.
+inline std::int64_t below_overshoot(std::int64_t bound, const Solution& s, const Plan& realized) {
+  const std::int64_t overshoot = std::int64_t(realized.total_bytes() - realized.budget_bytes);
+  return std::min(bound, s.eval.device_peak) - overshoot - std::int64_t(kAlignment);
 }
 
 // The step planned with no eviction: what every budget solve starts from.
@@ -199,14 +212,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
       bp.plan.min_feasible_bytes = min_feasible;
       return fewer_saved(std::move(bp), s, target);
     }
-    // The abstract problem counts live bytes (its peak is the realized
-    // plan's live-bytes lower bound plus its persistents, exactly); the arena
-    // adds the gaps its offsets leave. Tighten below what this solution
-    // reached, not below the target: a solution with room under the target
-    // (its evictions come in whole tensors) is otherwise found again and
-    // again, its overshoot unchanged, until the attempts run out.
-    const std::int64_t overshoot = std::int64_t(bp.plan.total_bytes() - budget.device);
-    target = std::min(target, s.eval.device_peak) - overshoot - std::int64_t(kAlignment);
+    target = below_overshoot(target, s, bp.plan);
   }
   // The priced solves found nothing that fits: the least-memory plan with
   // what this budget does not need undone (dearest first) and each
@@ -215,29 +221,35 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   // price-free search may keep recomputations its final peak no longer
   // needs); else the least-memory plan as it is.
   // A relaxed plan whose arena overshoots the budget (the gaps its offsets
-  // leave) is relaxed again below the peak it reached, less the overshoot,
-  // as the priced solves are: stepping straight down to the least would
-  // throw away all the room (on ZeRO-Infinity's 0.5T at 4 layers a 32 GB
-  // budget's relaxed plan realized 34.7 GB; the least, kept instead, ran
-  // twice as long).
+  // leave) is relaxed again below it, as the priced solves are: stepping
+  // straight down to the least would throw away all the room (on
+  // ZeRO-Infinity's 0.5T at 4 layers a 32 GB budget's relaxed plan realized
+  // 34.7 GB; the least, kept instead, ran twice as long).
   const std::int64_t least_peak = evaluate(problem, least_choice).device_peak;
   const std::int64_t room = std::int64_t(budget.device) - std::int64_t(min_feasible);
-  std::vector<std::int64_t> bounds{least_peak + room};
-  if (room > 0) bounds.push_back(least_peak);
-  for (std::size_t k = 0, tightened = 0; k < bounds.size(); ++k) {
-    const std::int64_t bound = bounds[k];
+  // The relaxed plan for `bound` if it fits; else, in *next (where given),
+  // the bound to try next.
+  auto relaxed_within = [&](std::int64_t bound, std::int64_t* next) -> std::optional<BudgetedPlan> {
     Solution relaxed = cheapen(problem, undo_unneeded(problem, least_choice, bound).choice, bound);
-    if (!relaxed.feasible || relaxed.choice == least_choice) continue;
+    if (!relaxed.feasible || relaxed.choice == least_choice) return std::nullopt;
     BudgetedPlan bp = realize(relaxed);
     if (bp.plan.total_bytes() <= budget.device) {
       bp.plan.min_feasible_bytes = min_feasible;
       bp.plan.least_memory_fallback = true;
       return fewer_saved(std::move(bp), relaxed, bound);
     }
-    const std::int64_t overshoot = std::int64_t(bp.plan.total_bytes() - budget.device);
-    const std::int64_t tighter = std::min(bound, relaxed.eval.device_peak) - overshoot - std::int64_t(kAlignment);
-    if (bound > least_peak && tighter > least_peak && tightened++ < 5) bounds.insert(bounds.begin() + std::ptrdiff_t(k) + 1, tighter);
+    if (next) *next = below_overshoot(bound, relaxed, bp.plan);
+    return std::nullopt;
+  };
+  if (room > 0) {
+    std::int64_t bound = least_peak + room;
+    for (int attempt = 0; attempt < 6 && bound > least_peak; ++attempt) {
+      std::int64_t next = least_peak;  // nothing came out to tighten below: on to the least
+      if (auto bp = relaxed_within(bound, &next)) return std::move(*bp);
+      bound = next;
+    }
   }
+  if (auto bp = relaxed_within(least_peak, nullptr)) return std::move(*bp);
   least.plan.least_memory_fallback = true;
   return fewer_saved(std::move(least), make_solution(problem, least_choice, least_peak), least_peak);
 }
