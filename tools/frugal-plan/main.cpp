@@ -228,15 +228,7 @@ int main(int argc, char** argv) try {
   }
   auto w = zoo::make(c);
   if (ranks) {
-    std::vector<PlannedStep> per_rank;
-    for (int r = 0; r < ranks; ++r) {
-      o.communicator = std::make_shared<dist::PlanOnly>(r, ranks);
-      Budget b = budget;
-      if (!budget_arg.empty())
-        b.device = budget_arg.back() == '%' ? parse_bytes(budget_arg, zoo::plan(w, {}, o).plan.total_bytes())
-                                            : parse_bytes(budget_arg);
-      per_rank.push_back(zoo::plan(w, b, o));
-    }
+    const std::vector<PlannedStep> per_rank = frugal_plan::plan_every_rank(w, budget, budget_arg, o, ranks);
     if (json) std::cout << plan::ranks_json(per_rank, c.family) << "\n";
     else std::cout << "frugal-plan: " << c.name() << ", " << ranks << " data-parallel ranks\n" << plan::ranks_table(per_rank);
     return 0;

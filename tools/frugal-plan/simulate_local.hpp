@@ -60,6 +60,23 @@ inline DeviceProfile rank_profile(const DeviceProfile& machine, int ranks, int t
   return p;
 }
 
+// The step of each of `ranks` data-parallel ranks, as mpirun's ranks plan
+// it; `budget_arg` (bytes, or N% of the rank's unconstrained step), where
+// given, is each rank's device budget.
+inline std::vector<PlannedStep> plan_every_rank(zoo::Workload& w, const Budget& budget,
+                                                const std::string& budget_arg, CompileOptions o, int ranks) {
+  std::vector<PlannedStep> steps;
+  for (int r = 0; r < ranks; ++r) {
+    o.communicator = std::make_shared<dist::PlanOnly>(r, ranks);
+    Budget b = budget;
+    if (!budget_arg.empty())
+      b.device = budget_arg.back() == '%' ? parse_bytes(budget_arg, zoo::plan(w, {}, o).plan.total_bytes())
+                                          : parse_bytes(budget_arg);
+    steps.push_back(zoo::plan(w, b, o));
+  }
+  return steps;
+}
+
 inline int simulate_local(LocalArgs a) {
   if (a.ranks < 1) fail("--simulate local needs --ranks N, N >= 1");
   const int cores = a.cores > 0 ? a.cores : std::max(1, int(std::thread::hardware_concurrency()));
@@ -87,19 +104,11 @@ inline int simulate_local(LocalArgs a) {
   zoo::Config c = a.model;
   c.meta = true;
   zoo::Workload w = zoo::make(c);
-  std::vector<PlannedStep> steps;
-  for (int r = 0; r < a.ranks; ++r) {
-    // Planned as the job plans (with its CompileOptions: the built-in rates,
-    // or FRUGAL_PROFILE's), so that its bytes are the job's; priced below.
-    CompileOptions o = a.options;
-    o.threads = threads;
-    if (a.ranks > 1) o.communicator = std::make_shared<dist::PlanOnly>(r, a.ranks);
-    Budget b = a.budget;
-    if (!a.budget_arg.empty())
-      b.device = a.budget_arg.back() == '%' ? parse_bytes(a.budget_arg, zoo::plan(w, {}, o).plan.total_bytes())
-                                            : parse_bytes(a.budget_arg);
-    steps.push_back(zoo::plan(w, b, o));
-  }
+  // Planned as the job plans (with its CompileOptions: the built-in rates,
+  // or FRUGAL_PROFILE's), so that its bytes are the job's; priced below.
+  CompileOptions o = a.options;
+  o.threads = threads;
+  const std::vector<PlannedStep> steps = plan_every_rank(w, a.budget, a.budget_arg, o, a.ranks);
 
   plan::ProfilePrices prices(profile, plan::RankLink{a.ranks, a.link_latency_s, profile.copy_bytes});
   const PlannedStep& ps = steps.front();
