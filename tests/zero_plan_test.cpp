@@ -528,3 +528,53 @@ TEST_CASE("zero: stage 3 prefetches each parameter's gather while the compute be
   }
   CHECK(overlapped > int(gathers.size()) / 2);
 }
+
+// In place (compile's choice where the budget binds), a reduce-scatter
+// still runs as soon as its gradient is complete: left to the backward's
+// end, every layer's whole gradient would be alive at once, the memory
+// stages 2-3 exist to save.
+TEST_CASE("zero: in place, stages 2-3 reduce-scatter each gradient once it is complete, not after the backward",
+          "[zero][budget]") {
+  for (int stage : {2, 3}) {
+    INFO("stage " << stage);
+    zoo::Workload w = zoo::make(small_gpt(32));
+    CompileOptions o;
+    o.communicator = std::make_shared<dist::PlanOnly>(0, 4);
+    o.zero_stage = stage;
+    o.offload_optimizer = false;
+    o.overlap_collectives = false;
+    const PlannedStep ps = zoo::plan(w, {}, o);
+    const Graph& g = *ps.graph;
+    const auto& order = ps.plan.schedule;
+    std::vector<int> pos(g.num_nodes(), -1);
+    for (std::size_t t = 0; t < order.size(); ++t) pos[std::size_t(order[t])] = int(t);
+    int scattered = 0, last_backward = -1;
+    for (std::size_t t = 0; t < order.size(); ++t)
+      if (g.node(order[t]).phase == Phase::backward && !g.node(order[t]).op->is_collective()) last_backward = int(t);
+    // Whole gradients waiting for their reduce-scatter, at each position.
+    std::vector<int> waiting(order.size() + 1, 0);
+    for (std::size_t t = 0; t < order.size(); ++t) {
+      const Node& n = g.node(order[t]);
+      if (n.op->name() != "reduce_scatter_mean") continue;
+      ++scattered;
+      const int made = pos[std::size_t(g.value(n.inputs[0]).producer)];
+      ++waiting[std::size_t(made) + 1];
+      --waiting[t];
+      // Nothing but views, updates and collectives before it since its gradient.
+      for (int u = made + 1; u < int(t); ++u) {
+        const Node& m = g.node(order[std::size_t(u)]);
+        INFO("position " << u << ": " << m.op->name() << ", between gradient " << made << " and its reduce-scatter " << t);
+        CHECK((m.op->is_view() || m.op->is_collective() || m.phase == Phase::optimizer));
+      }
+    }
+    REQUIRE(scattered > 4);
+    int most = 0, at_end = 0;
+    for (std::size_t t = 0; t < order.size(); ++t) {
+      if (t > 0) waiting[t] += waiting[t - 1];
+      most = std::max(most, waiting[t]);
+      if (int(t) == last_backward) at_end = waiting[t];
+    }
+    CHECK(most <= 1);
+    CHECK(at_end <= 1);
+  }
+}
