@@ -50,8 +50,8 @@ inline std::vector<NodeId> schedule(const Graph& g, const std::vector<bool>& liv
   // reduce-scatter: the shard of a whole gradient) runs as soon as its
   // gradient is complete too: after the backward, every layer's whole
   // gradient would be alive at once (on ZeRO-Infinity's 0.5T at 4 layers,
-  // 16 V100s, 12 GB of them, the plan then swapped each to the host and
-  // back at the backward's end).
+  // 16 V100s, the budget solve then swapped them to the host and back: 2.7
+  // GB each for the MLP weights; bench/RESULTS.md).
   auto shrinks = [&](const Node& node) {
     if (!node.op->is_collective() || dynamic_cast<const ops::CollectiveDone*>(node.op.get())) return false;
     std::size_t in = 0, out = 0;
