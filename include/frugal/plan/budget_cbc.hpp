@@ -64,24 +64,47 @@ inline CbcAnswer run_cbc(const BudgetProblem& p, const IlpModel& m, const std::v
                          double backstop_seconds) {
   Cbc_Model* model = Cbc_newModel();
   Cbc_setLogLevel(model, 0);
+  // The whole matrix at once, by columns: Cbc_addRow appends to a
+  // column-ordered matrix and copies all of it each time, quadratic in its
+  // size (ZeRO stage 0 of a 24-layer 0.5T step on a DGX-2 rank spent
+  // minutes there and never reached the solve).
   const int peak_col = m.cols;  // 0-based: binary columns 0..cols-1, then the peak
-  for (int c = 0; c < m.cols; ++c) {
-    const bool banned = std::find(m.banned.begin(), m.banned.end(), c + 1) != m.banned.end();
-    Cbc_addCol(model, "", 0.0, banned ? 0.0 : 1.0, m.min_peak ? 0.0 : m.cost[std::size_t(c)], 1, 0, nullptr, nullptr);
-  }
-  if (m.min_peak) Cbc_addCol(model, "", double(m.peak_floor) / m.peak_unit, 1e30, 1.0, 0, 0, nullptr, nullptr);
-  std::vector<int> cols;
-  std::vector<double> coef;
+  const int ncols = m.cols + (m.min_peak ? 1 : 0), nrows = int(m.rows.size());
+  std::vector<CoinBigIndex> col_start(std::size_t(ncols) + 1, 0);
   for (const IlpRow& r : m.rows) {
-    cols.clear(), coef.clear();
-    for (std::size_t e = 0; e < r.cols.size(); ++e) {
-      cols.push_back(r.cols[e] - 1);
-      coef.push_back(double(r.coef[e]) / r.unit);
-    }
-    if (r.tier == 0 && m.min_peak) cols.push_back(peak_col), coef.push_back(-1.0);
-    const char sense = r.sense == IlpRow::exactly ? 'E' : r.sense == IlpRow::at_least ? 'G' : 'L';
-    Cbc_addRow(model, "", int(cols.size()), cols.data(), coef.data(), sense, double(r.rhs) / r.unit);
+    for (int c : r.cols) ++col_start[std::size_t(c)];  // 1-based: counts land one ahead
+    if (r.tier == 0 && m.min_peak) ++col_start[std::size_t(peak_col) + 1];
   }
+  for (std::size_t c = 1; c < col_start.size(); ++c) col_start[c] += col_start[c - 1];
+  std::vector<CoinBigIndex> fill(col_start.begin(), col_start.end() - 1);
+  std::vector<int> index(std::size_t(col_start.back()));
+  std::vector<double> value(std::size_t(col_start.back()));
+  std::vector<double> row_lb(m.rows.size()), row_ub(m.rows.size());
+  constexpr double kInfinity = 1e30;  // Clp's: any bound beyond 1e27 is none
+  for (int i = 0; i < nrows; ++i) {
+    const IlpRow& r = m.rows[std::size_t(i)];
+    auto put = [&](int col, double v) {
+      const CoinBigIndex at = fill[std::size_t(col)]++;
+      index[std::size_t(at)] = i;
+      value[std::size_t(at)] = v;
+    };
+    for (std::size_t e = 0; e < r.cols.size(); ++e) put(r.cols[e] - 1, double(r.coef[e]) / r.unit);
+    if (r.tier == 0 && m.min_peak) put(peak_col, -1.0);
+    const double rhs = double(r.rhs) / r.unit;
+    row_lb[std::size_t(i)] = r.sense == IlpRow::at_most ? -kInfinity : rhs;
+    row_ub[std::size_t(i)] = r.sense == IlpRow::at_least ? kInfinity : rhs;
+  }
+  std::vector<double> col_lb(std::size_t(ncols), 0.0), col_ub(std::size_t(ncols), 1.0), obj(std::size_t(ncols), 0.0);
+  for (int c = 0; c < m.cols; ++c) obj[std::size_t(c)] = m.min_peak ? 0.0 : m.cost[std::size_t(c)];
+  for (int b : m.banned) col_ub[std::size_t(b - 1)] = 0.0;
+  if (m.min_peak) {
+    col_lb[std::size_t(peak_col)] = double(m.peak_floor) / m.peak_unit;
+    col_ub[std::size_t(peak_col)] = kInfinity;
+    obj[std::size_t(peak_col)] = 1.0;
+  }
+  Cbc_loadProblem(model, ncols, nrows, col_start.data(), index.data(), value.data(), col_lb.data(), col_ub.data(),
+                  obj.data(), row_lb.data(), row_ub.data());
+  for (int c = 0; c < m.cols; ++c) Cbc_setInteger(model, c);
   // The start: every binary column (its value 0 or 1); CBC computes the peak.
   std::vector<int> idx;
   std::vector<double> val;
