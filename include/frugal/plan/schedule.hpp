@@ -61,12 +61,15 @@ inline std::vector<NodeId> schedule(const Graph& g, const std::vector<bool>& liv
       if (!g.value(v).is_workspace) out += g.value(v).meta.nbytes();  // its scratch lives there only
     return out < in;
   };
-  auto urgent = [&](NodeId v) {
+  // Once per node: the ready queue's comparisons read it many times each.
+  std::vector<char> urgent(static_cast<std::size_t>(n), 0);
+  for (NodeId v = 0; v < n; ++v) {
+    if (!live[std::size_t(v)]) continue;
     const Node& node = g.node(v);
-    return node.phase == Phase::optimizer || dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr ||
-           shrinks(node);
-  };
-  auto key = [&](NodeId v) { return std::pair{urgent(v) ? 0 : 1, v}; };
+    urgent[std::size_t(v)] = node.phase == Phase::optimizer ||
+                             dynamic_cast<const ops::CollectiveStart*>(node.op.get()) != nullptr || shrinks(node);
+  }
+  auto key = [&](NodeId v) { return std::pair{urgent[std::size_t(v)] ? 0 : 1, v}; };
   auto later = [&](NodeId a, NodeId b) { return key(a) > key(b); };
   auto is_done = [&](NodeId v) { return dynamic_cast<const ops::CollectiveDone*>(g.node(v).op.get()) != nullptr; };
   auto is_start = [&](NodeId v) { return dynamic_cast<const ops::CollectiveStart*>(g.node(v).op.get()) != nullptr; };
