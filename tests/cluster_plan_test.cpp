@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include <frugal/backend/cuda/planning_backend.hpp>
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/frugal.hpp>
 #include <frugal/plan/cluster_prices.hpp>
@@ -133,6 +134,67 @@ TEST_CASE("meta: a step over meta tensors cannot be compiled to run", "[cluster]
   c.family = "mlp", c.meta = true;
   zoo::Workload w = zoo::make(c);
   CHECK_THROWS_WITH(zoo::compile(w), Contains("meta tensor") && Contains("planned") && Contains("outside the"));
+}
+
+TEST_CASE("simulate: a GPU's step is planned with the CUDA kernels' scratch, not the CPU's f32 images, and never runs",
+          "[cluster][sim]") {
+  zoo::Config c;
+  c.family = "gpt", c.layers = 1, c.width = 256, c.batch = 2, c.seq = 64, c.vocab = 64, c.dtype = DType::f16;
+  c.meta = true;
+  zoo::Workload on_cpu = zoo::make(c), on_gpu = zoo::make(c);
+  const PlannedStep cpu = zoo::plan(on_cpu);
+  CompileOptions o;
+  o.use_backend = std::make_shared<cuda::PlanningBackend>(make_backend("cpu"));
+  const PlannedStep gpu = zoo::plan(on_gpu, {}, o);
+  // Scratch by op: what each plan gave, and what the CUDA kernel asks for.
+  struct Scratch {
+    std::size_t planned = 0, cuda = 0;
+    int ops = 0;
+  };
+  auto scratch = [](const PlannedStep& ps) {
+    std::map<std::string, Scratch> by_op;
+    const Graph& g = *ps.graph;
+    for (NodeId n : ps.plan.schedule) {
+      const Node& node = g.node(n);
+      std::vector<TensorMeta> in, out;
+      for (ValueId v : node.inputs) in.push_back(g.value(v).meta);
+      for (ValueId v : node.results()) out.push_back(g.value(v).meta);
+      Scratch& s = by_op[node.op->name()];
+      ++s.ops;
+      if (node.has_workspace) s.planned += g.value(node.outputs.back()).meta.nbytes();
+      if (auto* mm = dynamic_cast<const ops::MatMul*>(node.op.get())) s.cuda += cuda::matmul_workspace(*mm, in, out);
+      if (auto* l = dynamic_cast<const ops::Linear*>(node.op.get())) s.cuda += cuda::linear_workspace(*l, in, out);
+      if (auto* ce = dynamic_cast<const ops::CrossEntropy*>(node.op.get())) s.cuda += cuda::cross_entropy_workspace(*ce, in, out);
+    }
+    return by_op;
+  };
+  const auto on_gpu_ops = scratch(gpu), on_cpu_ops = scratch(cpu);
+  int sized = 0;
+  for (const auto& [op, s] : on_gpu_ops) {
+    INFO(op << ": " << s.ops << " ops, " << s.planned << " bytes of scratch planned, the CUDA kernels ask " << s.cuda);
+    CHECK(s.planned == s.cuda);
+    sized += s.cuda > 0;
+  }
+  CHECK(sized > 0);  // some product is large enough for cuBLASLt's workspace
+  // On the CPU, f16 products and attention multiply f32 images of their
+  // operands in their scratch: more than the GPU's, by op.
+  REQUIRE(on_cpu_ops.count("linear") == 1);
+  CHECK(on_cpu_ops.at("linear").planned > on_gpu_ops.at("linear").planned);
+  int attention = 0;
+  for (const auto& [op, s] : on_cpu_ops)
+    if (op.starts_with("causal_attention")) {
+      INFO(op);
+      ++attention;
+      CHECK(s.planned > 0);
+      CHECK(on_gpu_ops.at(op).planned == 0);
+    }
+  CHECK(attention > 0);
+  CHECK(gpu.plan.total_bytes() < cpu.plan.total_bytes());
+  // It only plans.
+  zoo::Config real = c;
+  real.meta = false;
+  zoo::Workload w = zoo::make(real);
+  CHECK_THROWS_WITH(zoo::compile(w, {}, o), Contains("cuda::PlanningBackend cannot") && Contains("make_backend(\"cuda\")"));
 }
 
 // ---- the step simulator ------------------------------------------------------------

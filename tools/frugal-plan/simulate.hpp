@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include <frugal/backend/cuda/planning_backend.hpp>
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/plan/cluster_prices.hpp>
 #include <frugal/plan/step_sim.hpp>
@@ -50,6 +51,10 @@ inline Budget rank_budget(const SimulateArgs& a, int ranks) {
 
 inline CompileOptions rank_options(const SimulateArgs& a, const DeviceProfile& gpu, int rank, int ranks) {
   CompileOptions o = a.options;
+  // Each GPU's step as the CUDA kernels size their scratch, not as the CPU's
+  // (which multiply f32 images of bf16/f16 operands); one per process.
+  static const auto gpu_kernels = std::make_shared<cuda::PlanningBackend>(make_backend("cpu"));
+  o.use_backend = gpu_kernels;
   o.profile = &gpu;
   o.threads = 1;
   if (ranks > 1) {

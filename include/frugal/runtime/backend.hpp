@@ -86,6 +86,19 @@ class KernelTable {
                       return e.workspace ? e.workspace(op.inner(), in, out) : std::size_t(0);
                     });
   }
+  // OpT's entry, to change (a planning table that sizes another backend's
+  // scratch), or null where the table has none.
+  template <class OpT>
+  KernelEntry* entry() {
+    auto it = table_.find(std::type_index(typeid(OpT)));
+    return it == table_.end() ? nullptr : &it->second;
+  }
+  // The op types this table has kernels for.
+  std::vector<std::type_index> op_types() const {
+    std::vector<std::type_index> types;
+    for (const auto& [type, e] : table_) types.push_back(type);
+    return types;
+  }
   const KernelEntry* find(const Op& op) const {
     auto it = table_.find(std::type_index(typeid(op)));
     return it == table_.end() ? nullptr : &it->second;

@@ -5,6 +5,7 @@
 // label outside [0, C) is flagged to the host (Context::status_device) and
 // reported by the next synchronize(), naming the position and the value.
 #include "../../ops/loss.hpp"
+#include "kernel_ops.hpp"
 #include "launch.cuh"
 
 namespace frugal::cuda {
@@ -143,11 +144,5 @@ struct CrossEntropyGradKernel {
     });
   }
 };
-
-// The per-position losses, planned as the op's scratch.
-inline std::size_t cross_entropy_workspace(const ops::CrossEntropy&, std::span<const TensorMeta> in,
-                                           std::span<const TensorMeta>) {
-  return std::size_t(in[1].shape.numel()) * sizeof(double);
-}
 
 }  // namespace frugal::cuda

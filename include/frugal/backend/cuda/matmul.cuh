@@ -16,18 +16,10 @@
 #include <tuple>
 
 #include "../../ops/matmul.hpp"
+#include "kernel_ops.hpp"
 #include "launch.cuh"
 
 namespace frugal::cuda {
-
-// Scratch a GEMM of these sizes gets, from the sizes alone (so the planner
-// can place it): none for small products, where cuBLASLt's workspace-free
-// kernels are as fast; a few MiB for large ones.
-inline std::size_t gemm_workspace_bytes(double flops) {
-  if (flops < double(1ull << 27)) return 0;
-  if (flops < double(1ull << 33)) return std::size_t(4) << 20;
-  return std::size_t(32) << 20;
-}
 
 struct GemmTypes {
   cudaDataType_t data, scale;
@@ -245,17 +237,5 @@ struct LinearKernel {
                                     a.workspace_bytes, what);
   }
 };
-
-// The planned workspaces, from the same sizes the kernels see.
-inline std::size_t matmul_workspace(const ops::MatMul& op, std::span<const TensorMeta> in, std::span<const TensorMeta>) {
-  const auto d = op.dims(in[0].shape, in[1].shape);
-  const bool per_item = d.a_broadcast || d.b_broadcast;
-  const double items = per_item ? 1.0 : double(d.batch);
-  return gemm_workspace_bytes(2.0 * items * double(d.m) * double(d.n) * double(d.k));
-}
-inline std::size_t linear_workspace(const ops::Linear&, std::span<const TensorMeta> in, std::span<const TensorMeta>) {
-  const std::int64_t k = in[1].shape[1], n = in[1].shape[0], m = in[0].shape.numel() / std::max<std::int64_t>(k, 1);
-  return gemm_workspace_bytes(2.0 * double(m) * double(n) * double(k));
-}
 
 }  // namespace frugal::cuda
