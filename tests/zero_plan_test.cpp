@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <array>
+#include <bit>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -577,4 +578,76 @@ TEST_CASE("zero: in place, stages 2-3 reduce-scatter each gradient once it is co
     CHECK(most <= 1);
     CHECK(at_end <= 1);
   }
+}
+
+// A recomputation that reads a parameter between two of its reads (stage 3's
+// re-gather of a weight for the forward recomputed before its backward)
+// may have it fetched again for it, instead of pinning it on the device the
+// whole window: the window gets an option dropped after the read before it
+// and fetched again, complete before the recomputation. Without that, a 1T
+// model's stage-3 shards all stayed on the device from forward to backward.
+TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gather that recomputes before the second",
+          "[zero][budget]") {
+  zoo::Config c = small_gpt(32);
+  c.layers = 1;
+  zoo::Workload w = zoo::make(c);
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
+  o.zero_stage = 3;
+  o.offload_optimizer = false;
+  o.overlap_collectives = false;
+  const PlannedStep ps = zoo::plan(w, {}, o);
+  auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 1));
+  plan::PriceModel price = plan::prices_from(cm);
+  plan::Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
+  for (NodeId n : ps.plan.schedule) prices.op_ms.push_back(price.op_ms(*ps.graph, n));
+  const Graph& g = *ps.graph;
+  const auto built = plan::build_budget_problem(g, ps.plan.schedule, ps.roots, Budget{.device = 1}, prices);
+  const plan::BudgetProblem& p = built.problem;
+  // A re-gather's recomputation, and the shard window it reads inside.
+  int found = 0;
+  std::vector<int> choice;
+  for (std::size_t k = 0; k < p.candidates.size(); ++k)
+    for (int j = 1; j < int(p.candidates[k].options.size()); ++j) {
+      const plan::Option& rec = p.candidates[k].options[std::size_t(j)];
+      if (rec.choice != plan::Choice::recompute) continue;
+      for (const plan::Requirement& r : rec.requires_) {
+        const plan::Candidate& win = p.candidates[std::size_t(r.candidate)];
+        if (win.wraps || g.value(win.value).kind != ValueKind::parameter) continue;
+        for (int m = 1; m < int(win.options.size()); ++m) {
+          const plan::Option& fetch = win.options[std::size_t(m)];
+          if (!((r.allowed >> m) & 1u)) continue;
+          INFO(fetch.reason);
+          CHECK(fetch.in_done >= 0);  // back before the recomputation, not only before the window's end
+          CHECK(fetch.in_done <= rec.in_start);
+          CHECK(fetch.in_done < win.after);
+          CHECK(fetch.price_free);
+          if (found++ || fetch.in_done != rec.in_start) continue;
+          // Chosen together, with the home the fetch is staged from.
+          choice.assign(p.candidates.size(), 0);
+          choice[k] = j;
+          choice[std::size_t(r.candidate)] = m;
+          for (const plan::Requirement& home : fetch.requires_)
+            choice[std::size_t(home.candidate)] = std::countr_zero(home.allowed & ~1u);
+        }
+      }
+    }
+  REQUIRE(found > 0);
+  REQUIRE(plan::requirements_met(p, choice));
+  // The window's bytes are off the device until the fetch, and the rewrite
+  // runs the recomputation on the fetched copy.
+  std::vector<int> kept = choice;
+  for (std::size_t i = 0; i < p.candidates.size(); ++i)
+    if (p.candidates[i].options[std::size_t(choice[i])].choice != plan::Choice::recompute && !p.candidates[i].wraps) kept[i] = 0;
+  CHECK(plan::evaluate(p, choice).device_peak <= plan::evaluate(p, kept).device_peak);
+  const plan::Rewritten rw = plan::rewrite_for_budget(g, ps.plan.schedule, p, choice);
+  const Plan planned = plan_schedule(*rw.graph, rw.schedule, ps.roots);
+  INFO(plan::verify(*rw.graph, planned, ps.roots).str());
+  CHECK(plan::verify(*rw.graph, planned, ps.roots).ok());
+  auto gathers = [](const Graph& graph, const std::vector<NodeId>& schedule) {
+    int n = 0;
+    for (NodeId id : schedule) n += graph.node(id).op->name() == "all_gather_parameter";
+    return n;
+  };
+  CHECK(gathers(*rw.graph, rw.schedule) > gathers(g, ps.plan.schedule));
 }

@@ -436,7 +436,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     bool ok = true;
     std::vector<NodeId> inline_nodes;             // schedule order
     std::vector<std::pair<int, int>> needs;       // (candidate, q): kept, recomputed at <= q, or fetched at q
-    std::vector<int> keep_needs;                  // candidates that must be kept (persistent windows)
+    std::vector<std::pair<int, int>> keep_needs;  // (candidate, q): persistent windows, on the device at q
     std::vector<MemEffect> extend;                // inputs kept alive until q
     std::int64_t transient = 0;                   // inline clones and the clone's other outputs, at q
     double ms = 0;
@@ -460,7 +460,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
           const Value& rv = g.value(root);
           if (rv.kind == ValueKind::parameter || rv.kind == ValueKind::state) {
             for (const Gap& gp : gaps[std::size_t(root)])
-              if (gp.a < q && q <= gp.b) pl.keep_needs.push_back(gp.candidate);
+              if (gp.a < q && q <= gp.b) pl.keep_needs.push_back({gp.candidate, q});
             continue;
           }
           if (const Gap* gp = gap_at(root, q)) {
@@ -547,12 +547,47 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       cand.options.push_back(std::move(o));
     }
   }
+  // A recomputation that reads a parameter or optimizer state inside one of
+  // its windows needs it on the device there: kept, or fetched again by
+  // then. Each such position gets its own option on the window, dropped
+  // after the read before it and fetched again just in time for the
+  // recomputation (then kept to the window's end): without it, ZeRO-3's
+  // re-gather of a weight for the forward recomputed before its backward
+  // pinned that weight's shard on the device from its forward to its
+  // backward (117 GiB of a 1T model's 32 GB V100, every shard at once).
+  auto on_device_at = [&](int kc, int at) {
+    Candidate& w = p.candidates[std::size_t(kc)];
+    std::uint32_t allowed = 1u;  // kept
+    bool fetched_at[2] = {false, false};  // from the host, from NVMe
+    for (int j = 1; j < int(w.options.size()) && j < 32; ++j) {
+      const Option& o = w.options[std::size_t(j)];
+      if (o.choice != Choice::host && o.choice != Choice::nvme) continue;
+      if ((o.in_done >= 0 ? o.in_done : w.after) > at) continue;  // not back yet
+      allowed |= 1u << j;
+      if (o.in_start == at) fetched_at[o.choice == Choice::nvme] = true;
+    }
+    for (Choice from : {Choice::host, Choice::nvme}) {
+      if (fetched_at[from == Choice::nvme] || at - 1 < w.before + 1 || w.options.size() >= 32) continue;
+      auto jit = std::find_if(w.options.begin(), w.options.end(),
+                              [&](const Option& o) { return o.choice == from && o.price_free; });
+      if (jit == w.options.end()) continue;
+      Option d = *jit;
+      d.device = {{{w.before + 1, at - 1}, -std::int64_t(w.bytes)}};
+      d.in_start = d.in_done = at;
+      d.reason = cat("device copy dropped after position ", w.before, " and fetched again from ",
+                     from == Choice::host ? "the host" : "NVMe", " for a recomputation before position ", at,
+                     " (", d.cost_ms, " ms not hidden)");
+      allowed |= 1u << w.options.size();
+      w.options.push_back(std::move(d));
+    }
+    return allowed;
+  };
   for (std::size_t c = 0; c < C0; ++c) {
     std::size_t next = 0;
     for (const Plan1& pl : plans[c]) {
       if (next >= rec_options[c].size()) break;
       Option& o = p.candidates[c].options[std::size_t(rec_options[c][next++].second)];
-      for (int kc : pl.keep_needs) o.requires_.push_back({kc, 1u});
+      for (auto [kc, at] : pl.keep_needs) o.requires_.push_back({kc, on_device_at(kc, at)});
       for (auto [ic, at] : pl.needs) {
         std::uint32_t allowed = 1u;  // kept
         const Candidate& in = p.candidates[std::size_t(ic)];

@@ -84,6 +84,7 @@ struct Option {
   // and end, or of the recomputation), in schedule positions.
   int out_done = -1;   // evict copy finished before this position runs
   int in_start = -1;   // fetch starts (or a recomputation runs) before this position runs
+  int in_done = -1;    // fetch complete before this position runs; -1: the use after the window
   // A recomputation's clones of producers of inputs that are dead where it
   // runs, in schedule order, made for it alone (node ids of the graph).
   std::vector<NodeId> inline_nodes;

@@ -44,7 +44,7 @@ inline std::string least_memory_key(const BudgetProblem& p) {
     put(c.value), put(c.bytes), put(c.before), put(c.after), put(c.wraps), put(c.segment_boundary);
     put(c.options.size());
     for (const Option& o : c.options) {
-      put(o.choice), put(o.cost_ms), put(o.out_done), put(o.in_start), put(o.price_free);
+      put(o.choice), put(o.cost_ms), put(o.out_done), put(o.in_start), put(o.in_done), put(o.price_free);
       effects(o.device), effects(o.host), effects(o.nvme);
       put(o.requires_.size());
       for (const Requirement& r : o.requires_) put(r.candidate), put(r.allowed);

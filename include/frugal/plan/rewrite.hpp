@@ -66,7 +66,7 @@ inline Rewritten rewrite_for_budget(const Graph& g, const std::vector<NodeId>& s
       continue;
     }
     before[std::size_t(o.in_start)].push_back({fetch_start, ci});
-    before[std::size_t(cand.after)].push_back({fetch_done, ci});
+    before[std::size_t(o.in_done >= 0 ? o.in_done : cand.after)].push_back({fetch_done, ci});
     if (persistent && cand.wraps) {
       offloaded[std::size_t(cand.value)] = 1;
       bool dirty = false;
