@@ -31,6 +31,7 @@
 #include "cost_model.hpp"
 #include "nvme_home.hpp"
 #include "plan.hpp"
+#include "report.hpp"
 #include "rewrite.hpp"
 
 namespace frugal::plan {
@@ -63,6 +64,17 @@ inline PriceModel prices_from(std::shared_ptr<const CostModel> cm) {
   return m;
 }
 
+// Where the device's bytes go at a plan's peak, by category, and what the
+// host and NVMe tiers hold: which of them a user must shrink, or give more.
+inline std::string peak_breakdown(const Graph& g, const Plan& plan) {
+  const Breakdown b = at_peak(g, plan);
+  std::string parts;
+  for (const std::string& c : categories())
+    if (auto it = b.bytes.find(c); it != b.bytes.end() && it->second)
+      parts += cat(parts.empty() ? "" : ", ", c, " ", format_bytes(it->second));
+  return cat(parts, "; beside it the host holds ", format_bytes(plan.host_bytes + plan.offloaded_bytes),
+             " and NVMe ", format_bytes(plan.nvme_bytes));
+}
 inline std::string largest_consumers(const Graph& g, const Plan& plan, std::size_t count = 5) {
   std::vector<std::pair<std::size_t, std::string>> big;
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
@@ -177,7 +189,8 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
                       "; unconstrained the step needs ", format_bytes(base.total_bytes()),
                       " (the same on every machine: no measured speed enters it). Give a device budget of at least ",
                       min_feasible, " bytes", budget.host ? ", or a larger host pool" : "",
-                      ". Largest consumers at that plan's peak:", largest_consumers(*least.graph, least.plan)),
+                      ". That plan's peak holds ", peak_breakdown(*least.graph, least.plan),
+                      ". Largest consumers at that peak:", largest_consumers(*least.graph, least.plan)),
                       min_feasible, base.total_bytes());
   least.plan.min_feasible_bytes = min_feasible;
 
