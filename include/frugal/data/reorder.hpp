@@ -163,33 +163,26 @@ inline NodeClassification permute_task(const NodeClassification& d, std::span<co
   return out;
 }
 
-// ---- shared pieces of the orderings -----------------------------------------
+// ---- breadth-first search ----------------------------------------------------
 
-namespace reorder_detail {
-
-inline void check_graph(const Csr& g, const char* what) {
-  g.validate(what);
-  if (g.rows != g.cols)
-    fail<DataError>(what, ": the adjacency must be square (nodes x nodes), got [", g.rows, ", ", g.cols,
-                    "]; an ordering permutes rows and columns together");
-}
-
-inline std::int64_t degree(const Csr& g, std::int64_t v) {
-  return g.row_ptr[std::size_t(v + 1)] - g.row_ptr[std::size_t(v)];
-}
-
-// Breadth-first search along rows, reusing its arrays between searches (a
-// reset touches only the vertices the last search reached, so many small
-// searches cost their own size, not n each).
-struct Bfs {
+// Breadth-first search along rows (the traversal HALO's paper times, and the
+// one the orderings below are built from), reusing its arrays between
+// searches: a reset touches only the vertices the last search reached, so
+// many small searches cost their own size, not n each.
+struct BreadthFirstSearch {
   std::vector<std::int64_t> dist;   // -1: not reached by the last search
   std::vector<std::int64_t> queue;  // the vertices the last search reached, in visit order
 
-  explicit Bfs(std::int64_t n) : dist(std::size_t(n), -1) {}
+  explicit BreadthFirstSearch(std::int64_t n) : dist(static_cast<std::size_t>(n), -1) {}
 
   // From source; vertices with skip[v] set (when skip is given) are not
-  // entered. Returns the largest distance reached (the source's eccentricity).
+  // entered. Returns the largest distance reached (the source's
+  // eccentricity). The graph is not validated here (a search is the inner
+  // loop of the orderings); pass one that passes Csr::validate().
   std::int64_t run(const Csr& g, std::int64_t source, const std::vector<char>* skip = nullptr) {
+    if (source < 0 || source >= g.rows || std::int64_t(dist.size()) != g.rows)
+      fail<DataError>("BreadthFirstSearch: source ", source, " is not a vertex of the ", g.rows,
+                      "-vertex graph, or the search was made for ", dist.size(), " vertices");
     for (std::int64_t v : queue) dist[std::size_t(v)] = -1;
     queue.clear();
     dist[std::size_t(source)] = 0;
@@ -207,11 +200,26 @@ struct Bfs {
   }
 };
 
+// ---- shared pieces of the orderings -----------------------------------------
+
+namespace reorder_detail {
+
+inline void check_graph(const Csr& g, const char* what) {
+  g.validate(what);
+  if (g.rows != g.cols)
+    fail<DataError>(what, ": the adjacency must be square (nodes x nodes), got [", g.rows, ", ", g.cols,
+                    "]; an ordering permutes rows and columns together");
+}
+
+inline std::int64_t degree(const Csr& g, std::int64_t v) {
+  return g.row_ptr[std::size_t(v + 1)] - g.row_ptr[std::size_t(v)];
+}
+
 // A pseudo-peripheral vertex of start's component among the vertices not
 // skipped (George and Liu, 1979): from a vertex, search breadth-first; from
 // the last level's vertex of least degree search again; keep going while the
 // eccentricity grows. A few rounds suffice in practice; `rounds` bounds them.
-inline std::int64_t pseudo_peripheral(const Csr& g, std::int64_t start, Bfs& bfs, const std::vector<char>* skip,
+inline std::int64_t pseudo_peripheral(const Csr& g, std::int64_t start, BreadthFirstSearch& bfs, const std::vector<char>* skip,
                                       int rounds = 8) {
   std::int64_t root = start, ecc = bfs.run(g, root, skip);
   for (int r = 0; r < rounds; ++r) {
@@ -288,7 +296,7 @@ inline std::vector<std::int64_t> rcm_order(const Csr& g) {
   using namespace reorder_detail;
   check_graph(g, "rcm_order");
   const std::int64_t n = g.rows;
-  Bfs bfs(n);
+  BreadthFirstSearch bfs(n);
   std::vector<char> placed(std::size_t(n), 0);
   std::vector<std::int64_t> order;
   order.reserve(static_cast<std::size_t>(n));
@@ -393,7 +401,7 @@ inline std::vector<double> harmonic_centrality(const Csr& g, std::int64_t source
   std::vector<double> h(std::size_t(n), 0.0);
   std::vector<std::int64_t> picked = random_order(n, seed);
   picked.resize(std::size_t(std::min(sources, n)));
-  Bfs bfs(n);
+  BreadthFirstSearch bfs(n);
   for (std::int64_t s : picked) {
     bfs.run(g, s);
     for (std::int64_t v : bfs.queue)
