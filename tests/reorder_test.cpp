@@ -277,6 +277,18 @@ TEST_CASE("a GCN trained on a permuted graph makes the same predictions, up to t
   }
 }
 
+TEST_CASE("BreadthFirstSearch: grid distances, reuse between searches, clear errors", "[reorder]") {
+  const fd::Csr g = grid(6, 4);
+  fd::BreadthFirstSearch bfs(g.rows);
+  CHECK(bfs.run(g, 0) == 5 + 3);  // the far corner
+  for (std::int64_t v = 0; v < g.rows; ++v) REQUIRE(bfs.dist[std::size_t(v)] == v % 6 + v / 6);
+  CHECK(bfs.run(g, 14) == 3 + 2);  // from (2, 2): again right after, no stale distances
+  for (std::int64_t v = 0; v < g.rows; ++v) REQUIRE(bfs.dist[std::size_t(v)] == std::abs(v % 6 - 2) + std::abs(v / 6 - 2));
+  CHECK(bfs.queue.size() == 24);
+  CHECK_THROWS_WITH(bfs.run(g, 24), Catch::Contains("source 24 is not a vertex"));
+  CHECK_THROWS_WITH(bfs.run(grid(3, 3), 0), Catch::Contains("made for 24 vertices"));
+}
+
 TEST_CASE("RCM gives a shuffled path bandwidth 1 and a shuffled grid no more bandwidth than its row-major order",
           "[reorder][locality]") {
   std::vector<std::pair<std::int64_t, std::int64_t>> path;

@@ -180,9 +180,11 @@ struct BreadthFirstSearch {
   // eccentricity). The graph is not validated here (a search is the inner
   // loop of the orderings); pass one that passes Csr::validate().
   std::int64_t run(const Csr& g, std::int64_t source, const std::vector<char>* skip = nullptr) {
-    if (source < 0 || source >= g.rows || std::int64_t(dist.size()) != g.rows)
-      fail<DataError>("BreadthFirstSearch: source ", source, " is not a vertex of the ", g.rows,
-                      "-vertex graph, or the search was made for ", dist.size(), " vertices");
+    if (g.rows != g.cols || std::int64_t(dist.size()) != g.rows)
+      fail<DataError>("BreadthFirstSearch: the search was made for ", dist.size(),
+                      " vertices; it needs a square adjacency of that many, got [", g.rows, ", ", g.cols, "]");
+    if (source < 0 || source >= g.rows)
+      fail<DataError>("BreadthFirstSearch: source ", source, " is not a vertex of the ", g.rows, "-vertex graph");
     for (std::int64_t v : queue) dist[std::size_t(v)] = -1;
     queue.clear();
     dist[std::size_t(source)] = 0;
