@@ -181,7 +181,8 @@ Ordered prepare(const Ordering& ordering, const data::NodeClassification& base, 
   out.row.gap = data::mean_edge_gap(d.adjacency);
   // The same source vertices under every order: old ids mapped to new ones.
   const std::vector<std::int64_t> rank = data::inverse_order(order), picks = data::random_order(n, 7);
-  for (std::int64_t s = 0; s < std::min<std::int64_t>(4, n); ++s) out.sources.push_back(rank[std::size_t(picks[std::size_t(s)])]);
+  for (std::int64_t s = 0; s < std::min<std::int64_t>(4, n); ++s)
+    out.sources.push_back(rank[std::size_t(picks[std::size_t(s)])]);
 
   const std::int64_t page = 4096;
   auto fetched = [&](std::int64_t width) {
@@ -245,9 +246,10 @@ void print_table(const std::string& title, const std::vector<Row>& rows, bool gc
   };
   for (const Row& r : rows) {
     char t[32];
-    std::snprintf(t, sizeof t, r.order_ms >= 1000 ? "%.1f s" : "%.0f ms", r.order_ms >= 1000 ? r.order_ms / 1000 : r.order_ms);
-    std::printf("| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", r.name.c_str(), t, r.gap, cell(r.fwd, base.fwd).c_str(),
-                cell(r.bwd, base.bwd).c_str(), cell(r.bfs, base.bfs).c_str(),
+    const bool seconds = r.order_ms >= 1000;
+    std::snprintf(t, sizeof t, seconds ? "%.1f s" : "%.0f ms", seconds ? r.order_ms / 1000 : r.order_ms);
+    std::printf("| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", r.name.c_str(), t, r.gap,
+                cell(r.fwd, base.fwd).c_str(), cell(r.bwd, base.bwd).c_str(), cell(r.bfs, base.bfs).c_str(),
                 gcn ? cell(r.epoch, base.epoch).c_str() : "-", cell(r.fetched_mib, base.fetched_mib).c_str());
   }
   std::fflush(stdout);
@@ -288,7 +290,8 @@ int main(int argc, char** argv) try {
     else if (a == "--no-gcn") o.gcn = false;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--cora DIR] [--nodes N] [--reps N] [--small-reps N] [--epochs N] [--small-epochs N] [--threads N] "
+                   "usage: %s [--cora DIR] [--nodes N] [--reps N] [--small-reps N] [--epochs N] [--small-epochs N] "
+                   "[--threads N] "
                    "[--hidden N] [--cache FRACTION] [--no-gcn]\n",
                    argv[0]);
       return 2;

@@ -2,8 +2,9 @@
 // A synthetic node-classification graph at any size: a Chung-Lu random graph
 // (power-law expected degrees) with planted communities, the degree-corrected
 // stochastic block model's simplest form. It makes a 2-million-node graph in
-// seconds, for measuring what vertex orderings (reorder.hpp) and sampling do
-// at a scale no bundled data set has, with a task a GNN can learn.
+// about 15 s on one core of the project's VM, for measuring what vertex
+// orderings (reorder.hpp) and sampling do at a scale no bundled data set
+// has, with a task a GNN can learn.
 //
 // The model, all draws from one seed:
 //   - node i gets a community c(i), uniform over `communities`, a block b(i)

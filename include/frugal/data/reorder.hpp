@@ -148,7 +148,8 @@ inline NodeClassification permute_task(const NodeClassification& d, std::span<co
                     d.features.defined() ? d.features.shape().str() : std::string("(undefined)"),
                     " must be [nodes, features] with one row for each of the adjacency's ", n, " nodes");
   if (!d.labels.defined() || d.labels.numel() != n || d.labels.shape().rank() != 1)
-    fail<DataError>("permute_task: the labels ", d.labels.defined() ? d.labels.shape().str() : std::string("(undefined)"),
+    fail<DataError>("permute_task: the labels ",
+                    d.labels.defined() ? d.labels.shape().str() : std::string("(undefined)"),
                     " must be [nodes] with one label for each of the adjacency's ", n, " nodes");
   check_order(order, n, "permute_task");
   const std::vector<std::int64_t> rank = inverse_order(order);
@@ -221,8 +222,8 @@ inline std::int64_t degree(const Csr& g, std::int64_t v) {
 // skipped (George and Liu, 1979): from a vertex, search breadth-first; from
 // the last level's vertex of least degree search again; keep going while the
 // eccentricity grows. A few rounds suffice in practice; `rounds` bounds them.
-inline std::int64_t pseudo_peripheral(const Csr& g, std::int64_t start, BreadthFirstSearch& bfs, const std::vector<char>* skip,
-                                      int rounds = 8) {
+inline std::int64_t pseudo_peripheral(const Csr& g, std::int64_t start, BreadthFirstSearch& bfs,
+                                      const std::vector<char>* skip, int rounds = 8) {
   std::int64_t root = start, ecc = bfs.run(g, root, skip);
   for (int r = 0; r < rounds; ++r) {
     std::int64_t best = -1;
@@ -306,7 +307,8 @@ inline std::vector<std::int64_t> rcm_order(const Csr& g) {
     return degree(g, x) != degree(g, y) ? degree(g, x) < degree(g, y) : x < y;
   };
   for (std::int64_t s = 0; s < n; ++s)
-    if (!placed[std::size_t(s)]) append_breadth_first(g, pseudo_peripheral(g, s, bfs, &placed), placed, order, by_degree);
+    if (!placed[std::size_t(s)])
+      append_breadth_first(g, pseudo_peripheral(g, s, bfs, &placed), placed, order, by_degree);
   std::reverse(order.begin(), order.end());
   return order;
 }
@@ -364,7 +366,8 @@ inline std::vector<std::int64_t> bisection_order(const Csr& g, std::int64_t leaf
   check_graph(g, "bisection_order");
   if (leaf_size < 1) fail<DataError>("bisection_order: leaf_size must be at least 1, got ", leaf_size);
   const std::int64_t n = g.rows;
-  std::vector<std::int64_t> order(static_cast<std::size_t>(n)), part(std::size_t(n), 0), seen(std::size_t(n), -1), queue;
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n)), part(std::size_t(n), 0), seen(std::size_t(n), -1);
+  std::vector<std::int64_t> queue;
   std::iota(order.begin(), order.end(), std::int64_t(0));
   struct Segment {
     std::int64_t begin, end, id;
