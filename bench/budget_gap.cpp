@@ -321,8 +321,7 @@ void real_rows(double time_limit_s, bool exact_all, const BoundEffort& effort) {
     PlannedStep ps = zoo::plan(w);
     auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 2));
     plan::PriceModel price = plan::prices_from(cm);
-    plan::Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
-    for (NodeId n : ps.plan.schedule) prices.op_ms.push_back(price.op_ms(*ps.graph, n));
+    const plan::Prices prices = plan::step_prices(price, *ps.graph, ps.plan.schedule);
     const Budget budget{.device = 1, .host = rs.host};
     auto built = plan::build_budget_problem(*ps.graph, ps.plan.schedule, ps.roots, budget, prices);
     const auto t0 = std::chrono::steady_clock::now();

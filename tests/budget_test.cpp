@@ -5,6 +5,8 @@
 // smallest feasible one.
 #include <catch2/catch.hpp>
 
+#include <numeric>
+
 #include "bytes_of.hpp"
 
 #include <cstdlib>
@@ -643,9 +645,8 @@ TEST_CASE("on steps of up to 40 ops the greedy solver is within 5% of the exact 
                                    {input<float>({batch, in}), input<std::int32_t>({batch})}, opt);
     const auto& schedule = ps.plan.schedule;
     if (schedule.size() > 40) continue;
-    plan::Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
-    double base_ms = 0;
-    for (NodeId n : schedule) base_ms += (prices.op_ms.push_back(price.op_ms(*ps.graph, n)), prices.op_ms.back());
+    const plan::Prices prices = plan::step_prices(price, *ps.graph, schedule);
+    const double base_ms = std::accumulate(prices.op_ms.begin(), prices.op_ms.end(), 0.0);
     auto built = plan::build_budget_problem(*ps.graph, schedule, ps.roots, Budget{.device = 1}, prices);
     const auto& problem = built.problem;
     auto least = plan::solve_exact_min_memory(problem, 10);

@@ -598,15 +598,14 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
   o.overlap_collectives = false;
   const PlannedStep ps = zoo::plan(w, {}, o);
   auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 1));
-  plan::PriceModel price = plan::prices_from(cm);
-  plan::Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown};
-  for (NodeId n : ps.plan.schedule) prices.op_ms.push_back(price.op_ms(*ps.graph, n));
   const Graph& g = *ps.graph;
+  const plan::Prices prices = plan::step_prices(plan::prices_from(cm), g, ps.plan.schedule);
   const auto built = plan::build_budget_problem(g, ps.plan.schedule, ps.roots, Budget{.device = 1}, prices);
   const plan::BudgetProblem& p = built.problem;
   // A re-gather's recomputation, and the shard window it reads inside.
   int found = 0;
-  std::vector<int> choice;
+  std::vector<int> choice;  // the first such pair, chosen together
+  std::size_t window = 0;
   for (std::size_t k = 0; k < p.candidates.size(); ++k)
     for (int j = 1; j < int(p.candidates[k].options.size()); ++j) {
       const plan::Option& rec = p.candidates[k].options[std::size_t(j)];
@@ -622,8 +621,10 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
           CHECK(fetch.in_done <= rec.in_start);
           CHECK(fetch.in_done < win.after);
           CHECK(fetch.price_free);
-          if (found++ || fetch.in_done != rec.in_start) continue;
+          ++found;
+          if (!choice.empty() || fetch.in_done != rec.in_start) continue;
           // Chosen together, with the home the fetch is staged from.
+          window = std::size_t(r.candidate);
           choice.assign(p.candidates.size(), 0);
           choice[k] = j;
           choice[std::size_t(r.candidate)] = m;
@@ -633,12 +634,12 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
       }
     }
   REQUIRE(found > 0);
+  REQUIRE(!choice.empty());
   REQUIRE(plan::requirements_met(p, choice));
   // The window's bytes are off the device until the fetch, and the rewrite
   // runs the recomputation on the fetched copy.
   std::vector<int> kept = choice;
-  for (std::size_t i = 0; i < p.candidates.size(); ++i)
-    if (p.candidates[i].options[std::size_t(choice[i])].choice != plan::Choice::recompute && !p.candidates[i].wraps) kept[i] = 0;
+  kept[window] = 0;
   CHECK(plan::evaluate(p, choice).device_peak <= plan::evaluate(p, kept).device_peak);
   const plan::Rewritten rw = plan::rewrite_for_budget(g, ps.plan.schedule, p, choice);
   const Plan planned = plan_schedule(*rw.graph, rw.schedule, ps.roots);

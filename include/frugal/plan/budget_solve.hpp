@@ -64,6 +64,15 @@ inline PriceModel prices_from(std::shared_ptr<const CostModel> cm) {
   return m;
 }
 
+// The budget problem's prices for a schedule: each op's time by position,
+// and the model's transfer prices.
+inline Prices step_prices(const PriceModel& price, const Graph& g, std::span<const NodeId> schedule) {
+  Prices p{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown, price.host_update_ms};
+  p.op_ms.reserve(schedule.size());
+  for (NodeId n : schedule) p.op_ms.push_back(price.op_ms(g, n));
+  return p;
+}
+
 // Where the device's bytes go at a plan's peak, by category, and what the
 // host and NVMe tiers hold: which of them a user must shrink, or give more.
 inline std::string peak_breakdown(const Graph& g, const Plan& plan) {
@@ -135,8 +144,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     return {g, std::move(base)};
   }
 
-  Prices prices{{}, price.copy_ms, price.nvme_write_ms, price.nvme_read_ms, price.overlap_slowdown, price.host_update_ms};
-  for (NodeId n : schedule) prices.op_ms.push_back(price.op_ms(*g, n));
+  const Prices prices = step_prices(price, *g, schedule);
   BuiltProblem built = build_budget_problem(*g, schedule, roots, budget, prices, o.inplace,
                                             !o.offload_optimizer.has_value() && !o.nvme_offload.optimizer_state,
                                             o.recompute_collectives, o.nvme_offload);
