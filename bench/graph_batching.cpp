@@ -7,7 +7,7 @@
 //   nice -n 10 build/bench/graph_batching [--events 1000] [--per-batch 16] [--epochs 5] [--ranks 4]
 //       [--hidden 64] [--seed 19] [--bucket 1.19]
 //
-// The model is an interaction-network-style edge classifier (as Exa.TrkX's,
+// The model is nn::EdgeClassifier (nn/edge_classifier.hpp, as Exa.TrkX's,
 // one round of message passing): a node encoder h = relu(W_n x); an edge MLP
 // m = relu(W_e [h_src, h_dst, e]) over the candidate edges; messages summed
 // into their destination nodes, h' = relu(W_u (h + Σ m)); edge logits
@@ -50,34 +50,16 @@
 #include <frugal/data/balanced_batches.hpp>
 #include <frugal/data/track_graphs.hpp>
 #include <frugal/frugal.hpp>
+#include <frugal/nn/edge_classifier.hpp>
 
 using namespace frugal;
 
 namespace {
 
-// One round of interaction-network message passing, then edge logits.
-struct EdgeClassifier : nn::Module {
-  nn::Linear node_in, edge_mlp, node_up, edge_out;
-  EdgeClassifier(std::int64_t node_f, std::int64_t edge_f, std::int64_t hidden)
-      : node_in(node_f, hidden), edge_mlp(2 * hidden + edge_f, hidden), node_up(hidden, hidden),
-        edge_out(2 * hidden + hidden, 2) {
-    register_module("node_in", node_in);
-    register_module("edge_mlp", edge_mlp);
-    register_module("node_up", node_up);
-    register_module("edge_out", edge_out);
-  }
-  Var forward(Var x, Var src, Var dst, Var e) {
-    Var h = relu(node_in(x));
-    Var m = relu(edge_mlp(concat({index_select(h, 0, src), index_select(h, 0, dst), e}, 1)));
-    Var h2 = relu(node_up(index_add(h, 0, dst, m)));
-    return edge_out(concat({index_select(h2, 0, src), index_select(h2, 0, dst), m}, 1));
-  }
-};
-
 // Predicted bytes of a training step per batch shape, cached per bucket.
 class BucketedPlanner {
  public:
-  BucketedPlanner(EdgeClassifier& model, optim::AdamW& opt, double ratio) : model_(model), opt_(opt), ratio_(ratio) {}
+  BucketedPlanner(nn::EdgeClassifier& model, optim::AdamW& opt, double ratio) : model_(model), opt_(opt), ratio_(ratio) {}
 
   std::int64_t bucket(std::int64_t n) const {
     double b = 64;
@@ -102,7 +84,7 @@ class BucketedPlanner {
   double plan_seconds() const { return plan_seconds_; }
 
  private:
-  EdgeClassifier& model_;
+  nn::EdgeClassifier& model_;
   optim::AdamW& opt_;
   double ratio_;
   std::map<std::pair<std::int64_t, std::int64_t>, std::size_t> cache_;
@@ -161,7 +143,7 @@ int main(int argc, char** argv) {
   }
 
   nn::manual_seed(seed);
-  EdgeClassifier model(3, 3, hidden);
+  nn::EdgeClassifier model(3, 3, hidden);
   optim::AdamW opt(model.parameters(), {.lr = 1e-3});
   BucketedPlanner planner(model, opt, ratio);
   const data::BatchBytes bytes_of = [&](std::span<const std::int64_t> ids) {

@@ -3,15 +3,21 @@
 // forward; the synthetic track events (data/track_graphs.hpp) are seeded,
 // heavy-tailed and labelled as documented; the batch samplers
 // (data/balanced_batches.hpp) visit every graph once per epoch, keep packed
-// batches within the budget, and depend only on (seed, epoch).
+// batches within the budget, and depend only on (seed, epoch); a batch
+// padded to its size bucket (data/bucket_padding.hpp) trains as the batch
+// itself, and packed batches through a ShapeCache learn the track edges.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <frugal/data/balanced_batches.hpp>
+#include <frugal/data/bucket_padding.hpp>
 #include <frugal/data/graph_batch.hpp>
 #include <frugal/data/track_graphs.hpp>
 #include <frugal/frugal.hpp>
+#include <frugal/nn/edge_classifier.hpp>
+#include <map>
+#include <memory>
 #include <numeric>
 
 namespace graph_batch_test {  // named: unity builds share anonymous namespaces
@@ -244,6 +250,209 @@ TEST_CASE("batch samplers are deterministic per (seed, epoch) and differ across 
     o.seed = 12;
     CHECK(fd::epoch_batches(200, bytes, o, 1).batches != e1.batches);
   }
+}
+
+// ---- padding to size buckets -----------------------------------------------
+
+// A track event in float64 (the generator makes f32).
+fd::GraphSample to_f64(const fd::GraphSample& g) {
+  fd::GraphSample d = g;
+  auto widen = [](const Tensor& t) {
+    const std::vector<float> f = t.to_vector<float>();
+    return Tensor::from(std::vector<double>(f.begin(), f.end()), t.shape());
+  };
+  d.x = widen(g.x);
+  d.edge_attr = widen(g.edge_attr);
+  return d;
+}
+
+// The step inputs of a batch as it is, unpadded.
+std::vector<Tensor> unpadded_inputs(const fd::GraphBatch& b) {
+  std::vector<std::int32_t> src(b.src.begin(), b.src.end()), dst(b.dst.begin(), b.dst.end());
+  return {b.x, Tensor::from(src, {b.edges()}), Tensor::from(dst, {b.edges()}), b.edge_attr, b.edge_label};
+}
+
+std::vector<frugal::InputSpec> edge_specs(const std::vector<Tensor>& in) {
+  return {{{in[0].dtype(), in[0].shape()}, "x"},
+          {{DType::i32, in[1].shape()}, "src"},
+          {{DType::i32, in[2].shape()}, "dst"},
+          {{in[3].dtype(), in[3].shape()}, "edge_attr"},
+          {{DType::i32, in[4].shape()}, "edge_label"}};
+}
+
+TEST_CASE("bucket padding: zero rows, padded edges between padding nodes labelled -100, shapes from the rule",
+          "[graph_batch][bucket]") {
+  fd::TrackGraphOptions o;
+  o.events = 6;
+  const std::vector<fd::GraphSample> gs = fd::track_graphs(o);
+  const fd::GraphBatch b = fd::batch_graphs(gs, std::vector<std::int64_t>{0, 1, 2, 3, 4, 5});
+  const fd::BucketRule rule{.base = 64, .ratio = 1.19};
+  CHECK(rule.bucket(1) == 64);
+  CHECK(rule.bucket(64) == 64);
+  CHECK(rule.bucket(65) == 77);  // ceil(64 * 1.19)
+  CHECK(rule.bucket(77) == 77);
+  const fd::PaddedBatch p = fd::pad_to_bucket(b, rule);
+  const std::int64_t N = b.nodes(), E = b.edges(), Np = p.x.shape()[0], Ep = p.src.shape()[0];
+  CHECK(Np == rule.bucket(N + 1));
+  CHECK(Np > N);  // at least one padding node, even when N is a bucket size itself
+  CHECK(Ep == rule.bucket(E));
+  CHECK(p.nodes == N);
+  CHECK(p.edges == E);
+  REQUIRE(p.inputs().size() == 5);
+  const std::vector<float> x = p.x.to_vector<float>(), bx = b.x.to_vector<float>();
+  CHECK(std::equal(bx.begin(), bx.end(), x.begin()));
+  CHECK(std::all_of(x.begin() + std::ptrdiff_t(bx.size()), x.end(), [](float v) { return v == 0; }));
+  const std::vector<std::int32_t> src = p.src.to_vector<std::int32_t>(), dst = p.dst.to_vector<std::int32_t>(),
+                                  label = p.edge_label.to_vector<std::int32_t>();
+  const std::vector<float> attr = p.edge_attr.to_vector<float>();
+  for (std::int64_t k = 0; k < Ep; ++k) {
+    const auto i = std::size_t(k);
+    if (k < E) {
+      CHECK(src[i] == b.src[i]);
+      CHECK(dst[i] == b.dst[i]);
+      CHECK(label[i] == b.edge_label.data<std::int32_t>()[k]);
+    } else {  // no padded edge touches a real node
+      CHECK(src[i] >= N);
+      CHECK(dst[i] >= N);
+      CHECK(label[i] == -100);
+      for (int c = 0; c < 3; ++c) CHECK(attr[i * 3 + std::size_t(c)] == 0);
+    }
+  }
+  // An edge count that is a bucket size exactly needs no padded edge.
+  fd::BucketRule tight{.base = E, .ratio = 2};
+  CHECK(fd::pad_to_bucket(b, tight).src.shape()[0] == E);
+}
+
+TEST_CASE("a batch padded to its bucket has the unpadded batch's loss and parameter gradients (float64)",
+          "[graph_batch][bucket]") {
+  fd::TrackGraphOptions o;
+  o.events = 4;
+  std::vector<fd::GraphSample> gs;
+  for (const fd::GraphSample& g : fd::track_graphs(o)) gs.push_back(to_f64(g));
+  const fd::GraphBatch b = fd::batch_graphs(gs, std::vector<std::int64_t>{0, 1, 2, 3});
+  const fd::PaddedBatch p = fd::pad_to_bucket(b);
+  REQUIRE(p.x.shape()[0] > b.nodes());
+  REQUIRE(p.src.shape()[0] > b.edges());  // this batch has padded edges to ignore
+  frugal::nn::manual_seed(7);
+  frugal::nn::EdgeClassifier model(3, 3, 8, DType::f64);
+  const std::vector<Tensor> params = model.parameters();
+  struct Result {
+    double loss;
+    std::vector<std::vector<double>> grads;
+  };
+  auto run = [&](const std::vector<Tensor>& in) {
+    frugal::Step step = frugal::compile_gradients(
+        [&](Var x, Var s, Var d, Var e, Var y) { return model.loss(x, s, d, e, y); }, edge_specs(in), params);
+    std::vector<const Tensor*> ptrs;
+    for (const Tensor& t : in) ptrs.push_back(&t);
+    step.run_inputs(ptrs);
+    Result r{step.last_loss_f64(), {}};
+    for (const Tensor& w : params) r.grads.push_back(step.grad(w).to_vector<double>());
+    return r;
+  };
+  // The largest difference of loss and gradients, relative to the largest magnitude of each.
+  auto differ = [](const Result& a, const Result& c) {
+    double worst = std::abs(a.loss - c.loss) / std::abs(a.loss);
+    for (std::size_t i = 0; i < a.grads.size(); ++i) {
+      double scale = 0, d = 0;
+      for (std::size_t k = 0; k < a.grads[i].size(); ++k) {
+        scale = std::max(scale, std::abs(a.grads[i][k]));
+        d = std::max(d, std::abs(a.grads[i][k] - c.grads[i][k]));
+      }
+      worst = std::max(worst, scale > 0 ? d / scale : d);
+    }
+    return worst;
+  };
+  const Result plain = run(unpadded_inputs(b)), padded = run(p.inputs());
+  CHECK(std::isfinite(plain.loss));
+  CHECK(differ(plain, padded) < 1e-12);  // equal to float64 rounding (kernels may sum in another order)
+
+  // The test can tell: padded edges that send into a real node, or that are
+  // not ignored by the loss, change the result.
+  fd::PaddedBatch into_real = p;
+  into_real.dst = p.dst.clone();
+  for (std::int64_t k = b.edges(); k < p.dst.shape()[0]; ++k) into_real.dst.data<std::int32_t>()[k] = 0;
+  CHECK(differ(plain, run(into_real.inputs())) > 1e-6);
+  fd::PaddedBatch counted = p;
+  counted.edge_label = p.edge_label.clone();
+  for (std::int64_t k = b.edges(); k < p.dst.shape()[0]; ++k) counted.edge_label.data<std::int32_t>()[k] = 0;
+  CHECK(differ(plain, run(counted.inputs())) > 1e-6);
+}
+
+TEST_CASE("packed track batches trained through a ShapeCache under a budget beat the majority class on test edges",
+          "[graph_batch][bucket][training]") {
+  fd::TrackGraphOptions o;
+  o.events = 60;
+  const std::vector<fd::GraphSample> gs = fd::track_graphs(o);
+  const std::int64_t train = 48;  // events 0..47 train, 48..59 test
+  const fd::BucketRule rule;
+  frugal::nn::manual_seed(19);
+  frugal::nn::EdgeClassifier model(3, 3, 16);
+  frugal::optim::AdamW opt(model.parameters(), {.lr = 0.01});
+  auto loss = [&](Var x, Var s, Var d, Var e, Var y) { return model.loss(x, s, d, e, y); };
+  auto specs = [](std::int64_t N, std::int64_t E) {
+    return std::vector<frugal::InputSpec>{frugal::input<float>({N, 3}, "x"), frugal::input<std::int32_t>({E}, "src"),
+                                          frugal::input<std::int32_t>({E}, "dst"),
+                                          frugal::input<float>({E, 3}, "edge_attr"),
+                                          frugal::input<std::int32_t>({E}, "edge_label")};
+  };
+  // A batch's bytes: its bucket's unconstrained plan, cached per bucket.
+  std::map<std::pair<std::int64_t, std::int64_t>, std::size_t> planned;
+  const fd::BatchBytes bytes = [&](std::span<const std::int64_t> ids) {
+    std::int64_t n = 0, e = 0;
+    for (std::int64_t g : ids) n += gs[std::size_t(g)].nodes(), e += gs[std::size_t(g)].edges();
+    const auto key = std::make_pair(rule.bucket(n + 1), rule.bucket(e));
+    auto [it, fresh] = planned.try_emplace(key, 0);
+    if (fresh) it->second = frugal::plan_training(loss, specs(key.first, key.second), opt).plan.total_bytes();
+    return it->second;
+  };
+  std::size_t budget = 0;  // per batch: the largest training event alone
+  for (std::int64_t g = 0; g < train; ++g) budget = std::max(budget, bytes(std::span<const std::int64_t>(&g, 1)));
+  // The cache's steps share 3 batches' worth: they are re-planned, or leave, to fit.
+  const frugal::Budget total{.device = 3 * budget};
+  auto cache = frugal::cache_shapes(loss, specs(1, 1), opt, total, {.threads = 1});
+
+  std::vector<std::int64_t> test_ids;
+  for (std::int64_t g = train; g < o.events; ++g) test_ids.push_back(g);
+  const fd::PaddedBatch test = fd::pad_to_bucket(fd::batch_graphs(gs, test_ids), rule);
+  std::vector<frugal::InputSpec> eval_specs = specs(test.x.shape()[0], test.src.shape()[0]);
+  eval_specs.pop_back();
+  frugal::Step eval = frugal::compile_inference([&](Var x, Var s, Var d, Var e) { return model.forward(x, s, d, e); },
+                                                eval_specs, {}, {.threads = 1});
+  auto accuracy = [&] {  // on the test events' real edges
+    eval.run(test.x, test.src, test.dst, test.edge_attr);
+    const float* logit = eval.output().data<float>();
+    std::int64_t right = 0;
+    for (std::int64_t k = 0; k < test.edges; ++k)
+      right += (logit[2 * k + 1] > logit[2 * k]) == (test.edge_label.data<std::int32_t>()[k] == 1);
+    return double(right) / double(test.edges);
+  };
+  std::int64_t ones = 0;
+  for (std::int64_t k = 0; k < test.edges; ++k) ones += test.edge_label.data<std::int32_t>()[k];
+  const double majority = double(std::max(ones, test.edges - ones)) / double(test.edges);
+  // Three standard errors of an accuracy at the majority's rate over these
+  // edges: a classifier no better than the majority would rarely land above.
+  const double margin = 3 * std::sqrt(majority * (1 - majority) / double(test.edges));
+  const double before = accuracy();
+
+  fd::BatchOptions bo{.strategy = fd::BatchStrategy::packed, .budget = budget, .seed = 19};
+  std::size_t batches = 0;
+  for (std::int64_t epoch = 0; epoch < 12; ++epoch) {
+    const fd::EpochBatches e = fd::epoch_batches(train, bytes, bo, epoch);
+    for (const std::vector<std::int64_t>& ids : e.batches) {
+      const float l = cache->run(fd::pad_to_bucket(fd::batch_graphs(gs, ids), rule).inputs());
+      REQUIRE(std::isfinite(l));
+      CHECK(cache->broker().measured_device_bytes() <= total.device);
+      ++batches;
+    }
+  }
+  const double after = accuracy();
+  INFO("test edges " << test.edges << ", majority " << majority << ", margin " << margin << ", accuracy before "
+                     << before << ", after " << after << "; " << batches << " batches, " << cache->compiled()
+                     << " steps compiled, " << cache->cached() << " cached");
+  CHECK(after > majority + margin);
+  CHECK(after > before);
+  CHECK(cache->compiled() * 4 <= batches);  // a few bucket shapes serve many batches
 }
 
 }  // namespace graph_batch_test
