@@ -34,9 +34,15 @@ struct SampledSubgraph {
 // every neighbour.
 inline SampledSubgraph sample_neighbors(const Csr& graph, std::span<const std::int64_t> seeds,
                                         std::span<const std::int64_t> fanouts, std::uint64_t seed) {
-  graph.validate("sample_neighbors");
+  // Checked as far as the draw reads it: a loader calls this per batch, and
+  // validating a graph of millions of edges each time would cost more than
+  // the draw (Csr::validate checks it all, once).
   if (graph.rows != graph.cols)
     fail<DataError>("sample_neighbors: the graph must be square, got [", graph.rows, ", ", graph.cols, "]");
+  if (std::int64_t(graph.row_ptr.size()) != graph.rows + 1 || graph.row_ptr.back() != graph.nnz())
+    fail<DataError>("sample_neighbors: the graph's row_ptr has ", graph.row_ptr.size(), " entries ending at ",
+                    graph.row_ptr.empty() ? 0 : graph.row_ptr.back(), "; ", graph.rows, " rows and ", graph.nnz(),
+                    " entries need ", graph.rows + 1, " ending at ", graph.nnz());
   SampledSubgraph s;
   std::unordered_map<std::int64_t, std::int64_t> local;  // global id -> position in s.nodes
   for (std::int64_t g : seeds) {
@@ -47,19 +53,33 @@ inline SampledSubgraph sample_neighbors(const Csr& graph, std::span<const std::i
   }
   Rng rng(seed, 0x5a3e0000u);
   std::vector<Csr> outer_first;
-  std::vector<std::int64_t> pool;
+  std::vector<std::int64_t> picked;  // positions within a row, at most fanout of them
   for (std::size_t layer = fanouts.size(); layer-- > 0;) {
     const std::int64_t n_dst = std::int64_t(s.nodes.size());
     std::vector<std::int64_t> rows, cols;
     for (std::int64_t i = 0; i < n_dst; ++i) {
       const std::int64_t g = s.nodes[std::size_t(i)];
-      pool.assign(graph.col.begin() + graph.row_ptr[std::size_t(g)], graph.col.begin() + graph.row_ptr[std::size_t(g + 1)]);
-      std::int64_t take = std::int64_t(pool.size());
-      if (fanouts[layer] >= 0) take = std::min(take, fanouts[layer]);
-      for (std::int64_t k = 0; k < take; ++k) {  // a partial Fisher-Yates shuffle
-        std::swap(pool[std::size_t(k)], pool[std::size_t(k) + rng.below(pool.size() - std::size_t(k))]);
-        auto [it, fresh] = local.emplace(pool[std::size_t(k)], std::int64_t(s.nodes.size()));
-        if (fresh) s.nodes.push_back(pool[std::size_t(k)]);
+      const std::int64_t begin = graph.row_ptr[std::size_t(g)], deg = graph.row_ptr[std::size_t(g + 1)] - begin;
+      if (deg < 0 || begin < 0)
+        fail<DataError>("sample_neighbors: the graph's row_ptr decreases at row ", g);
+      const std::int64_t take = fanouts[layer] >= 0 ? std::min(deg, fanouts[layer]) : deg;
+      // take distinct positions of [0, deg): all of them, or Floyd's draw,
+      // which costs O(take^2) however large a hub's row is.
+      picked.clear();
+      if (take == deg) {
+        for (std::int64_t k = 0; k < deg; ++k) picked.push_back(k);
+      } else {
+        for (std::int64_t j = deg - take; j < deg; ++j) {
+          const auto t = std::int64_t(rng.below(std::uint64_t(j + 1)));
+          picked.push_back(std::find(picked.begin(), picked.end(), t) == picked.end() ? t : j);
+        }
+      }
+      for (std::int64_t k : picked) {
+        const std::int64_t nb = graph.col[std::size_t(begin + k)];
+        if (nb < 0 || nb >= graph.cols)
+          fail<DataError>("sample_neighbors: row ", g, " of the graph names node ", nb, ", outside [0, ", graph.cols, ")");
+        auto [it, fresh] = local.emplace(nb, std::int64_t(s.nodes.size()));
+        if (fresh) s.nodes.push_back(nb);
         rows.push_back(i);
         cols.push_back(it->second);
       }
