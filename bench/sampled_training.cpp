@@ -83,7 +83,7 @@ class Trainer {
   Trainer(const fd::NodeClassification& d, const Options& o, std::vector<std::int64_t> fanouts)
       : d_(d), o_(o), model_(d.features.shape()[1], o.hidden, d.classes), opt_(model_.parameters(), {.lr = 0.01}),
         loader_(d.adjacency, d.features, d.labels, d.train,
-                {.batch_size = o.batch, .fanouts = std::move(fanouts), .bucket = o.bucket, .seed = o.seed}) {
+                {.batch_size = o.batch, .fanouts = std::move(fanouts), .bucket = {.ratio = o.bucket}, .seed = o.seed}) {
     CompileOptions co{.threads = int(o.threads)};
     auto fn = fd::step_over_blocks<2>(
         [this](Var x, Var y, const std::vector<SparseVar>& b) { return cross_entropy(model_.forward(x, b), y); });
@@ -140,7 +140,7 @@ class Trainer {
     std::vector<std::int64_t> nodes(d_.test.begin(), d_.test.begin() + std::min<std::size_t>(std::size_t(count), d_.test.size()));
     fd::NeighborLoader test(d_.adjacency, d_.features, d_.labels, nodes,
                             {.batch_size = std::min<std::int64_t>(o_.batch, std::int64_t(nodes.size())),
-                             .fanouts = fanouts, .bucket = o_.bucket, .seed = o_.seed + 1});
+                             .fanouts = fanouts, .bucket = {.ratio = o_.bucket}, .seed = o_.seed + 1});
     auto fn = fd::step_over_blocks<2>([this](Var x, Var, const std::vector<SparseVar>& b) { return model_.forward(x, b); });
     CompileOptions co{.threads = int(o_.threads)};
     ShapeCache eval(Budget{.device = std::size_t(o_.budget_mib * 1048576)}, fd::sampled_input_specs(2),

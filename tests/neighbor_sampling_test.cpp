@@ -1,8 +1,8 @@
 // Neighbour-sampled mini-batches of a graph larger than the budget
 // (data/sampled_batches.hpp): the loader's batches are real subgraphs of the
 // graph, respect the fanouts, visit every target once per epoch and are the
-// same when a run resumes at any step; padding to size buckets changes no
-// bit a real node computes; and a GraphSAGE trained on them through a
+// same when a run resumes at any step; padding to size buckets leaves the
+// loss and the gradients as they were; and a GraphSAGE trained on them through a
 // ShapeCache stays within a budget smaller than the feature matrix, computes
 // the bits of an unconstrained run and learns the planted communities.
 #include <catch2/catch.hpp>
@@ -102,14 +102,15 @@ TEST_CASE("neighbour batches: real edges, fanouts kept, every target once an epo
   CHECK(other.seeds(0) != loader.seeds(0));
 }
 
-TEST_CASE("padding a sampled batch to size buckets changes no bit a real node computes (float64)",
+TEST_CASE("padding a sampled batch to size buckets leaves its loss and gradients as they were (float64)",
           "[sampling][graph]") {
   const fd::NodeClassification d = small_graph(2000, 1.0, 2);
   Tensor features(d.features.shape(), DType::f64);
   for (std::int64_t i = 0; i < features.numel(); ++i) features.data<double>()[i] = d.features.data<float>()[i];
-  fd::NeighborLoader loader(d.adjacency, features, d.labels, d.train, {.batch_size = 20, .fanouts = {5, 3}, .bucket = 1.5});
+  fd::NeighborLoader loader(d.adjacency, features, d.labels, d.train,
+                            {.batch_size = 20, .fanouts = {5, 3}, .bucket = {.ratio = 1.5}});
   const fd::SampledSubgraph sub = loader.sample(4);
-  const fd::PaddedSubgraph padded = fd::pad_subgraph(sub, 1.5);
+  const fd::PaddedSubgraph padded = fd::pad_subgraph(sub, {.ratio = 1.5});
   // The unpadded batch: the same subgraph with no padding at all.
   fd::PaddedSubgraph exact{sub.nodes, sub.blocks, 20, std::int64_t(sub.nodes.size()), 0};
 
@@ -118,8 +119,8 @@ TEST_CASE("padding a sampled batch to size buckets changes no bit a real node co
   CHECK(std::equal(sub.nodes.begin(), sub.nodes.begin() + 20, padded.nodes.begin()));
   CHECK(std::count(padded.nodes.begin(), padded.nodes.end(), -1) == std::int64_t(padded.nodes.size() - sub.nodes.size()));
   for (std::size_t l = 0; l < 2; ++l) {
-    CHECK(padded.blocks[l].nnz() == fd::geometric_bucket(sub.blocks[l].nnz(), 1.5));
-    CHECK(padded.blocks[l].cols == fd::geometric_bucket(padded.blocks[l].cols, 1.5));
+    CHECK(padded.blocks[l].nnz() == fd::BucketRule{.ratio = 1.5}.bucket(sub.blocks[l].nnz()));
+    CHECK(padded.blocks[l].cols == fd::BucketRule{.ratio = 1.5}.bucket(padded.blocks[l].cols));
     padded.blocks[l].validate("padded block");
   }
 
@@ -163,7 +164,7 @@ TEST_CASE("GraphSAGE on sampled batches: within a budget under the feature matri
   // A weak feature signal, so the neighbours carry most of the task.
   const fd::NodeClassification d = small_graph(20000, 0.25, 3);
   const std::size_t feature_bytes = d.features.nbytes();
-  const fd::NeighborLoaderOptions lo{.batch_size = 64, .fanouts = {8, 4}, .bucket = 1.25, .seed = 5};
+  const fd::NeighborLoaderOptions lo{.batch_size = 64, .fanouts = {8, 4}, .bucket = {.ratio = 1.25}, .seed = 5};
   fd::NeighborLoaderOptions alone = lo;  // no neighbours: each node classified from its own features
   alone.fanouts = {0, 0};
   auto specs = fd::sampled_input_specs(2);

@@ -7,8 +7,8 @@
 // counts, and a frugal step is planned for fixed shapes. The batch's blocks
 // and its gathered features therefore enter the step as inputs (not as
 // constants bound at capture, as a full-graph adjacency is), padded up to a
-// size bucket: every count rounds up to the next of 64·r^k (r = bucket
-// ratio), so all batches of a run fall into a few shapes, each planned once
+// size bucket: every count rounds up to the next of 64·r^k (a BucketRule,
+// as batches of many graphs use), so all batches of a run fall into a few shapes, each planned once
 // and cached (ShapeCache plans one step per shape within one shared budget).
 //
 // Why padding changes nothing. Padding nodes get zero features and no
@@ -43,20 +43,12 @@
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
 #include "../runtime/compile.hpp"
+#include "bucket_padding.hpp"
 #include "graph.hpp"
 #include "neighbor_sampler.hpp"
 #include "sampler.hpp"
 
 namespace frugal::data {
-
-// The next size of the series base, ceil(base·r), ceil(ceil(base·r)·r), ...
-// at or above n.
-inline std::int64_t geometric_bucket(std::int64_t n, double ratio, std::int64_t base = 64) {
-  if (!(ratio > 1.0)) fail<DataError>("geometric_bucket: the bucket ratio must exceed 1, got ", ratio);
-  std::int64_t b = base;
-  while (b < n) b = std::max(b + 1, std::int64_t(std::ceil(double(b) * ratio)));
-  return b;
-}
 
 // A sampled subgraph padded to bucket sizes.
 struct PaddedSubgraph {
@@ -70,7 +62,7 @@ struct PaddedSubgraph {
 // followed by padding nodes up to the bucket of the layer's source count
 // (always at least one, so padding entries have a column to point at); each
 // block's entries are padded to the bucket of its entry count.
-inline PaddedSubgraph pad_subgraph(const SampledSubgraph& s, double ratio) {
+inline PaddedSubgraph pad_subgraph(const SampledSubgraph& s, const BucketRule& rule) {
   const std::size_t L = s.blocks.size();
   if (L == 0) fail<DataError>("pad_subgraph: the subgraph has no layers");
   // real[k]: nodes reached within k hops of the seeds (real[0] = the seeds),
@@ -82,7 +74,7 @@ inline PaddedSubgraph pad_subgraph(const SampledSubgraph& s, double ratio) {
     if (real[k] < real[k - 1] || s.blocks[L - k].rows != real[k - 1])
       fail<DataError>("pad_subgraph: block ", L - k, " is [", s.blocks[L - k].rows, ", ", s.blocks[L - k].cols,
                       "]; its destinations must be the sources of the block after it, and lead its own sources");
-    padded[k] = geometric_bucket(padded[k - 1] + (real[k] - real[k - 1]) + 1, ratio);
+    padded[k] = rule.bucket(padded[k - 1] + (real[k] - real[k - 1]) + 1);
   }
   if (std::int64_t(s.nodes.size()) != real[L])
     fail<DataError>("pad_subgraph: ", s.nodes.size(), " nodes, but the input layer's block has ", real[L], " sources");
@@ -107,10 +99,10 @@ inline PaddedSubgraph pad_subgraph(const SampledSubgraph& s, double ratio) {
       c.row_ptr[std::size_t(position(i) + 1)] = b.row_ptr[std::size_t(i + 1)] - b.row_ptr[std::size_t(i)];
     for (std::int64_t i = 0; i < rows; ++i) c.row_ptr[std::size_t(i + 1)] += c.row_ptr[std::size_t(i)];
     // Positions keep the order of rows and columns, so entries stay sorted.
-    c.col.reserve(std::size_t(geometric_bucket(b.nnz(), ratio)));
+    c.col.reserve(std::size_t(rule.bucket(b.nnz())));
     for (std::int64_t p = 0; p < b.nnz(); ++p) c.col.push_back(position(b.col[std::size_t(p)]));
     c.values = b.values;
-    const std::int64_t entries = geometric_bucket(b.nnz(), ratio);
+    const std::int64_t entries = rule.bucket(b.nnz());
     while (c.nnz() < entries) {  // value 0, last row, last (a padding) column: sorted, and adds nothing
       c.col.push_back(cols - 1);
       c.values.push_back(0.0);
@@ -225,7 +217,7 @@ inline std::vector<Tensor> sampled_step_inputs(const PaddedSubgraph& p, const Te
 struct NeighborLoaderOptions {
   std::int64_t batch_size = 1024;             // seeds per batch; an epoch drops its last partial batch
   std::vector<std::int64_t> fanouts{10, 5};  // per layer, the input layer first (PyG's num_neighbors)
-  double bucket = 1.1;                       // the ratio of the size buckets
+  BucketRule bucket{.ratio = 1.1};           // the size buckets (bucket_padding.hpp)
   std::uint64_t seed = 0;
 };
 
