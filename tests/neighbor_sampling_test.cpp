@@ -100,6 +100,9 @@ TEST_CASE("neighbour batches: real edges, fanouts kept, every target once an epo
   CHECK(loader.seeds(0) != loader.seeds(steps));
   fd::NeighborLoader other(d.adjacency, d.features, d.labels, d.train, {.batch_size = 50, .fanouts = fanouts, .seed = 8});
   CHECK(other.seeds(0) != loader.seeds(0));
+  // Too few targets for one batch: named at construction.
+  CHECK_THROWS_WITH(fd::NeighborLoader(d.adjacency, d.features, d.labels, {1, 2}, {.batch_size = 50}),
+                    Catch::Contains("2 target nodes cannot make a batch of 50"));
 }
 
 TEST_CASE("padding a sampled batch to size buckets leaves its loss and gradients as they were (float64)",

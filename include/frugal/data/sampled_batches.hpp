@@ -237,7 +237,7 @@ class NeighborLoader {
   NeighborLoader(const Csr& graph, const Tensor& features, const Tensor& labels, std::vector<std::int64_t> targets,
                  NeighborLoaderOptions o)
       : graph_(graph), features_(features), labels_(labels), targets_(std::move(targets)), o_(std::move(o)),
-        epochs_(std::int64_t(targets_.size()), o_.batch_size, o_.seed) {
+        epochs_(checked_targets(targets_, o_), o_.batch_size, o_.seed) {
     if (o_.fanouts.empty()) fail<DataError>("NeighborLoader: needs at least one layer's fanout");
     if (features.shape().rank() != 2 || features.shape()[0] != graph.rows)
       fail<DataError>("NeighborLoader: features ", features.shape().str(), " must have one row per graph node (",
@@ -272,6 +272,13 @@ class NeighborLoader {
   }
 
  private:
+  static std::int64_t checked_targets(const std::vector<std::int64_t>& t, const NeighborLoaderOptions& o) {
+    if (o.batch_size <= 0 || std::int64_t(t.size()) < o.batch_size)
+      fail<DataError>("NeighborLoader: ", t.size(), " target nodes cannot make a batch of ", o.batch_size,
+                      " seeds; lower batch_size (an epoch drops its last partial batch)");
+    return std::int64_t(t.size());
+  }
+
   const Csr& graph_;
   const Tensor& features_;
   const Tensor& labels_;
