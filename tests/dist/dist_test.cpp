@@ -7,6 +7,8 @@
 //                           under a budget; per-rank checkpoints of stage 3
 //   dist_test reshard-save DIR, then reshard-load DIR (reshard_test.cmake): gpt saved at 4 ranks and
 //                           stage 3 as one gathered checkpoint, resumed at 2 ranks and stage 1
+//   dist_test graphs        2 ranks: packed batches of track events, padded to the ranks' common bucket, trained
+//                           data-parallel through a ShapeCache, against one process on both batches
 //   dist_test local         one process: dist::local() trains bit for bit as no communicator
 //   dist_test stop|kill     rank 1 stops (SIGSTOP) or dies (SIGKILL) before its first step: rank 0's
 //                           gradient all-reduce fails naming itself within the timeout, and the job ends
@@ -22,9 +24,14 @@
 #include <cstdio>
 #include <cstring>
 #include <frugal/dist/local.hpp>
+#include <frugal/data/balanced_batches.hpp>
+#include <frugal/data/bucket_padding.hpp>
+#include <frugal/data/track_graphs.hpp>
 #include <frugal/dist/mpi.hpp>
 #include <frugal/frugal.hpp>
+#include <frugal/nn/edge_classifier.hpp>
 #include <iostream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -1044,6 +1051,143 @@ void local() {
           "clip_grad_norm");
 }
 
+// Packed batches of many graphs over real ranks (issue 19): each rank trains
+// its own batch of the step, padded to the ranks' common bucket
+// (data::pad_to_common_bucket), through a ShapeCache whose steps all-reduce
+// the gradients. Two ranks (the reference below takes both batches in one
+// graph). Checked: every rank holds the same parameter bits; the ranks'
+// batches differ and together visit every training event once an epoch; the
+// parameters are those of one process stepping on the mean of the two
+// batches' losses, within a derived tolerance; each rank's steps stay
+// within the device budget it was given.
+void graphs(const std::shared_ptr<dist::Mpi>& c) {
+  const int n = c->size(), me = c->rank();
+  if (n != 2) {
+    check(false, cat("graphs runs on 2 ranks, not ", n));
+    return;
+  }
+  const std::vector<data::GraphSample> events = data::track_graphs({.events = 40, .seed = 7});
+  const std::int64_t G = std::int64_t(events.size());
+  // Any deterministic size measure serves the sampler here (every rank
+  // computes the same batches); bench/track_training.cpp packs by the
+  // planner's bytes.
+  const data::BatchBytes size_of = [&](std::span<const std::int64_t> ids) {
+    std::size_t s = 0;
+    for (std::int64_t g : ids) s += std::size_t(events[std::size_t(g)].nodes() + 4 * events[std::size_t(g)].edges());
+    return s;
+  };
+  std::size_t largest = 0;
+  for (std::int64_t g = 0; g < G; ++g) largest = std::max(largest, size_of(std::span<const std::int64_t>(&g, 1)));
+  const data::BatchOptions bo{.strategy = data::BatchStrategy::packed, .budget = largest, .ranks = 2, .seed = 3};
+  const data::BucketRule rule{.ratio = 1.25};
+  const Budget budget{.device = 64u << 20};
+  constexpr std::int64_t hidden = 16, epochs = 2;
+
+  struct Run {
+    std::vector<Tensor> params;
+    std::vector<float> losses;
+    std::size_t most_bytes = 0;
+    std::int64_t steps = 0;
+  };
+  // data_parallel: this rank's batch, gradients averaged over the ranks.
+  // Otherwise (reference, one process): both batches in one step, the mean
+  // of their two losses; or (alone) this rank's batch only, never averaged.
+  enum class Mode { data_parallel, reference, alone };
+  auto run = [&](Mode mode) {
+    nn::manual_seed(17);
+    nn::EdgeClassifier model(3, 3, hidden);
+    optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+    CompileOptions o;
+    o.threads = 1;
+    if (mode == Mode::data_parallel) o.communicator = c;
+    auto one = [&](Var x, Var s, Var d, Var e, Var y) { return model.loss(x, s, d, e, y); };
+    auto both = [&](Var x0, Var s0, Var d0, Var e0, Var y0, Var x1, Var s1, Var d1, Var e1, Var y1) {
+      return (model.loss(x0, s0, d0, e0, y0) + model.loss(x1, s1, d1, e1, y1)) * 0.5;
+    };
+    std::vector<InputSpec> spec{input<float>({1, 3}, "x"), input<std::int32_t>({1}, "src"),
+                                input<std::int32_t>({1}, "dst"), input<float>({1, 3}, "edge_attr"),
+                                input<std::int32_t>({1}, "edge_label")};
+    std::vector<InputSpec> spec2 = spec;
+    spec2.insert(spec2.end(), spec.begin(), spec.end());
+    std::unique_ptr<ShapeCache> cache = mode == Mode::reference ? cache_shapes(both, spec2, opt, budget, o)
+                                                                 : cache_shapes(one, spec, opt, budget, o);
+    Run r;
+    std::vector<std::int64_t> seen;
+    for (std::int64_t ep = 0; ep < epochs; ++ep) {
+      const data::EpochBatches eb = data::epoch_batches(G, size_of, bo, ep);
+      for (std::int64_t s = 0; s < eb.steps(); ++s) {
+        const data::GraphBatch b0 = data::batch_graphs(events, eb.batches[std::size_t(2 * s)]);
+        const data::GraphBatch b1 = data::batch_graphs(events, eb.batches[std::size_t(2 * s + 1)]);
+        if (ep == 0 && mode == Mode::data_parallel)
+          for (std::int64_t g : eb.batches[std::size_t(2 * s + me)]) seen.push_back(g);
+        std::vector<Tensor> in;
+        if (mode == Mode::data_parallel) {
+          in = data::pad_to_common_bucket(me == 0 ? b0 : b1, *c, rule).inputs();
+        } else {
+          // The same common shape, computed without the ranks.
+          const std::int64_t N = std::max(rule.bucket(b0.nodes() + 1), rule.bucket(b1.nodes() + 1));
+          const std::int64_t E = std::max(rule.bucket(b0.edges()), rule.bucket(b1.edges()));
+          in = data::pad_to_size(me == 0 || mode == Mode::reference ? b0 : b1, N, E).inputs();
+          if (mode == Mode::reference)
+            for (const Tensor& t : data::pad_to_size(b1, N, E).inputs()) in.push_back(t);
+        }
+        r.losses.push_back(cache->run(in));
+        r.most_bytes = std::max(r.most_bytes, cache->step_for(in).measured_device_bytes());
+        ++r.steps;
+      }
+    }
+    if (mode == Mode::data_parallel) {
+      // The two ranks' first epochs together: every event once.
+      std::vector<double> mine(seen.begin(), seen.end()), all;
+      double count = double(mine.size()), counts[2];
+      c->all_gather(&count, counts, 1, DType::f64, "test: events per rank");
+      check(counts[0] > 0 && counts[1] > 0, "graphs: both ranks trained on events");
+      // Ragged: gather the larger count, zero-padded (ids are >= 0; pads are -1).
+      const std::size_t most = std::size_t(std::max(counts[0], counts[1]));
+      mine.resize(most, -1);
+      all.resize(2 * most);
+      c->all_gather(mine.data(), all.data(), most, DType::f64, "test: events of each rank");
+      std::vector<std::int64_t> ids;
+      for (double v : all)
+        if (v >= 0) ids.push_back(std::int64_t(v));
+      std::sort(ids.begin(), ids.end());
+      std::vector<std::int64_t> every(static_cast<std::size_t>(G));
+      std::iota(every.begin(), every.end(), std::int64_t(0));
+      check(ids == every, "graphs: in the first epoch the two ranks together train on every event exactly once");
+    }
+    cache->gather_parameters();  // where the planner picked ZeRO stage 3, the shards into the tensors
+    for (const Tensor& t : model.parameters()) r.params.push_back(t.clone());
+    return r;
+  };
+  // The ZeRO stage is the planner's pick for the first shape, and the
+  // cache keeps it for the rest (a step at another stage would train from
+  // stale parameters): unpinned here, so the comparison below checks that.
+  const Run dp = run(Mode::data_parallel);
+  check(dp.steps >= 4, cat("graphs: ", dp.steps, " steps of packed batches per rank"));
+  check(same_on_every_rank(*c, dp.params), "graphs: every rank holds the same parameter bits");
+  check(dp.most_bytes <= budget.device, cat("graphs: each rank's steps held at most ", dp.most_bytes, " device bytes"));
+  const Run ref = run(Mode::reference), alone = run(Mode::alone);
+  // The tolerance. The reference scales each batch's loss by 1/2 before its
+  // backward, data parallelism sums the two gradients and scales after: the
+  // same terms, each gradient element rounded differently by at most a few
+  // units in the last place (2u = 1.2e-7 relative). SGD with momentum 0.9
+  // turns a gradient difference into at most lr * sum 0.9^k < 10 lr = 0.5
+  // per unit over a few steps, and the model's sensitivity to what changed
+  // at most doubles it (ReLU kinks crossed by such a change are rare at
+  // this scale): about 2 * 0.5 * 1.2e-7 * max|g| per step, well under 1e-5
+  // for gradients below 10. Training one rank's batches alone moves the
+  // parameters by orders of magnitude more, so the check can fail.
+  double scale = 0;
+  const double d = max_abs_diff(dp.params, ref.params, &scale);
+  const double d_alone = max_abs_diff(alone.params, ref.params, &scale);
+  check(d <= 1e-5, cat("graphs: data parallel against one process on both batches: max |dp - ref| = ", d, " <= 1e-5"));
+  check(d_alone > 100 * 1e-5, cat("graphs: one rank's batches alone differ by ", d_alone, ", so the check could fail"));
+  if (me == 0)
+    std::cout << "graphs, 2 ranks, " << dp.steps << " steps: max |data parallel - one process| = " << d
+              << " (bound 1e-5), one rank alone " << d_alone << "; losses " << dp.losses.front() << " -> "
+              << dp.losses.back() << "\n";
+}
+
 // Rank 1 stops or dies after compiling, before its first step; rank 0 must
 // fail in the gradient all-reduce within the timeout, and say so.
 void fault(const std::shared_ptr<dist::Mpi>& c, int signal) {
@@ -1069,15 +1213,17 @@ int main(int argc, char** argv) {
       my_rank = c->rank();
       if (mode == "reshard-save") reshard_save(c, argv[2]);
       else reshard_load(c, argv[2]);
-    } else if (mode == "collectives" || mode == "train" || mode == "zero" || mode == "stop" || mode == "kill") {
+    } else if (mode == "collectives" || mode == "train" || mode == "zero" || mode == "graphs" || mode == "stop" ||
+               mode == "kill") {
       auto c = dist::Mpi::world({.timeout_seconds = mode == "stop" || mode == "kill" ? 3.0 : 120.0});
       my_rank = c->rank();
       if (mode == "collectives") collectives(*c);
       else if (mode == "train") train(c);
       else if (mode == "zero") zero(c);
+      else if (mode == "graphs") graphs(c);
       else fault(c, mode == "stop" ? SIGSTOP : SIGKILL);
     } else {
-      std::cerr << "usage: dist_test collectives|train|zero|local|stop|kill, or reshard-save|reshard-load DIR\n";
+      std::cerr << "usage: dist_test collectives|train|zero|graphs|local|stop|kill, or reshard-save|reshard-load DIR\n";
       return 2;
     }
   } catch (const std::exception& e) {

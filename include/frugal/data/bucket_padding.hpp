@@ -37,6 +37,7 @@
 
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/collective.hpp"
 #include "graph_batch.hpp"
 
 namespace frugal::data {
@@ -86,15 +87,19 @@ inline Tensor pad_rows(const Tensor& t, std::int64_t rows) {
 
 }  // namespace bucket_padding_detail
 
-// `b` padded to the bucket of its node and edge counts (see the header comment).
-inline PaddedBatch pad_to_bucket(const GraphBatch& b, const BucketRule& rule = {}) {
+// `b` padded to `nodes` nodes and `edges` edges (see the header comment):
+// at least one padding node (nodes > b.nodes()) and edges >= b.edges().
+inline PaddedBatch pad_to_size(const GraphBatch& b, std::int64_t nodes, std::int64_t edges) {
   namespace bp = bucket_padding_detail;
   const std::int64_t N = b.nodes(), E = b.edges();
   if (!b.x.defined() || b.x.shape().rank() != 2 || b.x.shape()[0] != N)
-    fail<DataError>("pad_to_bucket: the batch's node features must be [", N, ", f]");
-  const std::int64_t Np = rule.bucket(N + 1), Ep = rule.bucket(E);
+    fail<DataError>("pad_to_size: the batch's node features must be [", N, ", f]");
+  if (nodes <= N || edges < E)
+    fail<DataError>("pad_to_size: a batch of ", N, " nodes and ", E, " edges cannot be padded to ", nodes, " nodes and ",
+                    edges, " edges (it needs more than ", N, " nodes, for a padding node, and at least ", E, " edges)");
+  const std::int64_t Np = nodes, Ep = edges;
   if (Np > std::numeric_limits<std::int32_t>::max())
-    fail<DataError>("pad_to_bucket: ", Np, " padded nodes do not fit the i32 node ids");
+    fail<DataError>("pad_to_size: ", Np, " padded nodes do not fit the i32 node ids");
   PaddedBatch p;
   p.nodes = N;
   p.edges = E;
@@ -114,6 +119,28 @@ inline PaddedBatch pad_to_bucket(const GraphBatch& b, const BucketRule& rule = {
     p.edge_label = Tensor::from(label, {Ep});
   }
   return p;
+}
+
+// `b` padded to the bucket of its node and edge counts.
+inline PaddedBatch pad_to_bucket(const GraphBatch& b, const BucketRule& rule = {}) {
+  return pad_to_size(b, rule.bucket(b.nodes() + 1), rule.bucket(b.edges()));
+}
+
+// Data parallelism: every rank pads its batch of the step to the largest of
+// the ranks' buckets, node and edge counts each, so that all ranks run one
+// compiled step (a ShapeCache with a communicator plans a shape on every
+// rank at once, and checks they agree) and their collectives match. A
+// collective itself: every rank calls it at every step.
+inline PaddedBatch pad_to_common_bucket(const GraphBatch& b, Communicator& comm, const BucketRule& rule = {}) {
+  const double mine[2] = {double(rule.bucket(b.nodes() + 1)), double(rule.bucket(b.edges()))};
+  std::vector<double> all(2 * std::size_t(comm.size()));
+  comm.all_gather(mine, all.data(), 2, DType::f64, "pad_to_common_bucket: the ranks' batch shapes");
+  double nodes = 0, edges = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    nodes = std::max(nodes, all[2 * std::size_t(r)]);
+    edges = std::max(edges, all[2 * std::size_t(r) + 1]);
+  }
+  return pad_to_size(b, std::int64_t(nodes), std::int64_t(edges));
 }
 
 }  // namespace frugal::data
