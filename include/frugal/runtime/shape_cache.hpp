@@ -19,6 +19,7 @@
 // refused with the bytes it needs.
 #include <list>
 #include <memory>
+#include <optional>
 #include <map>
 #include <string>
 #include <vector>
@@ -71,6 +72,15 @@ class ShapeCache {
     recency_.push_front(key);
     it->second.at = recency_.begin();
     return broker_.step(it->second.id);
+  }
+
+  // ZeRO stage 3 (with a communicator): the steps train the optimizer's
+  // parameter shards, which every cached step shares, and the module's
+  // tensors hold the parameters only once gathered
+  // (Step::gather_parameters, through the most recently run step). A
+  // collective: every rank calls it. Elsewhere a no-op.
+  void gather_parameters() {
+    if (!recency_.empty()) broker_.step(cached_.at(recency_.front()).id).gather_parameters();
   }
 
   std::size_t cached() const { return cached_.size(); }
@@ -138,13 +148,31 @@ class ShapeCache {
 
 // A ShapeCache of training steps: `fn` over inputs typed like `specs`,
 // trained with `opt`, all shapes within `total`.
+//
+// With a communicator and no pinned CompileOptions::zero_stage, the stage is
+// the planner's pick for the first shape at the whole budget, made before
+// anything is compiled and then pinned for every shape and every re-plan.
+// The steps share the optimizer's state, and that state's layout is the
+// stage's (a stage-3 step trains the parameter shards where a lower stage
+// trains the whole tensors; a sharded stage keeps the momentum of a shard):
+// a step planned at another stage, even a trial one, gives the optimizer
+// state of another layout, and the cached steps would part ways.
 template <class Fn>
 std::unique_ptr<ShapeCache> cache_shapes(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, Budget total,
                                          CompileOptions o = {}, std::size_t max_steps = 8) {
+  auto stage = std::make_shared<std::optional<int>>(o.zero_stage);
+  auto options = [fn, &opt, o, total, stage](const std::vector<InputSpec>& s) {
+    if (o.communicator && !*stage) *stage = plan_training(fn, s, opt, total, o).plan.zero_stage;
+    CompileOptions c = o;
+    c.zero_stage = *stage;
+    return c;
+  };
   return std::make_unique<ShapeCache>(
       std::move(total), std::move(specs),
-      [fn, &opt, o](const std::vector<InputSpec>& s, const Budget& b) { return compile(fn, s, opt, b, o); },
-      [fn, &opt, o](const std::vector<InputSpec>& s, const Budget& b) { return plan_training(fn, s, opt, b, o); },
+      [fn, &opt, options](const std::vector<InputSpec>& s, const Budget& b) { return compile(fn, s, opt, b, options(s)); },
+      [fn, &opt, options](const std::vector<InputSpec>& s, const Budget& b) {
+        return plan_training(fn, s, opt, b, options(s));
+      },
       max_steps);
 }
 
