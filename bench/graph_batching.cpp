@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
   const std::size_t budget = hi;
 
   std::vector<Row> rows;
-  for (data::BatchStrategy s : {data::BatchStrategy::random, data::BatchStrategy::sorted, data::BatchStrategy::packed}) {
+  for (data::BatchStrategy s : {data::BatchStrategy::random, data::BatchStrategy::sorted, data::BatchStrategy::packed,
+                                data::BatchStrategy::mixed}) {
     Row row;
     row.name = data::strategy_name(s);
     data::BatchOptions o{.strategy = s, .graphs_per_batch = per_batch, .budget = budget, .ranks = ranks, .seed = seed};

@@ -2,8 +2,7 @@
 // nn/edge_classifier.hpp trained on synthetic track events
 // (data/track_graphs.hpp) for the same number of epochs under each batch
 // strategy of data/balanced_batches.hpp (random, sorted, packed: first-fit
-// decreasing) and one more, mixed (first-fit in random order; see
-// mixed_packed below for why), every batch padded to its size
+// decreasing, and mixed: first-fit in random order), every batch padded to its size
 // bucket (data/bucket_padding.hpp) and run through a ShapeCache, one
 // compiled step per bucket shape. bench/graph_batching.cpp predicts the
 // bytes; this one runs the steps and measures them.
@@ -150,40 +149,6 @@ class Evaluator {
   std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Step>> steps_;
 };
 
-// "mixed": first-fit in a seeded random order instead of decreasing size.
-// Every batch stays within the budget, as packed's, but mixes events of all
-// sizes, as random's do: packed (first-fit decreasing) puts the largest
-// events in batches of their own and the smallest together, and in track
-// events the share of fake edges grows with the event's size, so its
-// batches differ in their label mix from step to step. The batches' order
-// is random; the last step is padded with empty batches to R.
-data::EpochBatches mixed_packed(std::int64_t graphs, const data::BatchBytes& bytes_of, std::size_t budget,
-                                std::int64_t ranks, std::uint64_t seed, std::int64_t epoch) {
-  Rng r(seed, 0x313ed000u + std::uint64_t(epoch));
-  std::vector<std::int64_t> order(static_cast<std::size_t>(graphs));
-  for (std::int64_t g = 0; g < graphs; ++g) order[std::size_t(g)] = g;
-  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[r.below(i)]);
-  data::EpochBatches e;
-  e.ranks = ranks;
-  for (std::int64_t g : order) {
-    bool placed = false;
-    for (std::size_t b = 0; b < e.batches.size() && !placed; ++b) {
-      e.batches[b].push_back(g);
-      const std::size_t with = bytes_of(e.batches[b]);
-      if (with <= budget) e.bytes[b] = with, placed = true;
-      else e.batches[b].pop_back();
-    }
-    if (!placed) e.batches.push_back({g}), e.bytes.push_back(bytes_of(e.batches.back()));
-  }
-  for (std::size_t i = e.batches.size(); i > 1; --i) {
-    const std::size_t j = r.below(i);
-    std::swap(e.batches[i - 1], e.batches[j]);
-    std::swap(e.bytes[i - 1], e.bytes[j]);
-  }
-  while (e.batches.size() % std::size_t(ranks) != 0) e.batches.emplace_back(), e.bytes.push_back(0);
-  return e;
-}
-
 struct Row {
   std::string name;
   std::int64_t per_batch = 0;  // 0: packed (as many as fit)
@@ -262,13 +227,13 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   for (const std::string name : {"random", "sorted", "packed", "mixed"}) {
-    const bool mixed = name == "mixed";
     const data::BatchStrategy strategy = name == "random"   ? data::BatchStrategy::random
                                          : name == "sorted" ? data::BatchStrategy::sorted
-                                                            : data::BatchStrategy::packed;
+                                         : name == "packed" ? data::BatchStrategy::packed
+                                                            : data::BatchStrategy::mixed;
     Row row;
     row.name = name;
-    row.per_batch = strategy == data::BatchStrategy::packed ? 0 : per_batch;
+    row.per_batch = strategy == data::BatchStrategy::packed || strategy == data::BatchStrategy::mixed ? 0 : per_batch;
     row.rank_peak.assign(std::size_t(ranks), 0);
     for (std::size_t i = 0; i < params.size(); ++i) std::memcpy(params[i].raw(), initial[i].raw(), params[i].nbytes());
     optim::AdamW opt(params, {.lr = lr});
@@ -282,8 +247,7 @@ int main(int argc, char** argv) {
     double spread_sum = 0;
     std::size_t spread_steps = 0;
     for (std::int64_t ep = 0; ep < epochs; ++ep) {
-      const data::EpochBatches e =
-          mixed ? mixed_packed(G, bytes_of, budget, ranks, seed, ep) : data::epoch_batches(G, bytes_of, o, ep);
+      const data::EpochBatches e = data::epoch_batches(G, bytes_of, o, ep);
       std::vector<std::size_t> measured(e.batches.size(), 0);
       double loss_sum = 0;
       std::size_t nonempty = 0;

@@ -202,14 +202,15 @@ void check_exactly_once(const fd::EpochBatches& e, std::int64_t graphs) {
   CHECK(e.batches.size() % std::size_t(e.ranks) == 0);
 }
 
-TEST_CASE("batch samplers: every graph once per epoch, packed batches within the budget, over R ranks",
+TEST_CASE("batch samplers: every graph once per epoch, packed and mixed batches within the budget, over R ranks",
           "[graph_batch][sampler]") {
   const Sizes s(300);
   const fd::BatchBytes bytes = s.bytes();
   const std::int64_t G = 300;
   const std::size_t budget = 2 * s.largest_alone();
   for (std::int64_t ranks : {1, 4, 7}) {
-    for (fd::BatchStrategy strategy : {fd::BatchStrategy::random, fd::BatchStrategy::sorted, fd::BatchStrategy::packed}) {
+    for (fd::BatchStrategy strategy : {fd::BatchStrategy::random, fd::BatchStrategy::sorted, fd::BatchStrategy::packed,
+                                       fd::BatchStrategy::mixed}) {
       INFO(fd::strategy_name(strategy) << " over " << ranks << " ranks");
       fd::BatchOptions o{.strategy = strategy, .graphs_per_batch = 16, .budget = budget, .ranks = ranks, .seed = 3};
       for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
@@ -217,7 +218,7 @@ TEST_CASE("batch samplers: every graph once per epoch, packed batches within the
         check_exactly_once(e, G);
         for (std::size_t b = 0; b < e.batches.size(); ++b)
           if (!e.batches[b].empty()) CHECK(e.bytes[b] == bytes(e.batches[b]));
-        if (strategy == fd::BatchStrategy::packed)
+        if (strategy == fd::BatchStrategy::packed || strategy == fd::BatchStrategy::mixed)
           for (std::size_t b = 0; b < e.batches.size(); ++b) CHECK(e.bytes[b] <= budget);
         if (strategy == fd::BatchStrategy::random) {  // what the packing avoids: this budget is exceeded
           CHECK(*std::max_element(e.bytes.begin(), e.bytes.end()) > budget);
@@ -241,7 +242,8 @@ TEST_CASE("batch samplers are deterministic per (seed, epoch) and differ across 
   const Sizes s(200);
   const fd::BatchBytes bytes = s.bytes();
   const std::size_t budget = 2 * s.largest_alone();
-  for (fd::BatchStrategy strategy : {fd::BatchStrategy::random, fd::BatchStrategy::sorted, fd::BatchStrategy::packed}) {
+  for (fd::BatchStrategy strategy : {fd::BatchStrategy::random, fd::BatchStrategy::sorted, fd::BatchStrategy::packed,
+                                     fd::BatchStrategy::mixed}) {
     INFO(fd::strategy_name(strategy));
     fd::BatchOptions o{.strategy = strategy, .graphs_per_batch = 12, .budget = budget, .ranks = 4, .seed = 11};
     const fd::EpochBatches e1 = fd::epoch_batches(200, bytes, o, 1);
@@ -250,6 +252,36 @@ TEST_CASE("batch samplers are deterministic per (seed, epoch) and differ across 
     o.seed = 12;
     CHECK(fd::epoch_batches(200, bytes, o, 1).batches != e1.batches);
   }
+}
+
+TEST_CASE("mixed batches hold graphs of all sizes where packed ones sort them, under the same budget",
+          "[graph_batch][sampler]") {
+  // What mixed is for: first-fit decreasing gives the largest graphs
+  // batches of their own and packs the smallest together, so a batch's
+  // typical graph size swings from batch to batch; first-fit in random order
+  // fills each batch with graphs of all sizes. Measured as the spread
+  // (coefficient of variation) over batches of each batch's median graph
+  // bytes: it must be clearly smaller for mixed.
+  const Sizes s(400);
+  const fd::BatchBytes bytes = s.bytes();
+  const std::size_t budget = 2 * s.largest_alone();
+  auto spread = [&](fd::BatchStrategy strategy) {
+    const fd::EpochBatches e = fd::epoch_batches(400, bytes, {.strategy = strategy, .budget = budget, .seed = 5}, 0);
+    std::vector<double> medians;
+    for (const auto& batch : e.batches) {
+      std::vector<double> own;
+      for (std::int64_t g : batch) own.push_back(double(bytes(std::vector<std::int64_t>{g})));
+      std::sort(own.begin(), own.end());
+      medians.push_back(own[own.size() / 2]);
+    }
+    double mean = 0, var = 0;
+    for (double m : medians) mean += m / double(medians.size());
+    for (double m : medians) var += (m - mean) * (m - mean) / double(medians.size());
+    return std::sqrt(var) / mean;
+  };
+  const double packed = spread(fd::BatchStrategy::packed), mixed = spread(fd::BatchStrategy::mixed);
+  INFO("spread of batch medians: packed " << packed << ", mixed " << mixed);
+  CHECK(mixed < packed / 2);
 }
 
 // ---- padding to size buckets -----------------------------------------------

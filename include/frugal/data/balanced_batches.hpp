@@ -16,13 +16,23 @@
 //     else into a new batch; then the batches' order shuffled. No packed
 //     batch is predicted over the budget, as the callback says for that very
 //     batch (no additivity assumed); a graph over the budget alone is a
-//     DataError naming it.
-// With R ranks, batch b runs at step b / R on rank b % R. packed and sorted
-// put batches of similar predicted bytes in one step (packed sorts its
-// batches by bytes, groups R neighbours into a step, shuffles the steps),
-// so ranks that wait for each other wait less; packed splits its fullest
-// batches until there are a multiple of R, and random and sorted pad the
-// last step with empty batches (that rank sits the step out).
+//     DataError naming it;
+//   - mixed: the same first-fit within `budget`, but over the graphs in a
+//     seeded random order instead of largest first. The peak is bounded as
+//     packed's, and each batch mixes graphs of all sizes as random's do.
+//     Train with this one: first-fit decreasing puts the largest graphs in
+//     batches of their own and the smallest together, so where a graph's
+//     size says something about its labels (in track events the share of
+//     fake edges grows with the event) its batches' label mix swings from
+//     step to step and training slows (bench/track_training.cpp: at equal
+//     epochs packed reached F1 0.74 where random and mixed reached 0.95).
+// With R ranks, batch b runs at step b / R on rank b % R. packed, mixed and
+// sorted put batches of similar predicted bytes in one step (packed and
+// mixed sort their batches by bytes, group R neighbours into a step, shuffle
+// the steps), so ranks that wait for each other wait less; packed and mixed
+// split their fullest batches until there are a multiple of R, and random
+// and sorted pad the last step with empty batches (that rank sits the step
+// out).
 //
 // Every epoch visits every graph exactly once, and an epoch's batches
 // depend only on (seed, epoch): a resumed run sees the same batches.
@@ -39,19 +49,22 @@
 
 namespace frugal::data {
 
-enum class BatchStrategy { random, sorted, packed };
+enum class BatchStrategy { random, sorted, packed, mixed };
 
 inline const char* strategy_name(BatchStrategy s) {
-  return s == BatchStrategy::random ? "random" : s == BatchStrategy::sorted ? "sorted" : "packed";
+  return s == BatchStrategy::random   ? "random"
+         : s == BatchStrategy::sorted ? "sorted"
+         : s == BatchStrategy::packed ? "packed"
+                                      : "mixed";
 }
 
 // The predicted device bytes of a batch of these graphs (dataset indices).
 using BatchBytes = std::function<std::size_t(std::span<const std::int64_t>)>;
 
 struct BatchOptions {
-  BatchStrategy strategy = BatchStrategy::packed;
+  BatchStrategy strategy = BatchStrategy::mixed;
   std::int64_t graphs_per_batch = 16;  // random and sorted
-  std::size_t budget = 0;              // packed: the most bytes a batch may be predicted to need
+  std::size_t budget = 0;              // packed and mixed: the most bytes a batch may be predicted to need
   std::int64_t ranks = 1;
   std::uint64_t seed = 0;
 };
@@ -107,11 +120,13 @@ inline EpochBatches epoch_batches(std::int64_t graphs, const BatchBytes& bytes_o
   if (graphs < 1) fail<DataError>("epoch_batches: no graphs to batch");
   if (o.ranks < 1) fail<DataError>("epoch_batches: ranks must be at least 1, got ", o.ranks);
   if (!bytes_of) fail<DataError>("epoch_batches: needs a callback for the predicted bytes of a batch");
-  if (o.strategy != BatchStrategy::packed && o.graphs_per_batch < 1)
+  const bool by_budget = o.strategy == BatchStrategy::packed || o.strategy == BatchStrategy::mixed;
+  if (!by_budget && o.graphs_per_batch < 1)
     fail<DataError>("epoch_batches: ", strategy_name(o.strategy), " batching needs graphs_per_batch >= 1, got ",
                     o.graphs_per_batch);
-  if (o.strategy == BatchStrategy::packed && o.budget == 0)
-    fail<DataError>("epoch_batches: packed batching needs a budget in bytes (BatchOptions::budget)");
+  if (by_budget && o.budget == 0)
+    fail<DataError>("epoch_batches: ", strategy_name(o.strategy),
+                    " batching needs a budget in bytes (BatchOptions::budget)");
   Rng r(o.seed, 0xba7c0000u + std::uint64_t(epoch));
   EpochBatches e;
   e.ranks = o.ranks;
@@ -119,7 +134,7 @@ inline EpochBatches epoch_batches(std::int64_t graphs, const BatchBytes& bytes_o
   bd::shuffle(order, r);
   auto one = [&](std::int64_t g) { return bytes_of(std::span<const std::int64_t>(&g, 1)); };
 
-  if (o.strategy != BatchStrategy::packed) {
+  if (!by_budget) {
     if (o.strategy == BatchStrategy::sorted) {
       std::vector<std::size_t> alone(static_cast<std::size_t>(graphs));
       for (std::int64_t g = 0; g < graphs; ++g) alone[std::size_t(g)] = one(g);
@@ -136,7 +151,8 @@ inline EpochBatches epoch_batches(std::int64_t graphs, const BatchBytes& bytes_o
     return e;
   }
 
-  // packed: first-fit decreasing, ties in the shuffled order.
+  // packed: first-fit decreasing, ties in the shuffled order; mixed:
+  // first-fit in the shuffled order.
   std::vector<std::size_t> alone(static_cast<std::size_t>(graphs));
   for (std::int64_t g = 0; g < graphs; ++g) {
     alone[std::size_t(g)] = one(g);
@@ -145,8 +161,9 @@ inline EpochBatches epoch_batches(std::int64_t graphs, const BatchBytes& bytes_o
                       " bytes, over the budget of ", o.budget,
                       " per batch; raise the budget or leave the graph out (or split it)");
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::int64_t a, std::int64_t b) { return alone[std::size_t(a)] > alone[std::size_t(b)]; });
+  if (o.strategy == BatchStrategy::packed)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int64_t a, std::int64_t b) { return alone[std::size_t(a)] > alone[std::size_t(b)]; });
   for (std::int64_t g : order) {
     bool placed = false;
     for (std::size_t b = 0; b < e.batches.size() && !placed; ++b) {
