@@ -180,6 +180,7 @@ std::vector<Tensor> mlp_batch(int s, std::int64_t first, std::int64_t rows) {
 struct Trained {
   std::vector<float> losses;
   std::vector<Tensor> params;
+  std::vector<Tensor> state;           // the optimizer's state tensors after training (Optimizer::state)
   std::size_t planned = 0, least = 0;  // the plan's total bytes; its smallest feasible budget
   Step::Audit audit;                   // of the last step, where asked
   int stage = -1;                      // the ZeRO stage the plan runs at
@@ -266,6 +267,7 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
   }
   step.gather_parameters();  // stage 3 trained the shards; elsewhere a no-op
   t.params = m.parameters();
+  for (const auto& st : opt.state()) t.state.push_back(st.tensor.clone());
   return t;
 }
 
@@ -631,6 +633,22 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
             "mlp: the chosen stage under the budget trains bit for bit as stage 0 unconstrained");
     } else {
       check(false, cat("mlp: ranks' stage-1 budgets (max ", budget, ") leave stage 0 (", least0, ") nothing to refuse"));
+    }
+    // One byte under stage 0's unconstrained bytes, left to choose: the
+    // planner tries every stage, and where it keeps stage 0 the optimizer
+    // state it reports (what a checkpoint saves) must be the state that
+    // stage's step trained, not a sharded stage's tried on the way.
+    {
+      Trained chosen = train_mlp(c, me * rows, rows, steps, Budget{.device = planned0 - 1}, false, std::nullopt, true, {}, false);
+      Trained pinned = train_mlp(c, me * rows, rows, steps, Budget{.device = planned0 - 1}, false, chosen.stage, true, {}, false);
+      check(chosen.zero_reason.find("stage 1") != std::string::npos,
+            cat("mlp: one byte under stage 0's unconstrained bytes the planner priced the other stages: ", chosen.zero_reason));
+      bool same = chosen.state.size() == pinned.state.size() && !chosen.state.empty();
+      for (std::size_t k = 0; same && k < chosen.state.size(); ++k)
+        same = chosen.state[k].shape() == pinned.state[k].shape() &&
+               same_bytes(chosen.state[k].raw(), pinned.state[k].raw(), chosen.state[k].nbytes());
+      check(same, cat("mlp: at the stage the planner chose (", chosen.stage,
+                      ") the optimizer holds the state that stage's step trained, as a run pinned to it does"));
     }
     // Left to choose the stage and offload, one byte under what stage 0
     // needs without offload, the planner fits (a higher stage, the momentum
