@@ -8,11 +8,12 @@
 //   cmake --build build --target sampled_training
 //   nice -n 10 build/bench/sampled_training [--nodes 2000000] [--batch 1024] [--fanouts 10,5]
 //       [--hidden 64] [--epochs 2] [--budget-mib 32] [--signal 0.25] [--bucket 1.1] [--eval 16384]
-//       [--order original|halo|rcm] [--threads 1] [--seed 0]
+//       [--order original|halo|rcm] [--threads 1] [--loaders 1] [--seed 0]
 //
 // What it prints, per epoch: steps, wall time, the time the training loop
-// waited for the loader (sampling and gather overlapped by OneAhead, one
-// batch ahead) against the time the loader worked, the steps' share of the
+// waited for the loader (sampling and gather made ahead by data::Prefetch
+// on --loaders threads, that many batches ahead) against the time the
+// loader worked (summed over its threads), the steps' share of the
 // time, the device bytes all cached steps held together (measured: each
 // arena's high-water mark and the persistents on the device) against the
 // budget, and the shapes compiled and evicted. Then the accuracy on --eval
@@ -58,7 +59,7 @@ struct Sage : nn::Module {
 };
 
 struct Options {
-  std::int64_t nodes = 2'000'000, batch = 1024, hidden = 64, epochs = 2, eval = 16384, threads = 1;
+  std::int64_t nodes = 2'000'000, batch = 1024, hidden = 64, epochs = 2, eval = 16384, threads = 1, loaders = 1;
   std::vector<std::int64_t> fanouts{10, 5};
   double budget_mib = 32, signal = 0.25, bucket = 1.1;
   std::string order = "original";
@@ -112,8 +113,8 @@ class Trainer {
     EpochReport r;
     const std::int64_t first = e * steps_per_epoch(), n = steps_per_epoch();
     const auto t0 = Clock::now();
-    std::optional<fd::OneAhead<Made>> ahead;
-    if (overlap) ahead.emplace([this](std::int64_t s) { return make(s, false); }, first);
+    std::optional<fd::Prefetch<Made>> ahead;
+    if (overlap) ahead.emplace([this](std::int64_t s) { return make(s, false); }, first, int(o_.loaders));
     for (std::int64_t s = first; s < first + n; ++s) {
       const auto w = Clock::now();
       Made m = overlap ? ahead->next() : make(s, false);
@@ -201,6 +202,7 @@ int main(int argc, char** argv) try {
     else if (a == "--epochs") o.epochs = std::atoll(v);
     else if (a == "--eval") o.eval = std::atoll(v);
     else if (a == "--threads") o.threads = std::atoll(v);
+    else if (a == "--loaders") o.loaders = std::atoll(v);
     else if (a == "--fanouts") o.fanouts = parse_list(v);
     else if (a == "--budget-mib") o.budget_mib = std::atof(v);
     else if (a == "--signal") o.signal = std::atof(v);
@@ -242,10 +244,11 @@ int main(int argc, char** argv) try {
               static_cast<long long>(d.features.shape()[1]), mib(double(d.features.nbytes())),
               static_cast<long long>(d.classes), d.train.size(), d.test.size(), gen_s, o.order.c_str(), order_s);
   std::printf("GraphSAGE: 2 layers, hidden %lld, batch %lld seeds, fanouts %lld,%lld, AdamW lr 0.01; device budget "
-              "%.1f MiB (%.1f%% of the feature matrix); size buckets x%.2f; %lld step thread(s) + 1 loader thread\n\n",
+              "%.1f MiB (%.1f%% of the feature matrix); size buckets x%.2f; %lld step thread(s) + %lld loader thread(s)\n\n",
               static_cast<long long>(o.hidden), static_cast<long long>(o.batch), static_cast<long long>(o.fanouts[0]),
               static_cast<long long>(o.fanouts[1]), mib(double(budget)),
-              100.0 * double(budget) / double(d.features.nbytes()), o.bucket, static_cast<long long>(o.threads));
+              100.0 * double(budget) / double(d.features.nbytes()), o.bucket, static_cast<long long>(o.threads),
+              static_cast<long long>(o.loaders));
 
   std::printf("| run | epoch | steps | epoch s | mean loss | in steps s | loader worked s | loop waited s | "
               "device MiB (measured, all cached steps) | budget MiB | padding | shapes compiled / evicted |\n");

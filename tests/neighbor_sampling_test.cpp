@@ -95,6 +95,18 @@ TEST_CASE("neighbour batches: real edges, fanouts kept, every target once an epo
     REQUIRE(a.inputs.size() == b.inputs.size());
     for (std::size_t k = 0; k < a.inputs.size(); ++k) CHECK(bytes_of(a.inputs[k]) == bytes_of(b.inputs[k]));
   }
+  // Made ahead by three threads at once, across an epoch's end: the same
+  // batches, in order.
+  {
+    fd::NeighborLoader fresh(d.adjacency, d.features, d.labels, d.train, {.batch_size = 50, .fanouts = fanouts, .seed = 7});
+    fd::Prefetch<fd::SampledBatch> ahead([&](std::int64_t s) { return fresh.batch(s); }, steps - 3, 3);
+    for (std::int64_t s = steps - 3; s < steps + 3; ++s) {
+      fd::SampledBatch a = ahead.next(), b = loader.batch(s);
+      CHECK(a.step == s);
+      CHECK(a.graph.nodes == b.graph.nodes);
+      for (std::size_t k = 0; k < a.inputs.size(); ++k) CHECK(bytes_of(a.inputs[k]) == bytes_of(b.inputs[k]));
+    }
+  }
   // Other steps, epochs and seeds draw other batches.
   CHECK(loader.sample(0).nodes != loader.sample(1).nodes);
   CHECK(loader.seeds(0) != loader.seeds(steps));
@@ -188,7 +200,7 @@ TEST_CASE("GraphSAGE on sampled batches: within a budget under the feature matri
     auto cache = frugal::cache_shapes(fn, specs, opt, budget);
     fd::NeighborLoader loader(d.adjacency, d.features, d.labels, d.train, lo);
     Run r;
-    fd::OneAhead<fd::SampledBatch> ahead([&](std::int64_t s) { return loader.batch(s); }, 0);
+    fd::Prefetch<fd::SampledBatch> ahead([&](std::int64_t s) { return loader.batch(s); }, 0, 2);
     for (std::int64_t s = 0; s < steps; ++s) {
       fd::SampledBatch b = ahead.next();
       REQUIRE(b.step == s);

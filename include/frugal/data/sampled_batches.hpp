@@ -23,8 +23,9 @@
 // Where the features live. The feature matrix stays in host memory, outside
 // any step; a batch gathers its rows on the host (as PyG's NeighborLoader and
 // DGL's samplers do) and only the gathered rows enter the device budget, as
-// the step's input. OneAhead overlaps that gather, and the sampling, with
-// the step that runs the batch before.
+// the step's input. Prefetch overlaps that gather, and the sampling, with
+// the step that runs the batch before (and, with several workers, each
+// batch's with the next's).
 //
 // Reproducible: the seeds of a step come from an EpochSampler (a
 // permutation per (seed, epoch)) and its neighbours from a seed mixed of
@@ -33,8 +34,10 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -248,8 +251,10 @@ class NeighborLoader {
   std::int64_t steps_per_epoch() const { return epochs_.batches_per_epoch(); }
   const NeighborLoaderOptions& options() const { return o_; }
 
-  // The seeds of global step s. Not thread-safe: one thread draws batches.
+  // The seeds of global step s. Safe to call from several threads at once,
+  // as sample() and batch() are (a Prefetch with several workers).
   std::vector<std::int64_t> seeds(std::int64_t s) {
+    std::lock_guard<std::mutex> lock(epochs_mutex_);  // EpochSampler keeps the current epoch's order
     const std::int64_t* b = epochs_.batch(s);
     std::vector<std::int64_t> out;
     for (std::int64_t i = 0; i < o_.batch_size; ++i) out.push_back(targets_[std::size_t(b[i])]);
@@ -285,34 +290,44 @@ class NeighborLoader {
   std::vector<std::int64_t> targets_;
   NeighborLoaderOptions o_;
   EpochSampler epochs_;
+  std::mutex epochs_mutex_;
 };
 
-// Makes item k+1 on another thread while the caller uses item k (a loader's
-// prefetch of depth one). make(k) must be safe to run beside the caller's
-// work; items are made strictly in order, one at a time.
+// A loader's prefetch: items first, first+1, ... handed out in order, the
+// next `ahead` of them made meanwhile on threads of their own, so making
+// them (sampling, gathering) overlaps the caller's work on the current one
+// and, with ahead > 1, each other. make(k) is called from those threads,
+// several at once when ahead > 1, so it must be safe to call concurrently
+// (NeighborLoader::batch is) and beside the caller's work.
 template <class T>
-class OneAhead {
+class Prefetch {
  public:
-  OneAhead(std::function<T(std::int64_t)> make, std::int64_t first)
-      : make_(std::move(make)), next_(first), pending_(std::async(std::launch::async, make_, first)) {}
-  ~OneAhead() {
-    if (pending_.valid()) pending_.wait();
+  Prefetch(std::function<T(std::int64_t)> make, std::int64_t first, int ahead = 1)
+      : make_(std::move(make)), next_(first) {
+    if (ahead < 1) fail<DataError>("Prefetch: ahead must be at least 1, got ", ahead);
+    for (int k = 0; k < ahead; ++k) start();
   }
-  OneAhead(const OneAhead&) = delete;
-  OneAhead& operator=(const OneAhead&) = delete;
-  // Item `next` (first, first+1, ...); starts making the one after. An
-  // exception make threw is rethrown here.
+  ~Prefetch() {
+    for (auto& f : pending_)
+      if (f.valid()) f.wait();  // what they read must outlive them
+  }
+  Prefetch(const Prefetch&) = delete;
+  Prefetch& operator=(const Prefetch&) = delete;
+  // The next item in order; starts making another. An exception make threw
+  // for this item is rethrown here.
   T next() {
-    T item = pending_.get();
-    ++next_;
-    pending_ = std::async(std::launch::async, make_, next_);
+    T item = pending_.front().get();
+    pending_.pop_front();
+    start();
     return item;
   }
 
  private:
+  void start() { pending_.push_back(std::async(std::launch::async, make_, next_++)); }
+
   std::function<T(std::int64_t)> make_;
   std::int64_t next_;
-  std::future<T> pending_;
+  std::deque<std::future<T>> pending_;
 };
 
 }  // namespace frugal::data
