@@ -123,8 +123,10 @@ class Step {
   // Device bytes in use, measured: the highest arena byte the steps so far
   // have written (the arena is filled with a marker byte when allocated and
   // scanned from the top), plus the parameters and optimizer state the plan
-  // keeps on the device. Never more than plan().total_bytes(); equal to it
-  // once a step has run, since the prediction is exact. After a re-plan, the
+  // keeps on the device. Never more than plan().total_bytes(); once a step
+  // has run, equal to it but for the topmost buffer's rounding to 256 bytes
+  // (a buffer is not always written to its rounded end), since the
+  // prediction is exact. After a re-plan, the
   // larger of what each plan held (each plan's arena mark with that plan's
   // persistents: the old plan's arena beside the new plan's persistents never
   // existed at once).
