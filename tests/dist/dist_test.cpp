@@ -634,6 +634,43 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     } else {
       check(false, cat("mlp: ranks' stage-1 budgets (max ", budget, ") leave stage 0 (", least0, ") nothing to refuse"));
     }
+    // A plan priced at every stage while a step trains (a broker probing a
+    // new step, a program comparing budgets) leaves that step's state alone:
+    // a step compiled again at its stage goes on from the momentum it had.
+    {
+      auto losses_with = [&](bool probe) {
+        nn::manual_seed(11);
+        Mlp m;
+        optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
+        CompileOptions o;
+        o.threads = 1;
+        o.communicator = c;
+        o.zero_stage = 0;
+        auto fn = [&](Var x, Var y) { return cross_entropy(m.forward(x), y); };
+        const std::vector<InputSpec> in{input<float>({rows, 16}), input<std::int32_t>({rows})};
+        std::vector<float> losses;
+        {
+          Step a = compile(fn, in, opt, {}, o);
+          for (int s = 0; s < 3; ++s) {
+            auto b = mlp_batch(s, me * rows, rows);
+            losses.push_back(a.run(b[0], b[1]));
+          }
+        }
+        if (probe) {
+          CompileOptions any = o;
+          any.zero_stage.reset();
+          plan_training(fn, in, opt, Budget{.device = planned0 - 1}, any);
+        }
+        Step b = compile(fn, in, opt, {}, o);
+        for (int s = 3; s < 6; ++s) {
+          auto bt = mlp_batch(s, me * rows, rows);
+          losses.push_back(b.run(bt[0], bt[1]));
+        }
+        return losses;
+      };
+      check(losses_with(true) == losses_with(false),
+            "mlp: planning at every stage between two steps of stage 0 leaves the momentum the steps train");
+    }
     // One byte under stage 0's unconstrained bytes, left to choose: the
     // planner tries every stage, and where it keeps stage 0 the optimizer
     // state it reports (what a checkpoint saves) must be the state that

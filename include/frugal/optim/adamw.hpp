@@ -213,8 +213,8 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   }
   std::pair<Var, Var> moments(Var p, std::size_t i) {
     const std::optional<DType> dt = has_master(i) ? std::optional(DType::f32) : std::nullopt;
-    m_[i] = state_tensor(m_[i], i, dt);  // the parameter's shape, or its ZeRO shard's
-    v_[i] = state_tensor(v_[i], i, dt);
+    m_[i] = state_tensor("exp_avg", m_[i], i, dt);  // the parameter's shape, or its ZeRO shard's
+    v_[i] = state_tensor("exp_avg_sq", v_[i], i, dt);
     const std::string name = p.graph->value(p.id).name;  // a copy: the graph grows below
     return {persistent_var(m_[i], ValueKind::state, name + ".exp_avg"),
             persistent_var(v_[i], ValueKind::state, name + ".exp_avg_sq")};

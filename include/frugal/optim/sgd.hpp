@@ -129,7 +129,7 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   // Without momentum the buffer is never read back; it still gives the
   // kernel one shape of call.
   Var buffer(Var p, std::size_t i) {
-    momentum_[i] = state_tensor(momentum_[i], i);  // the parameter's shape, or its ZeRO shard's
+    momentum_[i] = state_tensor("momentum", momentum_[i], i);  // the parameter's shape, or its ZeRO shard's
     return persistent_var(momentum_[i], ValueKind::state, p.graph->value(p.id).name + ".momentum");
   }
 

@@ -3,6 +3,7 @@
 // append each parameter's update to the captured graph, and a tick per step.
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -120,18 +121,39 @@ class Optimizer {
   Shape state_shape(std::size_t index) const {
     return shard_ ? Shape{shard_->length} : params().at(index).shape();
   }
-  // A state tensor of params()[index]'s update: `t` itself when it already
-  // has state_shape(index), else a new zeroed one (a step compiled at another
-  // ZeRO stage, or over another rank count, gets its own). Of the
-  // parameter's dtype unless `dtype` says otherwise (f32 state of a 16-bit
-  // parameter).
-  Tensor state_tensor(const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) const {
+  // A state tensor of params()[index]'s update, of state_shape(index): `t`
+  // itself when it already has that shape, else the tensor of that layout
+  // this slot had before, else a new zeroed one. Of the parameter's dtype
+  // unless `dtype` says otherwise (f32 state of a 16-bit parameter). `slot`
+  // names the state ("momentum", "exp_avg").
+  //
+  // Every layout a slot was given is kept, with its values: a step prepared
+  // at another ZeRO stage or rank count (a trial the planner prices, a
+  // broker probing a new step) gets state of its own layout and the slot
+  // points at it, but preparing at a layout seen before finds that layout's
+  // tensor again, so a step re-prepared at its own stage (a re-plan, the
+  // next shape of a ShapeCache) goes on from the state it trained. The
+  // price: a kept layout's bytes stay allocated while the optimizer lives
+  // (a trial's shard is 1/N of the parameter's state).
+  Tensor state_tensor(const char* slot, const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) {
     Shape s = state_shape(index);
     const Tensor& p = params().at(index);
     const DType dt = dtype.value_or(p.dtype());
+    auto key = [&](const Shape& shape, DType d) { return cat(slot, '#', index, '#', shape.str(), '#', dtype_name(d)); };
+    if (t.defined()) layouts_[key(t.shape(), t.dtype())] = t;
     if (t.defined() && t.shape() == s && t.dtype() == dt) return t;
+    auto it = layouts_.find(key(s, dt));
+    if (it != layouts_.end()) return it->second;
     MetaScope meta(p.is_meta());  // a meta parameter's state is planned, never allocated
-    return Tensor(std::move(s), dt);
+    Tensor fresh(s, dt);
+    layouts_.emplace(key(s, dt), fresh);
+    return fresh;
+  }
+  // The same, for a slot known by where `t` lives (the optimizer's own
+  // member, e.g. m_[i], whose address stays put): for optimizers written
+  // before slots had names.
+  Tensor state_tensor(const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) {
+    return state_tensor(cat("slot at ", static_cast<const void*>(&t)).c_str(), t, index, dtype);
   }
   // A copy of the elements of params()[index] its update trains, of
   // state_shape(index): the whole parameter, or under a ShardScope the
@@ -178,6 +200,7 @@ class Optimizer {
   int sharded_applies_ = 0;
   std::vector<Tensor> shards_;        // stage 3's parameter shards, by index
   std::vector<ZeroShard> shard_of_;   // and which elements each holds
+  std::map<std::string, Tensor> layouts_;  // state_tensor's: every layout of every slot, by slot, index, shape, dtype
 };
 
 }  // namespace frugal
