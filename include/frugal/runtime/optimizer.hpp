@@ -134,7 +134,11 @@ class Optimizer {
   // tensor again, so a step re-prepared at its own stage (a re-plan, the
   // next shape of a ShapeCache) goes on from the state it trained. The
   // price: a kept layout's bytes stay allocated while the optimizer lives
-  // (a trial's shard is 1/N of the parameter's state).
+  // (a trial's shard is 1/N of the parameter's state). Not a resharding:
+  // a step that trains at one stage, then at another, then at the first
+  // again finds the first stage's state as it left it, not what the other
+  // trained since (to change stages mid-run, go through a gathered
+  // checkpoint, io::save_gathered_checkpoint).
   Tensor state_tensor(const char* slot, const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) {
     Shape s = state_shape(index);
     const Tensor& p = params().at(index);
