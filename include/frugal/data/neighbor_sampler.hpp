@@ -45,6 +45,11 @@ inline SampledSubgraph sample_neighbors(const Csr& graph, std::span<const std::i
                     " entries need ", graph.rows + 1, " ending at ", graph.nnz());
   SampledSubgraph s;
   std::unordered_map<std::int64_t, std::int64_t> local;  // global id -> position in s.nodes
+  {  // room for every node the fanouts can reach, so the map never rehashes while it fills
+    double reach = double(seeds.size());
+    for (std::int64_t f : fanouts) reach *= f >= 0 ? double(f + 1) : 2.0;
+    local.reserve(std::size_t(std::min(reach, double(graph.rows))));
+  }
   for (std::int64_t g : seeds) {
     if (g < 0 || g >= graph.rows) fail<DataError>("sample_neighbors: seed ", g, " is outside [0, ", graph.rows, ")");
     if (!local.emplace(g, std::int64_t(s.nodes.size())).second)
