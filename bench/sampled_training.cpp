@@ -255,10 +255,10 @@ int main(int argc, char** argv) try {
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   nn::manual_seed(o.seed);
   Trainer sage(d, o, o.fanouts);
-  for (std::int64_t e = 0; e < o.epochs; ++e) print_epoch("overlapped", e, sage.epoch(e, true), budget, sage.cache());
+  for (std::int64_t e = 0; e < o.epochs; ++e) print_epoch("ahead", e, sage.epoch(e, true), budget, sage.cache());
   // One more epoch, the loader inline: what the overlap hides.
   const EpochReport inline_run = sage.epoch(o.epochs, false);
-  print_epoch("inline loader", o.epochs, inline_run, budget, sage.cache());
+  print_epoch("inline", o.epochs, inline_run, budget, sage.cache());
   // That epoch's batches again, untimed, for the feature pages they read.
   std::int64_t pages = 0;
   const std::int64_t steps = sage.steps_per_epoch();

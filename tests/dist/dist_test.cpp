@@ -1197,7 +1197,7 @@ void graphs(const std::shared_ptr<dist::Mpi>& c) {
       double count = double(mine.size()), counts[2];
       c->all_gather(&count, counts, 1, DType::f64, "test: events per rank");
       check(counts[0] > 0 && counts[1] > 0, "graphs: both ranks trained on events");
-      // Ragged: gather the larger count, zero-padded (ids are >= 0; pads are -1).
+      // Ragged: each rank sends the larger count, padded with -1 (ids are >= 0).
       const std::size_t most = std::size_t(std::max(counts[0], counts[1]));
       mine.resize(most, -1);
       all.resize(2 * most);
