@@ -11,8 +11,9 @@
 // one round of message passing): a node encoder h = relu(W_n x); an edge MLP
 // m = relu(W_e [h_src, h_dst, e]) over the candidate edges; messages summed
 // into their destination nodes, h' = relu(W_u (h + Σ m)); edge logits
-// W_o [h'_src, h'_dst, m], cross-entropy against the 0/1 edge labels; AdamW.
-// A batch's predicted bytes are plan_training(...).plan.total_bytes() for
+// W_o [h'_src, h'_dst, m], nll_loss(log_softmax) against the 0/1 edge
+// labels (EdgeClassifier::loss, the step bench/track_training.cpp runs);
+// AdamW. A batch's predicted bytes are plan_training(...).plan.total_bytes() for
 // its shape (nodes N, edges E; unconstrained budget): everything the step
 // keeps on the device, parameters and optimizer state included.
 //
@@ -73,7 +74,7 @@ class BucketedPlanner {
     const auto [N, E] = key;
     const auto t0 = std::chrono::steady_clock::now();
     PlannedStep p = plan_training(
-        [&](Var x, Var src, Var dst, Var e, Var y) { return cross_entropy(model_.forward(x, src, dst, e), y); },
+        [&](Var x, Var src, Var dst, Var e, Var y) { return model_.loss(x, src, dst, e, y); },
         {input<float>({N, 3}, "x"), input<std::int32_t>({E}, "src"), input<std::int32_t>({E}, "dst"),
          input<float>({E, 3}, "edge_attr"), input<std::int32_t>({E}, "edge_label")},
         opt_);
