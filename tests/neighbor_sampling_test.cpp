@@ -127,7 +127,7 @@ TEST_CASE("padding a sampled batch to size buckets leaves its loss and gradients
   const fd::SampledSubgraph sub = loader.sample(4);
   const fd::PaddedSubgraph padded = fd::pad_subgraph(sub, {.ratio = 1.5});
   // The unpadded batch: the same subgraph with no padding at all.
-  fd::PaddedSubgraph exact{sub.nodes, sub.blocks, 20, std::int64_t(sub.nodes.size()), 0};
+  fd::PaddedSubgraph exact{sub.nodes, sub.blocks, 20, std::int64_t(sub.nodes.size())};
 
   // Padding happened, in every dimension, and kept the seeds in front.
   REQUIRE(padded.nodes.size() > sub.nodes.size());

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../runtime/compile.hpp"
 #include "bucket_padding.hpp"
@@ -58,7 +59,7 @@ struct PaddedSubgraph {
   std::vector<std::int64_t> nodes;  // [sources of the input layer]: global id, or -1 for padding
   std::vector<Csr> blocks;          // as SampledSubgraph::blocks, padded; blocks[l] is [rows, cols]
   std::int64_t seeds = 0;           // the first `seeds` nodes are the batch's seeds (never padded)
-  std::int64_t real_nodes = 0, real_entries = 0;  // before padding, for reports
+  std::int64_t real_nodes = 0;      // before padding, for reports
 };
 
 // Pads s: the seeds stay as they are; each layer's newly reached nodes are
@@ -111,7 +112,6 @@ inline PaddedSubgraph pad_subgraph(const SampledSubgraph& s, const BucketRule& r
       c.values.push_back(0.0);
     }
     c.row_ptr.back() = c.nnz();
-    out.real_entries += b.nnz();
     out.blocks.push_back(std::move(c));
   }
   return out;
@@ -262,11 +262,11 @@ class NeighborLoader {
   }
   SampledSubgraph sample(std::int64_t s) {
     const std::vector<std::int64_t> sd = seeds(s);
-    // splitmix64 of (seed, step): neighbouring steps draw unrelated streams.
-    std::uint64_t z = o_.seed * 0x9e3779b97f4a7c15ull + std::uint64_t(s) + 0x632be59bd9b4e019ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return sample_neighbors(graph_, sd, o_.fanouts, z ^ (z >> 31));
+    // The draw's seed: Philox keyed by the loader's seed at counter (tag,
+    // step), as dropout keys its masks, so neighbouring steps draw unrelated
+    // streams.
+    const Philox::Block k = Philox(o_.seed)(0x6e65696768626f72ull /* "neighbor" */, std::uint64_t(s));
+    return sample_neighbors(graph_, sd, o_.fanouts, std::uint64_t(k.v[0]) | std::uint64_t(k.v[1]) << 32);
   }
   SampledBatch batch(std::int64_t s) {
     SampledBatch b;
