@@ -20,6 +20,8 @@
 #include <memory>
 #include <numeric>
 
+#include "gcn_net.hpp"
+
 namespace graph_batch_test {  // named: unity builds share anonymous namespaces
 
 namespace fd = frugal::data;
@@ -83,16 +85,8 @@ TEST_CASE("batch_graphs makes one block-diagonal graph: offset ids, stacked rows
 TEST_CASE("a GCN on a batch of graphs computes, row for row, each graph's forward alone (float64)",
           "[graph_batch]") {
   const std::vector<fd::GraphSample> gs = few_graphs();
-  struct Net : frugal::nn::Module {
-    frugal::nn::GCNConv conv1{4, 8, {.dtype = DType::f64}}, conv2{8, 3, {.dtype = DType::f64}};
-    Net() {
-      register_module("conv1", conv1);
-      register_module("conv2", conv2);
-    }
-    Var forward(Var x, const frugal::SparseMatrix& adj) { return conv2(frugal::relu(conv1(x, adj)), adj); }
-  };
   frugal::nn::manual_seed(5);
-  Net net;
+  TwoLayerGcn net(4, 8, 3);
   auto forward = [&](const Tensor& x, const fd::Csr& a) {
     frugal::SparseMatrix adj = fd::to_sparse(fd::gcn_normalize(fd::symmetrize(a)), DType::f64);
     frugal::Step eval = frugal::compile_inference([&]() { return net.forward(frugal::constant(x, "x"), adj); }, {});

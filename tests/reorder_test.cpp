@@ -13,6 +13,8 @@
 #include <frugal/frugal.hpp>
 #include <numeric>
 
+#include "gcn_net.hpp"
+
 namespace reorder_test {  // named: unity builds share anonymous namespaces
 
 namespace fd = frugal::data;
@@ -218,16 +220,6 @@ TEST_CASE("a permutation moves every part of the task together, and its inverse 
 TEST_CASE("a GCN trained on a permuted graph makes the same predictions, up to the permutation (float64)",
           "[reorder][train]") {
   const fd::NodeClassification d = small_task(240, 6);
-  // samples/gcn's layers without dropout: dropout draws its mask by position,
-  // so a permuted graph would see other masks and train differently.
-  struct Net : frugal::nn::Module {
-    frugal::nn::GCNConv conv1{6, 8, {.dtype = DType::f64}}, conv2{8, 4, {.dtype = DType::f64}};
-    Net() {
-      register_module("conv1", conv1);
-      register_module("conv2", conv2);
-    }
-    Var forward(Var x, const frugal::SparseMatrix& adj) { return conv2(frugal::relu(conv1(x, adj)), adj); }
-  };
   struct Trained {
     std::vector<double> losses;
     Tensor logits;
@@ -235,7 +227,7 @@ TEST_CASE("a GCN trained on a permuted graph makes the same predictions, up to t
   auto train = [](const fd::NodeClassification& t) {
     frugal::SparseMatrix adj = fd::to_sparse(fd::gcn_normalize(t.adjacency), DType::f64);
     frugal::nn::manual_seed(9);  // the same initial weights for every order
-    Net net;
+    TwoLayerGcn net(6, 8, 4);
     frugal::optim::AdamW opt(net.parameters(), {.lr = 0.05, .weight_decay = 0});
     const auto n_train = std::int64_t(t.train.size());
     Tensor ids({n_train}, DType::i32), y({n_train}, DType::i32);

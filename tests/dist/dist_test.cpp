@@ -165,6 +165,17 @@ struct Mlp : nn::Module {
 
 constexpr std::int64_t kGlobalBatch = 16;
 
+// What every mlp run here trains with: SGD with momentum, one thread, over
+// `comm` at ZeRO stage `stage` (unset: the planner's pick).
+constexpr optim::SGDOptions kMlpSgd{.lr = 0.05, .momentum = 0.9};
+CompileOptions mlp_options(std::shared_ptr<Communicator> comm, std::optional<int> stage) {
+  CompileOptions o;
+  o.threads = 1;
+  o.communicator = std::move(comm);
+  o.zero_stage = stage;
+  return o;
+}
+
 // Rows [first, first + rows) of step s's global batch.
 std::vector<Tensor> mlp_batch(int s, std::int64_t first, std::int64_t rows) {
   Rng g(7000 + std::uint64_t(s));
@@ -247,11 +258,8 @@ Trained train_mlp(std::shared_ptr<Communicator> comm, std::int64_t first, std::i
                   std::optional<bool> offload = std::nullopt, std::size_t bucket_bytes = 0) {
   nn::manual_seed(11);
   Mlp m;
-  optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
-  CompileOptions o;
-  o.threads = 1;
-  o.communicator = std::move(comm);
-  o.zero_stage = zero_stage;
+  optim::SGD opt(m.parameters(), kMlpSgd);
+  CompileOptions o = mlp_options(std::move(comm), zero_stage);
   o.overlap_collectives = overlap;
   o.bucket_bytes = bucket_bytes;  // 0: a collective per gradient, 4 to overlap, not one bucket at the end
   o.offload_optimizer = offload;
@@ -455,11 +463,8 @@ void train(const std::shared_ptr<dist::Mpi>& c) {
       for (bool overlap : {false, true}) {
       nn::manual_seed(11);
       Mlp m;
-      optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
-      CompileOptions o;
-      o.threads = 1;
-      o.communicator = c;
-      o.zero_stage = stage;
+      optim::SGD opt(m.parameters(), kMlpSgd);
+      CompileOptions o = mlp_options(c, stage);
       o.accumulate = 2;
       o.overlap_collectives = overlap;
       const std::int64_t micro = rows / 2;
@@ -641,11 +646,8 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
       auto losses_with = [&](bool probe) {
         nn::manual_seed(11);
         Mlp m;
-        optim::SGD opt(m.parameters(), {.lr = 0.05, .momentum = 0.9});
-        CompileOptions o;
-        o.threads = 1;
-        o.communicator = c;
-        o.zero_stage = 0;
+        optim::SGD opt(m.parameters(), kMlpSgd);
+        const CompileOptions o = mlp_options(c, 0);
         auto fn = [&](Var x, Var y) { return cross_entropy(m.forward(x), y); };
         const std::vector<InputSpec> in{input<float>({rows, 16}), input<std::int32_t>({rows})};
         std::vector<float> losses;
