@@ -395,8 +395,9 @@ TEST_CASE("corun: streams are admitted from plans until one does not fit, and tr
           "[broker][corun]") {
   const zoo::Config c = mlp_config();
   DeviceProfile profile = DeviceProfile::defaults("cpu", 1);
-  // One thread each: a step's bits depend on its thread count (threads.hpp),
-  // and the references below run alone with the same count.
+  // One thread each: steps running at once share the cores, and one thread
+  // each keeps them from waiting on each other; the bits would be the same
+  // at any count (worker_team.hpp).
   const CompileOptions o{.threads = 1, .profile = &profile, .replan = false};
   zoo::Workload trained = zoo::make(c), served = zoo::make(c), twin = zoo::make(c), ref = zoo::make(c);
   const std::int64_t Q = 8;  // queries per serving run

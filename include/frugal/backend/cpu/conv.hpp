@@ -84,24 +84,33 @@ inline void tap_range(std::int64_t off, std::int64_t stride, std::int64_t size, 
   if (hi < lo) hi = lo;
 }
 
-// [begin, end) of n items for thread t of nt: equal contiguous shares.
+// [begin, end) of n items for chunk t of nt: equal contiguous shares.
 struct Share {
   std::int64_t begin, end;
 };
-inline Share share(std::int64_t n, int t, int nt) { return {n * t / nt, n * (t + 1) / nt}; }
+inline Share share(std::int64_t n, std::int64_t t, std::int64_t nt) { return {n * t / nt, n * (t + 1) / nt}; }
 
-// Runs fn(t, nt) on every thread of one parallel region (BLAS called inside
-// runs single-threaded), or fn(0, 1) alone when the work is too small to
-// split. The split is static, so a thread count always gives the same bits.
+// The chunks of a convolution's parallel phases (worker_team.hpp). The
+// AVX-512 engine computes every element the same way however its panels
+// and row blocks are shared (each is one micro-kernel call over the full
+// depth), so its split may follow the team: two chunks per thread, so a
+// thread descheduled on a busy machine holds back little. The BLAS engine's
+// split sets each GEMM's columns, and so its bits: it depends on the sizes
+// alone.
+inline std::int64_t fast_chunks(double flops) {
+  const int nt = team_threads();
+  return nt == 1 || flops < 4e6 ? 1 : 2 * std::int64_t(nt);
+}
+inline std::int64_t blas_chunks(double flops) {
+  return flops < 4e6 ? 1 : std::clamp<std::int64_t>(std::llround(flops / 64e6), 2, 16);
+}
+
+// fn(c) for every chunk c; one call per phase, so each call's return is a
+// barrier between phases.
 template <class Fn>
-void in_parallel(double flops, Fn&& fn) {
-  const int nt = omp_get_max_threads();
-  if (nt == 1 || flops < 4e6) {
-    fn(0, 1);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  fn(omp_get_thread_num(), omp_get_num_threads());
+void each_chunk(std::int64_t chunks, Fn&& fn) {
+  if (chunks == 1) fn(std::int64_t(0));
+  else run_chunks(chunks, fn);
 }
 
 // One output row (Wo values) of column row r: input row iy seen through the
@@ -253,9 +262,9 @@ void narrow_all(const C* src, T* dst, std::int64_t n) {
 }  // namespace conv_detail
 
 // ---- the BLAS engine: forward ------------------------------------------------------
-// Each thread owns a block of output lines (columns of the GEMM) of the
-// chunk: it packs their columns, multiplies them and stores them, touching
-// nothing another thread reads, so a chunk needs no barrier inside.
+// Each chunk owns a block of output lines (columns of the GEMM) of the
+// images: it packs their columns, multiplies them and stores them, touching
+// nothing another chunk reads.
 
 template <class T>
 void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
@@ -271,8 +280,9 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
   } else {
     wc = w;
   }
-  in_parallel(g.flops(), [&](int t, int nt) {
-    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+  const std::int64_t nt = blas_chunks(g.flops());
+  for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+    each_chunk(nt, [&](std::int64_t t) {
       const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
       const Share u = share(nb * g.ho, t, nt);
       const std::int64_t c0 = u.begin * g.wo, nc = (u.end - u.begin) * g.wo;
@@ -299,18 +309,13 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
           gemm(false, false, cg, nc, k, C(1), wg, k, cols + c0, ldc, beta, yg, hwo);
         }
       }
-      // The next chunk reuses the scratch with the same split, except a
-      // shorter last chunk: wait before it.
-      if (nt > 1 && b0 + s.images < g.n && g.n - (b0 + s.images) < s.images) {
-#pragma omp barrier
-      }
-    }
-  });
+    });
+  }
 }
 
 // ---- the BLAS engine: data gradient ------------------------------------------------
-// Each thread multiplies its block of columns (wᵀ·dy); then, after a
-// barrier, col2im of its share of the input planes.
+// Each chunk multiplies its block of columns (wᵀ·dy); then, once all have,
+// each chunk runs col2im of its share of the input planes.
 
 template <class T>
 void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
@@ -325,12 +330,13 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
   } else {
     wc = w;
   }
-  in_parallel(g.flops(), [&](int t, int nt) {
-    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
-      const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
-      const Share u = share(nb * g.ho, t, nt);
-      const std::int64_t c0 = u.begin * g.wo, nc = (u.end - u.begin) * g.wo;
-      for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+  const std::int64_t nt = blas_chunks(g.flops());
+  for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+    const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
+    for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+      each_chunk(nt, [&](std::int64_t t) {
+        const Share u = share(nb * g.ho, t, nt);
+        const std::int64_t c0 = u.begin * g.wo, nc = (u.end - u.begin) * g.wo;
         const C* dyg = ws.rows;
         std::int64_t lddy = p;
         if (!s.one) {
@@ -347,26 +353,21 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
               gemm(true, false, k, nc, cg, C(1), wg, k, dyg + c0, lddy, C(0),
                    dx + (b0 * g.cin + gi * cin_g) * g.hw() + c0, hwo);
           }
-          continue;
+          return;
         }
         if (nc > 0) gemm(true, false, k, nc, cg, C(1), wg, k, dyg + c0, lddy, C(0), ws.col + c0, p);
-        if (nt > 1) {
-#pragma omp barrier
-        }
-        col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx);
-        if (nt > 1) {  // the next group or chunk overwrites the columns
-#pragma omp barrier
-        }
-      }
+      });
+      if (!ws.col) continue;
+      each_chunk(nt, [&](std::int64_t t) { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
     }
-  });
+  }
 }
 
 // ---- the BLAS engine: weight gradient ----------------------------------------------
-// Each thread owns a block of the weight gradient's columns (rows r of the
+// Each chunk owns a block of the weight gradient's columns (rows r of the
 // column matrix): it packs those rows of the columns and multiplies them by
-// all of dy, accumulating chunk after chunk in image order. Only a gathered
-// dy is shared, behind a barrier.
+// all of dy, accumulating image block after image block in image order. Only
+// a gathered dy is shared, gathered in a phase of its own.
 
 template <class T>
 void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& s,
@@ -382,23 +383,23 @@ void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& 
     dwc = dw;
   }
   if (g.n == 0) std::fill(dwc, dwc + g.cout * k, C(0));
-  in_parallel(g.flops(), [&](int t, int nt) {
-    const Share r = share(k, t, nt);
-    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
-      const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
-      for (std::int64_t gi = 0; gi < g.groups; ++gi) {
-        const C* dyg = ws.rows;
-        std::int64_t lddy = p;
-        if (!s.one) {
+  const std::int64_t nt = blas_chunks(g.flops());
+  for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+    const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
+    for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+      const C* dyg = ws.rows;
+      std::int64_t lddy = p;
+      if (!s.one) {
+        each_chunk(nt, [&](std::int64_t t) {
           const Share u = share(nb * g.ho, t, nt);
           gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
-          if (nt > 1) {
-#pragma omp barrier
-          }
-        } else if constexpr (std::is_same_v<T, C>) {
-          dyg = dy + (b0 * g.cout + gi * cg) * hwo;
-          lddy = hwo;
-        }
+        });
+      } else if constexpr (std::is_same_v<T, C>) {
+        dyg = dy + (b0 * g.cout + gi * cg) * hwo;
+        lddy = hwo;
+      }
+      each_chunk(nt, [&](std::int64_t t) {
+        const Share r = share(k, t, nt);
         const C* cols = ws.col;
         std::int64_t ldc = p;
         if (ws.col) {
@@ -410,16 +411,9 @@ void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& 
         if (r.end > r.begin)
           gemm(false, true, cg, r.end - r.begin, p, C(1), dyg, lddy, cols + r.begin * ldc, ldc, b0 == 0 ? C(0) : C(1),
                dwc + gi * cg * k + r.begin, k);
-        if (nt > 1 && !s.one) {  // the next group or chunk overwrites the gathered dy
-#pragma omp barrier
-        }
-      }
-      // Without a gathered dy, only a shorter last chunk moves the rows.
-      if (nt > 1 && s.one && b0 + s.images < g.n && g.n - (b0 + s.images) < s.images) {
-#pragma omp barrier
-      }
+      });
     }
-  });
+  }
   if constexpr (is_half_v<T>) narrow_all(dwc, dw, g.cout * k);
 }
 
@@ -568,19 +562,20 @@ void pack_dy_transposed(const T* dy, float* panels_base, const ops::ConvGeometry
 }  // namespace conv_detail
 
 // The forward pass over f32 weights wc [Cout, k] (also the data gradient
-// of a stride-1 convolution, run as a convolution of dy). Each thread owns a
-// share of the chunk's column panels: it packs a panel's im2col columns and
+// of a stride-1 convolution, run as a convolution of dy). Each chunk owns a
+// share of the images' column panels: it packs a panel's im2col columns and
 // multiplies every 8-row block of the weight by it, storing straight into y.
-// Nothing is shared inside a chunk.
+// Nothing is shared between chunks.
 template <class T>
 void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const float* wc,
                          const T* bias, T* y) {
   using namespace conv_detail;
   const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
-  in_parallel(g.flops(), [&](int t, int nt) {
-    alignas(64) float tile[MR * NR];
-    Piece pc[NR];
-    for (std::int64_t b0 = 0; b0 < g.n; b0 += images) {
+  const std::int64_t nt = fast_chunks(g.flops());
+  for (std::int64_t b0 = 0; b0 < g.n; b0 += images) {
+    each_chunk(nt, [&](std::int64_t t) {
+      alignas(64) float tile[MR * NR];
+      Piece pc[NR];
       const std::int64_t nb = std::min(images, g.n - b0), p = nb * hwo;
       const Share sh = share(panels(p), t, nt);
       for (std::int64_t gi = 0; gi < g.groups; ++gi)
@@ -603,12 +598,8 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
             }
           }
         }
-      // A shorter last chunk hands panels to other threads: wait before it.
-      if (nt > 1 && b0 + images < g.n && g.n - (b0 + images) < images) {
-#pragma omp barrier
-      }
-    }
-  });
+    });
+  }
 }
 
 template <class T>
@@ -644,9 +635,9 @@ void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ConvScratch&
   conv_forward_panels(f, s.images, ws.col, dy, wf, static_cast<const T*>(nullptr), dx);
 }
 
-// Each thread packs its share of dy's column panels and multiplies wᵀ by
-// them into the column gradient; after a barrier, col2im of its share of
-// the planes (or, 1x1 stride 1 with one image, the product is dx itself).
+// Each chunk packs its share of dy's column panels and multiplies wᵀ by
+// them into the column gradient; then each chunk runs col2im of its share
+// of the planes (or, 1x1 stride 1 with one image, the product is dx itself).
 template <class T>
 void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                                  const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
@@ -660,13 +651,14 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& 
   } else {
     wc = w;
   }
-  in_parallel(g.flops(), [&](int t, int nt) {
-    alignas(64) float tile[MR * NR];
-    alignas(64) float ablock[conv_fast::KA * MR];  // 8 rows of wᵀ, up to KA deep
-    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
-      const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
-      const Share sh = share(panels(p), t, nt);
-      for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+  const std::int64_t nt = fast_chunks(g.flops());
+  for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+    const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
+    for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+      each_chunk(nt, [&](std::int64_t t) {
+        alignas(64) float tile[MR * NR];
+        alignas(64) float ablock[conv_fast::KA * MR];  // 8 rows of wᵀ, up to KA deep
+        const Share sh = share(panels(p), t, nt);
         // Without a column buffer (pointwise, one image, f32) the product is dx's planes.
         float* out = ws.col;
         std::int64_t ldo = p;
@@ -701,26 +693,18 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& 
             }
           }
         }
-        if (!ws.col) continue;
-        if (nt > 1) {
-#pragma omp barrier
-        }
-        col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx);
-        if (nt > 1) {  // the next group or chunk overwrites the columns and panels
-#pragma omp barrier
-        }
-      }
-      if (nt > 1 && !ws.col && b0 + s.images < g.n && g.n - (b0 + s.images) < s.images) {
-#pragma omp barrier
-      }
+      });
+      if (!ws.col) continue;
+      each_chunk(nt, [&](std::int64_t t) { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
     }
-  });
+  }
 }
 
 // The weight gradient transposed, dwᵀ[r, co] = sum_n col[r, n] dy[co, n]:
-// each thread owns a share of the 8-row blocks of the column matrix (rows r
+// each chunk owns a share of the 8-row blocks of the column matrix (rows r
 // of dwᵀ), packs those rows of im2col, and multiplies them by dy's panels
-// (packed together, behind a barrier), accumulating chunk after chunk.
+// (packed by all chunks in a phase before), accumulating image block after
+// image block.
 template <class T>
 void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                                    const conv_detail::Scratch<float>& ws, const T* x, const T* dy, T* dw) {
@@ -734,26 +718,32 @@ void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ConvScratch
   }
   if (g.n == 0) std::fill(dwc, dwc + g.cout * k, 0.f);
   const std::int64_t cpanels = panels(cg);
-  in_parallel(g.flops(), [&](int t, int nt) {
-    alignas(64) float tile[MR * NR];
+  const std::int64_t nt = fast_chunks(g.flops());
+  auto rows_of = [&](std::int64_t t) {  // the 8-row blocks of chunk t: [r0, r1)
     const Share blocks = share((k + MR - 1) / MR, t, nt);
-    const std::int64_t r0 = blocks.begin * MR, r1 = std::min(k, blocks.end * MR);
-    for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
-      const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
-      for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+    return Share{blocks.begin * MR, std::min(k, blocks.end * MR)};
+  };
+  for (std::int64_t b0 = 0; b0 < g.n; b0 += s.images) {
+    const std::int64_t nb = std::min(s.images, g.n - b0), p = nb * hwo;
+    for (std::int64_t gi = 0; gi < g.groups; ++gi) {
+      each_chunk(nt, [&](std::int64_t t) {
         const Share slots = share(cpanels * NR, t, nt);
         pack_dy_transposed(dy, ws.rows, g, b0, nb, gi, slots.begin, slots.end);
-        const float* cols = ws.col;
-        std::int64_t ldc = p;
-        if (ws.col) {
-          im2col(x, ws.col, g, b0, p, gi, r0, r1, 0, nb * g.ho);
-        } else if constexpr (std::is_same_v<T, float>) {  // pointwise, one image: the planes are the columns
+        const Share r = rows_of(t);
+        if (ws.col) im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+      });
+      const float* cols = ws.col;
+      std::int64_t ldc = p;
+      if (!ws.col) {
+        if constexpr (std::is_same_v<T, float>) {  // pointwise, one image: the planes are the columns
           cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
           ldc = hwo;
         }
-        if (nt > 1) {
-#pragma omp barrier
-        }
+      }
+      each_chunk(nt, [&](std::int64_t t) {
+        alignas(64) float tile[MR * NR];
+        const Share r = rows_of(t);
+        const std::int64_t r0 = r.begin, r1 = r.end;
         float* dwg = dwc + gi * cg * k;
         for (std::int64_t jp = 0; jp < cpanels; ++jp) {
           const std::int64_t c0 = jp * NR, count = std::min<std::int64_t>(NR, cg - c0);
@@ -770,12 +760,9 @@ void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ConvScratch
             }
           }
         }
-        if (nt > 1) {  // the next group or chunk overwrites dy's panels
-#pragma omp barrier
-        }
-      }
+      });
     }
-  });
+  }
   if constexpr (is_half_v<T>) narrow_all(dwc, dw, g.cout * k);
 }
 

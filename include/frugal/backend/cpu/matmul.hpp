@@ -33,19 +33,16 @@ std::size_t f32_images_workspace(const OpT&, std::span<const TensorMeta> in, std
   return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
 }
 
-// A batch of independent GEMMs runs one of two ways: one multi-threaded GEMM
-// after another, or parallel_for over the batch items with each GEMM on one
-// thread (OpenBLAS called inside an OpenMP region runs single-threaded).
+// A batch of independent GEMMs runs one of two ways: one GEMM after another,
+// each cut into tiles that the team shares (blas.hpp), or parallel_for over
+// the batch items with each GEMM's tiles on one thread. Each GEMM's tiles,
+// and so its bits, are the same either way: the choice is only speed.
 // Measured with bench/matmul_kernels.cpp on this 2-core machine
-// (bench/matmul_kernels.md): for attention-sized items (B*H = 32 of
-// [128,64]x[64,128], 2 MFLOP each) the split runs 2-3x faster on an idle
-// machine and 10x+ when other processes compete for the cores (OpenBLAS's
-// threads wait on each other when one is descheduled; split items do not).
-// For large items the split is never worse when the threads share the batch
-// evenly; with an uneven share (3 items, 2 threads: one thread runs two) it
-// wins up to ~64 MFLOP per item (the crossover of the batch-3 sweep lies
-// between 33 and 113 MFLOP) and loses up to 1 - 3/4 beyond, where one
-// multi-threaded GEMM reaches ~90% parallel efficiency.
+// (bench/matmul_kernels.md, with OpenBLAS's own threads then): for
+// attention-sized items (B*H = 32 of [128,64]x[64,128], 2 MFLOP each) the
+// split ran 2-3x faster. For large items the split is never worse when the
+// threads share the batch evenly; with an uneven share (3 items, 2 threads:
+// one thread runs two) it wins up to ~64 MFLOP per item and loses beyond.
 inline constexpr double kBatchSplitMaxFlops = 64.0 * 1024 * 1024;  // per item, 2*m*n*k
 
 inline bool split_batch(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, int threads) {

@@ -1,6 +1,6 @@
 #pragma once
-// OpenMP helpers with fixed, static work splits: the same thread count
-// always gives the same partition, so results are bitwise reproducible.
+// Parallel loops over fixed chunks (worker_team.hpp): the partition depends
+// only on the sizes, so results are bitwise the same at any thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,45 +13,73 @@
 #include "../../ops/cast.hpp"
 
 #include "abi.hpp"
+#include "worker_team.hpp"
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
-// Below this many elements a parallel region costs more than it saves.
+// A chunk does at least this much work (elements, or the caller's unit):
+// below it, handing the chunk to another thread costs more than it saves.
 inline constexpr std::int64_t kParallelGrain = 1 << 15;
-inline constexpr int kMaxThreads = 256;
+// At most this many chunks per region: enough to balance 16-32 threads and
+// a descheduled one, few enough that claiming them costs nothing.
+inline constexpr std::int64_t kMaxChunks = 64;
 
-// fn(begin, end) over [0, n) split into equal contiguous chunks, one per thread.
+// The chunks n items of work_per_item each split into. Depends only on the
+// sizes, never on the thread count.
+inline std::int64_t chunk_count(std::int64_t n, std::int64_t work_per_item) {
+  if (n <= 0) return 0;
+  const double total = double(n) * double(std::max<std::int64_t>(work_per_item, 1));
+  const double c = std::min(total / double(kParallelGrain), double(std::min(n, kMaxChunks)));
+  return std::max<std::int64_t>(1, std::int64_t(c));
+}
+
+// Item range of chunk c of `chunks` over n items: equal contiguous shares.
+struct Range {
+  std::int64_t begin, end;
+};
+inline Range chunk_range(std::int64_t n, std::int64_t c, std::int64_t chunks) {
+  return {n * c / chunks, n * (c + 1) / chunks};
+}
+
+// The thread count a region started on this thread may use: the step's
+// (runtime/threads.hpp sets it as this thread's OpenMP count).
+inline int team_threads() { return std::max(1, omp_get_max_threads()); }
+
+// Calls fn(c) for every chunk c in [0, chunks) on the calling thread's team.
+template <class Fn>
+void run_chunks(std::int64_t chunks, Fn&& fn) {
+  WorkerTeam::mine().run(chunks, team_threads(), fn);
+}
+
+// fn(begin, end) over [0, n) in fixed chunks.
 template <class Fn>
 void parallel_for(std::int64_t n, std::int64_t work_per_item, Fn&& fn) {
-  if (n <= 0) return;
-  if (n * std::max<std::int64_t>(work_per_item, 1) < kParallelGrain || omp_get_max_threads() == 1) {
+  const std::int64_t chunks = chunk_count(n, work_per_item);
+  if (chunks == 0) return;
+  if (chunks == 1) {
     fn(std::int64_t(0), n);
     return;
   }
-#pragma omp parallel
-  {
-    std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    std::int64_t b = n * t / nt, e = n * (t + 1) / nt;
-    if (b < e) fn(b, e);
-  }
+  run_chunks(chunks, [&](std::int64_t c) {
+    const Range r = chunk_range(n, c, chunks);
+    if (r.begin < r.end) fn(r.begin, r.end);
+  });
 }
 
-// Sum over [0, n) of fn(begin, end)'s partial sums, combined in chunk order.
+// Sum over [0, n) of fn(begin, end)'s partial sums, one per fixed chunk,
+// added in chunk order.
 template <class Fn>
 double parallel_sum(std::int64_t n, std::int64_t work_per_item, Fn&& fn) {
-  if (n * std::max<std::int64_t>(work_per_item, 1) < kParallelGrain || omp_get_max_threads() == 1) return fn(0, n);
-  double partial[kMaxThreads] = {};
-  int used = 1;
-#pragma omp parallel num_threads(std::min(omp_get_max_threads(), kMaxThreads))
-  {
-    std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    std::int64_t b = n * t / nt, e = n * (t + 1) / nt;
-    partial[t] = b < e ? fn(b, e) : 0.0;
-#pragma omp single
-    used = int(nt);
-  }
+  const std::int64_t chunks = chunk_count(n, work_per_item);
+  if (chunks == 0) return 0.0;
+  if (chunks == 1) return fn(std::int64_t(0), n);
+  double partial[kMaxChunks] = {};
+  run_chunks(chunks, [&](std::int64_t c) {
+    const Range r = chunk_range(n, c, chunks);
+    partial[c] = r.begin < r.end ? fn(r.begin, r.end) : 0.0;
+  });
   double s = 0;
-  for (int t = 0; t < used; ++t) s += partial[t];
+  for (std::int64_t c = 0; c < chunks; ++c) s += partial[c];
   return s;
 }
 

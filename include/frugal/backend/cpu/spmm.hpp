@@ -44,7 +44,7 @@ inline void check_row_ptr(const char* op, const char* what, const std::int64_t* 
                     " entries; a CSR row pointer must end at the number of entries");
 }
 
-// The rows [b, e) of thread t of nt: equal shares of nnz + rows, found by
+// The rows [b, e) of chunk t of nt: equal shares of nnz + rows, found by
 // binary search over w(i) = ptr[i] + i (strictly increasing).
 inline void balanced_rows(const std::int64_t* ptr, std::int64_t rows, std::int64_t t, std::int64_t nt,
                           std::int64_t& b, std::int64_t& e) {
@@ -62,25 +62,22 @@ inline void balanced_rows(const std::int64_t* ptr, std::int64_t rows, std::int64
   e = t + 1 == nt ? rows : first_at_least(total * (t + 1) / nt);
 }
 
-// Runs fn(b, e) over row ranges; fn returns the first row whose indices are
-// out of range, or -1. Returns the first such row over all threads, or -1.
+// Runs fn(b, e) over row ranges of about equal work (fixed chunks, so the
+// same at any thread count); fn returns the first row whose indices are out
+// of range, or -1. Returns the first such row over all chunks, or -1.
 template <class Fn>
 std::int64_t for_row_ranges(const std::int64_t* ptr, std::int64_t rows, std::int64_t f, Fn&& fn) {
   if (rows <= 0) return -1;
-  const std::int64_t work = (ptr[rows] + rows) * std::max<std::int64_t>(f, 1);
-  if (work < kParallelGrain || omp_get_max_threads() == 1) return fn(std::int64_t(0), rows);
-  std::int64_t bad[kMaxThreads];
-  int used = 1;
-#pragma omp parallel num_threads(std::min(omp_get_max_threads(), kMaxThreads))
-  {
-    std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), b = 0, e = 0;
-    balanced_rows(ptr, rows, t, nt, b, e);
-    bad[t] = b < e ? fn(b, e) : -1;
-#pragma omp single
-    used = int(nt);
-  }
-  for (int t = 0; t < used; ++t)
-    if (bad[t] >= 0) return bad[t];
+  const std::int64_t chunks = chunk_count(ptr[rows] + rows, std::max<std::int64_t>(f, 1));
+  if (chunks == 1) return fn(std::int64_t(0), rows);
+  std::int64_t bad[kMaxChunks];
+  run_chunks(chunks, [&](std::int64_t c) {
+    std::int64_t b = 0, e = 0;
+    balanced_rows(ptr, rows, c, chunks, b, e);
+    bad[c] = b < e ? fn(b, e) : -1;
+  });
+  for (std::int64_t c = 0; c < chunks; ++c)
+    if (bad[c] >= 0) return bad[c];
   return -1;
 }
 
