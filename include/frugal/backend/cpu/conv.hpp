@@ -93,13 +93,17 @@ inline Share share(std::int64_t n, std::int64_t t, std::int64_t nt) { return {n 
 // The chunks of a convolution's parallel phases (worker_team.hpp). The
 // AVX-512 engine computes every element the same way however its panels
 // and row blocks are shared (each is one micro-kernel call over the full
-// depth), so its split may follow the team: two chunks per thread, so a
-// thread descheduled on a busy machine holds back little. The BLAS engine's
+// depth), so its split may follow the team: one chunk per thread, as before
+// the team; two per thread cost 27% of a 2-thread ResNet step on an idle
+// machine (each chunk regathers the weight blocks), and one per thread is
+// still 1.3-1.5x faster than 1 thread when every core also runs a busy
+// process (a helper that has not started its chunk leaves it to the
+// caller). The BLAS engine's
 // split sets each GEMM's columns, and so its bits: it depends on the sizes
 // alone.
 inline std::int64_t fast_chunks(double flops) {
   const int nt = team_threads();
-  return nt == 1 || flops < 4e6 ? 1 : 2 * std::int64_t(nt);
+  return nt == 1 || flops < 4e6 ? 1 : std::int64_t(nt);
 }
 inline std::int64_t blas_chunks(double flops) {
   return flops < 4e6 ? 1 : std::clamp<std::int64_t>(std::llround(flops / 64e6), 2, 16);
