@@ -7,17 +7,29 @@
 // OpenBLAS's own threads split a product by the thread count (7 of 8 shapes
 // tried gave different bits at 1 and 2 threads) and wait for each other at
 // every call, which is what collapsed steps on a loaded machine.
+//
+// Float products run on frugal's own AVX-512 kernel where OpenBLAS would
+// run narrower kernels than the CPU has (sgemm_engine below says when).
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "../../core/error.hpp"
 
 #include "abi.hpp"
+#include "isa.hpp"
+#include "sgemm_avx512.hpp"
 #include "worker_team.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
@@ -62,25 +74,34 @@ inline GemmTiles gemm_tiles(std::int64_t m, std::int64_t n, std::int64_t k) {
   return {rows, cols};
 }
 
-// Where tile i of `tiles` along a side of n starts: on a multiple of 16,
-// so only the last tile has a partial block of OpenBLAS's micro-kernel.
-inline std::int64_t tile_edge(std::int64_t n, std::int64_t i, std::int64_t tiles) {
+// Where tile i of `tiles` along a side of n starts: on a multiple of
+// `align` (16 for OpenBLAS's micro-kernel, the register tile's side for
+// frugal's), so only the last tile has a partial block.
+inline std::int64_t tile_edge(std::int64_t n, std::int64_t i, std::int64_t tiles, std::int64_t align = 16) {
   if (i >= tiles) return n;
-  return std::min(n, (n * i / tiles + 8) / 16 * 16);
+  return std::min(n, (n * i / tiles + align / 2) / align * align);
 }
 
-// C[m,n] = alpha * op(A) op(B) + beta * C, all row-major, tile by tile.
-template <class T, class Blas>
-void tiled_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* A, std::int64_t lda,
-                const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc, Blas&& blas) {
-  check_gemm_dims(m, n, k, lda, ldb, ldc);
+// C[m,n] = alpha * op(A) op(B) + beta * C, all row-major, tile by tile:
+// block(ta, tb, r0, r1, c0, c1) computes C[r0:r1, c0:c1] on its thread.
+template <class Block>
+void tiled_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t row_align, std::int64_t col_align,
+                Block&& block) {
   if (m <= 0 || n <= 0) return;
   const GemmTiles t = gemm_tiles(m, n, k);
   WorkerTeam::mine().run(t.rows * t.cols, std::max(1, omp_get_max_threads()), [&](std::int64_t c) {
     const std::int64_t i = c / t.cols, j = c % t.cols;
-    const std::int64_t r0 = tile_edge(m, i, t.rows), r1 = tile_edge(m, i + 1, t.rows);
-    const std::int64_t c0 = tile_edge(n, j, t.cols), c1 = tile_edge(n, j + 1, t.cols);
-    if (r0 == r1 || c0 == c1) return;
+    const std::int64_t r0 = tile_edge(m, i, t.rows, row_align), r1 = tile_edge(m, i + 1, t.rows, row_align);
+    const std::int64_t c0 = tile_edge(n, j, t.cols, col_align), c1 = tile_edge(n, j + 1, t.cols, col_align);
+    if (r0 < r1 && c0 < c1) block(r0, r1, c0, c1);
+  });
+}
+
+// One OpenBLAS call per tile.
+template <class T, class Blas>
+void blas_tiled_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* A,
+                     std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc, Blas&& blas) {
+  tiled_gemm(m, n, k, 16, 16, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
     // Row r of op(A) starts at A + r*lda untransposed, at column r transposed.
     const T* a = ta ? A + r0 : A + r0 * lda;
     const T* b = tb ? B + c0 * ldb : B + c0;
@@ -89,15 +110,101 @@ void tiled_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   });
 }
 
+// ---- which engine runs float products -------------------------------------------------
+
+enum class SgemmEngine { openblas, avx512 };
+
+namespace gemm_detail {
+
+inline std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Does OpenBLAS run AVX-512 kernels of its own on this CPU? It names the
+// core whose kernels it chose at start-up.
+inline bool openblas_runs_avx512() {
+  const std::string core = lower(openblas_get_corename());
+  for (const char* k : {"skylakex", "cooperlake", "sapphirerapids"})
+    if (core.find(k) != std::string::npos) return true;
+  return false;
+}
+
+// AMD's Zen 4 (family 0x19) executes a 512-bit FMA as two 256-bit halves:
+// its AVX-512 peak is its AVX2 peak, so OpenBLAS's tuned AVX2 kernels are
+// kept there. Zen 5 (family 0x1A) and Intel's AVX-512 cores have 512-bit
+// FMA units.
+inline bool avx512_half_width() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  unsigned family = (a >> 8) & 0xF;
+  if (family == 0xF) family += (a >> 20) & 0xFF;
+  return family == 0x19;
+#else
+  return false;
+#endif
+}
+
+// FRUGAL_SGEMM=openblas|avx512|auto, read once; auto when unset.
+inline SgemmEngine configured() {
+  static const SgemmEngine e = [] {
+    const char* v = std::getenv("FRUGAL_SGEMM");
+    const std::string s = v ? lower(v) : "auto";
+    if (s == "openblas") return SgemmEngine::openblas;
+    if (s == "avx512") {
+      if (!sgemm512::available())
+        fail("FRUGAL_SGEMM=avx512 asks for frugal's AVX-512 GEMM, but ",
+             sgemm512::kCompiledIn ? "this CPU has no AVX-512F" : "frugal's kernels were built without it",
+             "; unset it or use FRUGAL_SGEMM=openblas");
+      return SgemmEngine::avx512;
+    }
+    if (s != "auto" && !s.empty())
+      fail("FRUGAL_SGEMM='", v, "' is not an engine: use openblas, avx512 or auto");
+    return sgemm512::available() && !openblas_runs_avx512() && !avx512_half_width() ? SgemmEngine::avx512
+                                                                                     : SgemmEngine::openblas;
+  }();
+  return e;
+}
+
+}  // namespace gemm_detail
+
+// The engine for a float product of depth k. It depends on the CPU, the
+// environment and k only, never on the thread count, so a step's bits do
+// not either. A forced narrower instruction set (isa.hpp) selects OpenBLAS,
+// which is how the AVX2 path is measured on an AVX-512 machine.
+inline SgemmEngine sgemm_engine(std::int64_t k) {
+  if (k > sgemm512::kMaxDepth || cpu_isa() != CpuIsa::avx512) return SgemmEngine::openblas;
+  return gemm_detail::configured();
+}
+
+// A float product on the given engine (tests run each engine this way).
+inline void gemm_with(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                      std::int64_t ldc) {
+  check_gemm_dims(m, n, k, lda, ldb, ldc);
+  if (e == SgemmEngine::avx512) {
+    if (!sgemm512::available()) fail("gemm: the AVX-512 engine was asked for, but this CPU or build has none");
+    tiled_gemm(m, n, k, sgemm512::MR, sgemm512::NR,
+               [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+                 sgemm512::gemm_block(ta, tb, r0, r1, c0, c1, k, alpha, A, lda, B, ldb, beta, C, ldc);
+               });
+    return;
+  }
+  blas_tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                  [](auto... a) { cblas_sgemm(CblasRowMajor, a...); });
+}
 inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-             [](auto... a) { cblas_sgemm(CblasRowMajor, a...); });
+  gemm_with(sgemm_engine(k), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* A,
                  std::int64_t lda, const double* B, std::int64_t ldb, double beta, double* C, std::int64_t ldc) {
-  tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-             [](auto... a) { cblas_dgemm(CblasRowMajor, a...); });
+  check_gemm_dims(m, n, k, lda, ldb, ldc);
+  blas_tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                  [](auto... a) { cblas_dgemm(CblasRowMajor, a...); });
 }
 
 inline void set_blas_threads(int n) { openblas_set_num_threads(n); }

@@ -26,6 +26,7 @@
 #include "../../runtime/backend.hpp"
 #include "blas.hpp"
 #include "conv_avx512.hpp"
+#include "isa.hpp"
 #include "conv_scratch.hpp"
 #include "parallel.hpp"
 
@@ -787,7 +788,9 @@ inline ConvEngine conv_engine_from(const std::string& name) {
            "; use \"auto\" or \"blas\"");
     return ConvEngine::avx512;
   }
-  if (name == "auto" || name.empty()) return conv_fast::available() ? ConvEngine::avx512 : ConvEngine::blas;
+  // A forced narrower instruction set (FRUGAL_CPU_ISA, isa.hpp) keeps "auto" on BLAS.
+  if (name == "auto" || name.empty())
+    return conv_fast::available() && cpu_isa() == CpuIsa::avx512 ? ConvEngine::avx512 : ConvEngine::blas;
   fail("cpu: unknown convolution engine '", name, "' (use \"auto\", \"blas\" or \"avx512\")");
 }
 

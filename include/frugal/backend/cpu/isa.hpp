@@ -8,6 +8,10 @@
 // in every instruction set, so the bits never depend on the CPU.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "../../core/error.hpp"
 
 #include "abi.hpp"
 
@@ -51,9 +55,20 @@ inline CpuIsa widest_cpu_isa() {
 #endif
 }
 
-// -1: the widest. Tests set a narrower one to compare each path's bits with
-// the others' on one machine.
-inline std::atomic<int> forced_cpu_isa{-1};
+// FRUGAL_CPU_ISA=avx2 (or x86-64) caps every run-time choice at that
+// instruction set, so the narrower paths can be measured on a wider CPU;
+// -1 (unset, or "auto"): the widest.
+inline int cpu_isa_from_env() {
+  const char* v = std::getenv("FRUGAL_CPU_ISA");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return -1;
+  for (CpuIsa i : {CpuIsa::base, CpuIsa::avx2, CpuIsa::avx512})
+    if (std::strcmp(v, isa_name(i)) == 0 || (i == CpuIsa::avx512 && std::strcmp(v, "avx512") == 0)) return int(i);
+  fail("FRUGAL_CPU_ISA='", v, "' is not an instruction set: use x86-64, avx2, avx512 or auto");
+}
+
+// Tests set a narrower one to compare each path's bits with the others' on
+// one machine.
+inline std::atomic<int> forced_cpu_isa{cpu_isa_from_env()};
 
 inline CpuIsa cpu_isa() {
   const int forced = forced_cpu_isa.load(std::memory_order_relaxed);

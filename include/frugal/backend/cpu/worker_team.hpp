@@ -125,7 +125,7 @@ class WorkerTeam {
       run_inline(chunks, fn);
       return;
     }
-    if (chunks >= kIdxOne) fail_too_many(chunks);
+    if (std::uint64_t(chunks) >= kIdxOne) fail_too_many(chunks);
     grow(threads - 1);
     using F = std::remove_reference_t<Fn>;
     const std::uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> kIdxBits) + 1;

@@ -1,0 +1,205 @@
+#pragma once
+// frugal's own single-precision GEMM for CPUs whose AVX-512 runs at full
+// width, chosen at run time (blas.hpp, sgemm_engine); the library is
+// compiled for plain x86-64 and only the micro-kernel is compiled for
+// AVX-512F, through a target attribute.
+//
+// Why not OpenBLAS everywhere: OpenBLAS picks its kernels by CPU model, and
+// Debian's 0.3.21 does not know Zen 5, so it runs its Haswell (AVX2)
+// kernels there, which peak at half of what the core's two 512-bit FMA
+// pipes do. bench/gemm_kernels.cpp measures both on the workloads' shapes.
+//
+// Every element of C is one chain of fused multiply-adds over p = 0..k-1 in
+// order, started from zero and held in a register from first to last, and
+// then alpha * sum (+ beta * C). Its bits therefore do not depend on how C
+// is cut into tiles, on the thread count, or on which thread ran a tile.
+//
+// Layout: A is packed MR rows at a time, k deep ([p][MR], rows past the
+// edge zero); B is packed NR columns at a time, k deep ([p][NR], columns
+// past the edge zero), NC columns (a few panels) at once so each packed
+// sliver of A is reused over them. Packing reads op(A) and op(B) through
+// their strides, so the four transpose cases share one kernel.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "../../core/error.hpp"
+
+#if defined(__x86_64__) && !defined(FRUGAL_NO_AVX512) && (defined(__GNUC__) || defined(__clang__))
+#define FRUGAL_SGEMM_AVX512 1
+#include <immintrin.h>
+#else
+#define FRUGAL_SGEMM_AVX512 0
+#endif
+
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::sgemm512 {
+
+inline constexpr int MR = 12;               // rows of a register tile: 24 accumulators
+inline constexpr int NR = 32;               // columns of a register tile: two 16-float vectors
+inline constexpr std::int64_t NC = 128;     // columns of B packed together (4 panels)
+inline constexpr std::int64_t kMaxDepth = 8192;  // deeper products go to BLAS: the packed
+                                                 // slivers would outgrow the caches
+
+inline constexpr bool kCompiledIn = FRUGAL_SGEMM_AVX512;
+
+// This thread's packing buffers, grown on demand and kept (as OpenBLAS keeps
+// its own): at k = kMaxDepth they hold (NC + MR) * k floats, 4.3 MB.
+struct PackBuffers {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> a, b;
+  std::int64_t a_cap = 0, b_cap = 0;
+  static float* grow(std::unique_ptr<float, Free>& p, std::int64_t& cap, std::int64_t want) {
+    if (want > cap) {
+      const std::size_t bytes = (std::size_t(want) * sizeof(float) + 63) / 64 * 64;
+      float* q = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!q) fail("gemm: could not allocate ", bytes, " bytes of packing buffer");
+      p.reset(q);
+      cap = want;
+    }
+    return p.get();
+  }
+  static PackBuffers& mine() {
+    static thread_local PackBuffers b;
+    return b;
+  }
+};
+
+// ap[p * MR + i] = op(A)(r0 + i, p) for i < mr, zero for mr <= i < MR.
+// op(A)(r, p) is A[r * lda + p], or A[p * lda + r] transposed.
+inline void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t r0, int mr, std::int64_t k, float* ap) {
+  if (ta) {
+    for (std::int64_t p = 0; p < k; ++p) {
+      const float* src = A + p * lda + r0;
+      float* dst = ap + p * MR;
+      int i = 0;
+      for (; i < mr; ++i) dst[i] = src[i];
+      for (; i < MR; ++i) dst[i] = 0.f;
+    }
+  } else {
+    for (int i = 0; i < MR; ++i) {
+      if (i < mr) {
+        const float* src = A + (r0 + i) * lda;
+        for (std::int64_t p = 0; p < k; ++p) ap[p * MR + i] = src[p];
+      } else {
+        for (std::int64_t p = 0; p < k; ++p) ap[p * MR + i] = 0.f;
+      }
+    }
+  }
+}
+
+// Panel q of bp (k * NR floats each): bp[q * k * NR + p * NR + j] =
+// op(B)(p, c0 + q * NR + j) for columns before c0 + nc, zero beyond.
+// op(B)(p, c) is B[p * ldb + c], or B[c * ldb + p] transposed.
+inline void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t c0, std::int64_t nc, std::int64_t k,
+                   float* bp) {
+  for (std::int64_t q = 0; q * NR < nc; ++q) {
+    const int nr = int(std::min<std::int64_t>(NR, nc - q * NR));
+    float* panel = bp + q * k * NR;
+    const std::int64_t c = c0 + q * NR;
+    if (!tb) {
+      for (std::int64_t p = 0; p < k; ++p) {
+        std::memcpy(panel + p * NR, B + p * ldb + c, std::size_t(nr) * sizeof(float));
+        if (nr < NR) std::memset(panel + p * NR + nr, 0, std::size_t(NR - nr) * sizeof(float));
+      }
+    } else {
+      // Eight columns at a time, so the eight source rows stream side by side.
+      for (int j0 = 0; j0 < NR; j0 += 8) {
+        for (int j = j0; j < j0 + 8; ++j) {
+          if (j < nr) {
+            const float* src = B + (c + j) * ldb;
+            for (std::int64_t p = 0; p < k; ++p) panel[p * NR + j] = src[p];
+          } else {
+            for (std::int64_t p = 0; p < k; ++p) panel[p * NR + j] = 0.f;
+          }
+        }
+      }
+    }
+  }
+}
+
+#if FRUGAL_SGEMM_AVX512
+// C[i, j] = alpha * sum_p ap[p*MR + i] * bp[p*NR + j] (+ beta * C[i, j]) for
+// i < mr, j < nr; C is read only when beta != 0 (BLAS's rule: with beta 0,
+// whatever C held, NaN included, is overwritten).
+__attribute__((target("avx512f"))) inline void micro_kernel(std::int64_t k, const float* __restrict ap,
+                                                             const float* __restrict bp, float* C, std::int64_t ldc,
+                                                             int mr, int nr, float alpha, float beta) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = _mm512_setzero_ps();
+    c1[i] = _mm512_setzero_ps();
+  }
+  for (std::int64_t p = 0; p < k; ++p) {
+    const __m512 b0 = _mm512_load_ps(bp + p * NR), b1 = _mm512_load_ps(bp + p * NR + 16);
+    const float* a = ap + p * MR;
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(a[i]);
+      c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+    }
+  }
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF) : nr <= 16 ? __mmask16(0) : __mmask16((1u << (nr - 16)) - 1);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+    if (i >= mr) break;
+    float* row = C + i * ldc;
+    __m512 r0 = _mm512_mul_ps(va, c0[i]), r1 = _mm512_mul_ps(va, c1[i]);
+    if (beta != 0.f) {
+      r0 = _mm512_add_ps(r0, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m0, row)));
+      r1 = _mm512_add_ps(r1, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16)));
+    }
+    _mm512_mask_storeu_ps(row, m0, r0);
+    _mm512_mask_storeu_ps(row + 16, m1, r1);
+  }
+}
+#else
+// Never called: available() is false where this is compiled.
+inline void micro_kernel(std::int64_t, const float*, const float*, float*, std::int64_t, int, int, float, float) {
+  fail("internal error: the AVX-512 GEMM micro-kernel was called but is not compiled in");
+}
+#endif
+
+// True when the kernel is compiled in and this CPU (and its OS) runs
+// AVX-512F.
+inline bool available() {
+#if FRUGAL_SGEMM_AVX512
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// C[r0:r1, c0:c1] of C = alpha * op(A) op(B) + beta * C, row-major, on the
+// calling thread (the caller splits C into such blocks over its team).
+inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
+                       std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                       float beta, float* C, std::int64_t ldc) {
+  PackBuffers& buf = PackBuffers::mine();
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+  float* ap = PackBuffers::grow(buf.a, buf.a_cap, kk * MR);
+  float* bp = PackBuffers::grow(buf.b, buf.b_cap, kk * NC);
+  for (std::int64_t jc = c0; jc < c1; jc += NC) {
+    const std::int64_t nc = std::min(NC, c1 - jc);
+    pack_b(tb, B, ldb, jc, nc, k, bp);
+    for (std::int64_t ir = r0; ir < r1; ir += MR) {
+      const int mr = int(std::min<std::int64_t>(MR, r1 - ir));
+      pack_a(ta, A, lda, ir, mr, k, ap);
+      for (std::int64_t q = 0; q * NR < nc; ++q)
+        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr,
+                     int(std::min<std::int64_t>(NR, nc - q * NR)), alpha, beta);
+    }
+  }
+}
+
+}  // namespace frugal::cpu::sgemm512

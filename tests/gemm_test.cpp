@@ -1,0 +1,152 @@
+// The float GEMM engines (backend/cpu/blas.hpp, sgemm_avx512.hpp): each is
+// checked against a float64 product on every transpose case, on edges that
+// are not multiples of the register tile, with strides wider than the
+// matrices, and with BLAS's alpha/beta rules; frugal's AVX-512 kernel also
+// gives the same bits however C is cut into tiles.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <frugal/backend/cpu/blas.hpp>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace frugal;
+
+namespace {
+
+std::vector<float> gemm_test_floats(std::size_t n, std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(g);
+  return v;
+}
+
+std::vector<cpu::SgemmEngine> gemm_engines() {
+  std::vector<cpu::SgemmEngine> e{cpu::SgemmEngine::openblas};
+  if (cpu::sgemm512::available()) e.push_back(cpu::SgemmEngine::avx512);
+  return e;
+}
+
+const char* engine_label(cpu::SgemmEngine e) { return e == cpu::SgemmEngine::avx512 ? "avx512" : "openblas"; }
+
+struct GemmCase {
+  bool ta, tb;
+  std::int64_t m, n, k;
+  std::int64_t pad;  // extra elements at the end of every row of A, B and C
+};
+
+// How far each element of C lies from the float64 product, in units of the
+// bound (k + 2) * 2^-24 * (|alpha| sum_p |a b| + |beta c|): the k roundings of
+// a chain of k products (fused or not) and two for alpha and beta. Elements
+// of C's row padding must be untouched.
+double worst_against_float64(const GemmCase& c, float alpha, float beta, const std::vector<float>& A,
+                             const std::vector<float>& B, const std::vector<float>& C0, const std::vector<float>& C,
+                             std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
+  double worst = 0;
+  for (std::int64_t i = 0; i < c.m; ++i) {
+    for (std::int64_t j = 0; j < c.n; ++j) {
+      double s = 0, mag = 0;
+      for (std::int64_t p = 0; p < c.k; ++p) {
+        const double a = A[std::size_t(c.ta ? p * lda + i : i * lda + p)];
+        const double b = B[std::size_t(c.tb ? j * ldb + p : p * ldb + j)];
+        s += a * b;
+        mag += std::abs(a * b);
+      }
+      const double c0 = beta == 0.f ? 0.0 : double(C0[std::size_t(i * ldc + j)]);
+      const double want = double(alpha) * s + double(beta) * c0;
+      const double bound = (double(c.k) + 2) * 0x1p-24 * (std::abs(alpha) * mag + std::abs(beta * c0)) + 1e-300;
+      const float got = C[std::size_t(i * ldc + j)];
+      if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
+      worst = std::max(worst, std::abs(double(got) - want) / bound);
+    }
+    for (std::int64_t j = c.n; j < ldc; ++j)
+      if (std::memcmp(&C[std::size_t(i * ldc + j)], &C0[std::size_t(i * ldc + j)], 4) != 0)
+        return std::numeric_limits<double>::infinity();
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("gemm: every engine within float rounding of a float64 product, on every transpose and edge",
+          "[blas][gemm]") {
+  // Sizes around the AVX-512 kernel's 12 x 32 register tile and its 128-column
+  // packing, and products large enough to be cut into several tiles.
+  const GemmCase cases[] = {
+      {false, false, 1, 1, 1, 0},    {false, false, 11, 31, 7, 3},    {false, true, 13, 33, 64, 1},
+      {true, false, 25, 65, 129, 5}, {true, true, 12, 32, 300, 0},    {false, true, 37, 130, 17, 2},
+      {true, true, 5, 257, 33, 7},   {false, false, 300, 203, 157, 0}, {true, false, 517, 96, 260, 4},
+      {false, true, 64, 700, 96, 0}, {true, true, 190, 161, 75, 1},    {false, false, 3, 1000, 500, 0},
+  };
+  const float alphas[] = {1.f, -0.75f}, betas[] = {0.f, 1.f, 0.5f};
+  for (const cpu::SgemmEngine e : gemm_engines()) {
+    for (const GemmCase& c : cases) {
+      const std::int64_t lda = (c.ta ? c.m : c.k) + c.pad, ldb = (c.tb ? c.k : c.n) + c.pad, ldc = c.n + c.pad;
+      const auto A = gemm_test_floats(std::size_t((c.ta ? c.k : c.m) * lda), 1);
+      const auto B = gemm_test_floats(std::size_t((c.tb ? c.n : c.k) * ldb), 2);
+      auto C0 = gemm_test_floats(std::size_t(c.m * ldc), 3);
+      for (const float alpha : alphas)
+        for (const float beta : betas) {
+          INFO(engine_label(e) << ": ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k
+                               << " pad " << c.pad << " alpha " << alpha << " beta " << beta);
+          std::vector<float> start = C0;
+          // With beta 0, C is not read: NaN there must not reach the result.
+          if (beta == 0.f)
+            for (std::int64_t i = 0; i < c.m; ++i)
+              for (std::int64_t j = 0; j < c.n; ++j) start[std::size_t(i * ldc + j)] = std::nanf("");
+          std::vector<float> C = start;
+          cpu::gemm_with(e, c.ta, c.tb, c.m, c.n, c.k, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          CHECK(worst_against_float64(c, alpha, beta, A, B, start, C, lda, ldb, ldc) <= 1.0);
+        }
+    }
+  }
+}
+
+TEST_CASE("gemm: a product of depth 0 is beta * C", "[blas][gemm]") {
+  for (const cpu::SgemmEngine e : gemm_engines()) {
+    INFO(engine_label(e));
+    std::vector<float> A(4, 1.f), B(4, 1.f), C = {1.f, 2.f, 3.f, 4.f};
+    cpu::gemm_with(e, false, false, 2, 2, 0, 1.f, A.data(), 1, B.data(), 2, 0.5f, C.data(), 2);
+    CHECK(C == std::vector<float>{0.5f, 1.f, 1.5f, 2.f});
+  }
+}
+
+TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", "[blas][gemm]") {
+  if (!cpu::sgemm512::available()) {
+    WARN("skipped: this CPU (or build) has no AVX-512F");
+    return;
+  }
+  const std::int64_t m = 157, n = 301, k = 203;
+  const auto A = gemm_test_floats(std::size_t(m * k), 4), B = gemm_test_floats(std::size_t(k * n), 5);
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      INFO("ta " << ta << " tb " << tb);
+      const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+      std::vector<float> whole(std::size_t(m * n), 0.f), cut(std::size_t(m * n), 0.f);
+      cpu::sgemm512::gemm_block(ta, tb, 0, m, 0, n, k, 1.f, A.data(), lda, B.data(), ldb, 0.f, whole.data(), n);
+      // Blocks whose edges fall inside the register tile and the packed columns.
+      const std::int64_t rows[] = {0, 5, 17, 18, 100, m}, cols[] = {0, 1, 45, 160, 161, n};
+      for (int i = 0; i + 1 < 6; ++i)
+        for (int j = 0; j + 1 < 6; ++j)
+          cpu::sgemm512::gemm_block(ta, tb, rows[i], rows[i + 1], cols[j], cols[j + 1], k, 1.f, A.data(), lda,
+                                    B.data(), ldb, 0.f, cut.data(), n);
+      CHECK(std::memcmp(whole.data(), cut.data(), whole.size() * 4) == 0);
+    }
+}
+
+TEST_CASE("gemm: the engine a float product takes follows the CPU, the forced instruction set and the depth",
+          "[blas][gemm]") {
+  struct Restore {
+    int saved = cpu::forced_cpu_isa.load();
+    ~Restore() { cpu::forced_cpu_isa = saved; }
+  } restore;
+  cpu::forced_cpu_isa = int(cpu::CpuIsa::avx2);
+  CHECK(cpu::sgemm_engine(256) == cpu::SgemmEngine::openblas);
+  cpu::forced_cpu_isa = -1;
+  CHECK(cpu::sgemm_engine(cpu::sgemm512::kMaxDepth + 1) == cpu::SgemmEngine::openblas);
+  if (!cpu::sgemm512::available()) CHECK(cpu::sgemm_engine(256) == cpu::SgemmEngine::openblas);
+}
