@@ -164,12 +164,15 @@ struct ResnetWorkload final : Workload {
 // Decoder-only transformer: vocab 512, context 128, 4 layers, d 256, 4 heads,
 // MLP 4x, pre-norm, GELU, causal attention, batch 8, AdamW(lr 3e-4, betas
 // 0.9/0.95, eps 1e-8, weight decay 0.1).
+// "gpt-bf16": the same model with every parameter and activation in bf16
+// (nn::GptConfig::dtype; kernels compute in f32 and round once on store).
 struct GptWorkload final : Workload {
-  nn::Gpt net{nn::GptConfig{.vocab = 512, .context = 128, .layers = 4, .d_model = 256, .heads = 4}};
+  nn::Gpt net;
   optim::AdamW opt{net.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
   Tensor idx, tgt;
 
-  explicit GptWorkload(int threads, const Shard& shard = {}) {
+  explicit GptWorkload(int threads, const Shard& shard = {}, DType dtype = DType::f32)
+      : net(nn::GptConfig{.vocab = 512, .context = 128, .layers = 4, .d_model = 256, .heads = 4, .dtype = dtype}) {
     Rng r(3);
     idx = rows_of(randint({8, 128}, 512, r), shard);
     tgt = rows_of(randint({8, 128}, 512, r), shard);
@@ -218,11 +221,12 @@ inline std::unique_ptr<Workload> make_workload(const std::string& name, int thre
   if (name == "mlp") return std::make_unique<MlpWorkload>(threads, shard);
   if (name == "resnet") return std::make_unique<ResnetWorkload>(threads, shard);
   if (name == "gpt") return std::make_unique<GptWorkload>(threads, shard);
+  if (name == "gpt-bf16") return std::make_unique<GptWorkload>(threads, shard, DType::bf16);
   if (name == "gcn") {
     if (shard.ranks > 1) fail("train_workloads: gcn trains on the whole graph at once; it has no batch to split over ranks");
     return std::make_unique<GcnWorkload>(threads);
   }
-  fail("train_bench: unknown workload '", name, "': use mlp, resnet, gpt or gcn");
+  fail("train_bench: unknown workload '", name, "': use mlp, resnet, gpt, gpt-bf16 or gcn");
 }
 
 }  // namespace bench

@@ -23,7 +23,7 @@
 # CPU-only program never needs nvcc.
 #
 # FRUGAL_WITH_AVX512 (default ON on x86-64): compile the AVX-512 convolution
-# engine, chosen at run time on CPUs that have AVX-512F. OFF builds what an
+# engine and GEMM, chosen at run time on CPUs that have AVX-512F. OFF builds what an
 # aarch64 or AVX2-only machine gets.
 include_guard(GLOBAL)
 
@@ -32,7 +32,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   set(_frugal_x86 ON)
 endif()
 if(NOT DEFINED FRUGAL_WITH_AVX512)
-  set(FRUGAL_WITH_AVX512 ${_frugal_x86} CACHE BOOL "Compile frugal's AVX-512 convolution engine (run-time dispatch)")
+  set(FRUGAL_WITH_AVX512 ${_frugal_x86} CACHE BOOL "Compile frugal's AVX-512 convolution engine and GEMM (run-time dispatch)")
 endif()
 
 # FRUGAL_KERNEL_OPT (default -O3): the optimisation level of the kernel

@@ -70,25 +70,105 @@ struct PackBuffers {
   }
 };
 
+// True when the kernel is compiled in and this CPU (and its OS) runs
+// AVX-512F.
+inline bool available() {
+#if FRUGAL_SGEMM_AVX512
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+#if FRUGAL_SGEMM_AVX512
+// r[c] becomes column c of the 16 x 16 block whose rows were r[0..15]:
+// pairs, then quads within each 128-bit lane, then the lanes themselves.
+__attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + j], lane L: column 4L + j of rows 4i..4i+3.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 p0 = _mm512_shuffle_f32x4(u[j], u[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 p1 = _mm512_shuffle_f32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 q0 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 q1 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    r[j] = _mm512_shuffle_f32x4(p0, q0, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + j] = _mm512_shuffle_f32x4(p0, q0, _MM_SHUFFLE(3, 1, 3, 1));
+    r[4 + j] = _mm512_shuffle_f32x4(p1, q1, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + j] = _mm512_shuffle_f32x4(p1, q1, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// The strided packings, 16 deep at a time through transpose16: rows of A
+// (untransposed) into [p][MR], rows of B (transposed) into [p][NR]. The
+// depth left over (k % 16) is packed by the scalar loops.
+__attribute__((target("avx512f"))) inline std::int64_t pack_a_rows_avx512(const float* A, std::int64_t lda,
+                                                                           std::int64_t r0, int mr, std::int64_t k,
+                                                                           float* ap) {
+  std::int64_t p0 = 0;
+  for (; p0 + 16 <= k; p0 += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < mr ? _mm512_loadu_ps(A + (r0 + i) * lda + p0) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int q = 0; q < 16; ++q) _mm512_mask_storeu_ps(ap + (p0 + q) * MR, __mmask16((1u << MR) - 1), r[q]);
+  }
+  return p0;
+}
+__attribute__((target("avx512f"))) inline std::int64_t pack_b_cols_avx512(const float* B, std::int64_t ldb,
+                                                                           std::int64_t c, int nr, std::int64_t k,
+                                                                           float* panel) {
+  std::int64_t p0 = 0;
+  for (; p0 + 16 <= k; p0 += 16)
+    for (int j0 = 0; j0 < NR; j0 += 16) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j)
+        r[j] = j0 + j < nr ? _mm512_loadu_ps(B + (c + j0 + j) * ldb + p0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int q = 0; q < 16; ++q) _mm512_store_ps(panel + (p0 + q) * NR + j0, r[q]);
+    }
+  return p0;
+}
+#else
+// Never called: the vector packers run only where available() is true.
+inline std::int64_t pack_a_rows_avx512(const float*, std::int64_t, std::int64_t, int, std::int64_t, float*) { return 0; }
+inline std::int64_t pack_b_cols_avx512(const float*, std::int64_t, std::int64_t, int, std::int64_t, float*) { return 0; }
+#endif
+
+// The packers' vector loops run where the micro-kernel does; elsewhere
+// (a test calling pack_a on a CPU without AVX-512) the scalar loops do.
+inline bool vector_packing() { return available(); }
+
 // ap[p * MR + i] = op(A)(r0 + i, p) for i < mr, zero for mr <= i < MR.
 // op(A)(r, p) is A[r * lda + p], or A[p * lda + r] transposed.
 inline void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t r0, int mr, std::int64_t k, float* ap) {
-  if (ta) {
+  if (!ta) {
+    // Each row is contiguous along p: 16 x 16 blocks transposed in registers.
+    const std::int64_t done = vector_packing() ? pack_a_rows_avx512(A, lda, r0, mr, k, ap) : 0;
+    for (int i = 0; i < MR; ++i) {
+      if (i < mr) {
+        const float* src = A + (r0 + i) * lda;
+        for (std::int64_t p = done; p < k; ++p) ap[p * MR + i] = src[p];
+      } else {
+        for (std::int64_t p = done; p < k; ++p) ap[p * MR + i] = 0.f;
+      }
+    }
+  } else {
     for (std::int64_t p = 0; p < k; ++p) {
       const float* src = A + p * lda + r0;
       float* dst = ap + p * MR;
       int i = 0;
       for (; i < mr; ++i) dst[i] = src[i];
       for (; i < MR; ++i) dst[i] = 0.f;
-    }
-  } else {
-    for (int i = 0; i < MR; ++i) {
-      if (i < mr) {
-        const float* src = A + (r0 + i) * lda;
-        for (std::int64_t p = 0; p < k; ++p) ap[p * MR + i] = src[p];
-      } else {
-        for (std::int64_t p = 0; p < k; ++p) ap[p * MR + i] = 0.f;
-      }
     }
   }
 }
@@ -108,20 +188,20 @@ inline void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t c0, s
         if (nr < NR) std::memset(panel + p * NR + nr, 0, std::size_t(NR - nr) * sizeof(float));
       }
     } else {
-      // Eight columns at a time, so the eight source rows stream side by side.
-      for (int j0 = 0; j0 < NR; j0 += 8) {
-        for (int j = j0; j < j0 + 8; ++j) {
-          if (j < nr) {
-            const float* src = B + (c + j) * ldb;
-            for (std::int64_t p = 0; p < k; ++p) panel[p * NR + j] = src[p];
-          } else {
-            for (std::int64_t p = 0; p < k; ++p) panel[p * NR + j] = 0.f;
-          }
+      // Each column of op(B) is contiguous along p: 16 x 16 blocks transposed in registers.
+      const std::int64_t done = vector_packing() ? pack_b_cols_avx512(B, ldb, c, nr, k, panel) : 0;
+      for (int j = 0; j < NR; ++j) {
+        if (j < nr) {
+          const float* src = B + (c + j) * ldb;
+          for (std::int64_t p = done; p < k; ++p) panel[p * NR + j] = src[p];
+        } else {
+          for (std::int64_t p = done; p < k; ++p) panel[p * NR + j] = 0.f;
         }
       }
     }
   }
 }
+
 
 #if FRUGAL_SGEMM_AVX512
 // C[i, j] = alpha * sum_p ap[p*MR + i] * bp[p*NR + j] (+ beta * C[i, j]) for
@@ -169,16 +249,6 @@ inline void micro_kernel(std::int64_t, const float*, const float*, float*, std::
 }
 #endif
 
-// True when the kernel is compiled in and this CPU (and its OS) runs
-// AVX-512F.
-inline bool available() {
-#if FRUGAL_SGEMM_AVX512
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
-#else
-  return false;
-#endif
-}
 
 // C[r0:r1, c0:c1] of C = alpha * op(A) op(B) + beta * C, row-major, on the
 // calling thread (the caller splits C into such blocks over its team).
