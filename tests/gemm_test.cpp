@@ -149,4 +149,118 @@ TEST_CASE("gemm: the engine a float product takes follows the CPU, the forced in
   cpu::forced_cpu_isa = -1;
   CHECK(cpu::sgemm_engine(cpu::sgemm512::kMaxDepth + 1) == cpu::SgemmEngine::openblas);
   if (!cpu::sgemm512::available()) CHECK(cpu::sgemm_engine(256) == cpu::SgemmEngine::openblas);
+  // bf16 products: the bf16 kernel needs AVX512-BF16, so a cap at plain
+  // AVX-512 sends them to f32 images.
+  CHECK_FALSE(cpu::bf16_gemm_direct(cpu::sgemm512::kMaxDepth + 1));
+  cpu::forced_cpu_isa = int(cpu::CpuIsa::avx512);
+  CHECK_FALSE(cpu::bf16_gemm_direct(256));
+  if (!cpu::bf16gemm512::available()) {
+    cpu::forced_cpu_isa = -1;
+    CHECK_FALSE(cpu::bf16_gemm_direct(256));
+  }
+}
+
+namespace {
+
+std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<BFloat16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = BFloat16(v[i]);
+  return out;
+}
+
+}  // namespace
+
+// The bf16 kernel (AVX512-BF16): exact products summed in f32, then one
+// rounding to bf16, so within u16 |y| + (1 + u16) (k + 2) 2^-24 (|alpha|
+// sum|a b| + |beta c|) of the float64 product, u16 = 2^-8 (bf16's unit
+// roundoff). The inputs hold no subnormals (the instruction reads them as zero).
+TEST_CASE("gemm: the bf16 kernel within one bf16 rounding of an f32-accurate product, on every transpose and edge",
+          "[blas][gemm][bf16]") {
+  if (!cpu::bf16gemm512::available()) {
+    WARN("skipped: this CPU (or build) has no AVX512-BF16");
+    return;
+  }
+  const GemmCase cases[] = {
+      {false, false, 1, 1, 1, 0},    {false, false, 11, 31, 7, 3},    {false, true, 13, 33, 64, 1},
+      {true, false, 25, 65, 129, 5}, {true, true, 12, 32, 300, 0},    {false, true, 37, 130, 17, 2},
+      {true, true, 5, 257, 33, 7},   {false, false, 300, 203, 157, 0}, {true, false, 517, 96, 260, 4},
+      {false, true, 64, 700, 96, 0}, {true, true, 190, 161, 75, 1},    {false, false, 3, 1000, 500, 0},
+  };
+  for (const GemmCase& c : cases)
+    for (const float alpha : {1.f, -0.75f})
+      for (const float beta : {0.f, 1.f, 0.5f}) {
+        INFO("ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k << " pad " << c.pad
+                   << " alpha " << alpha << " beta " << beta);
+        const std::int64_t lda = (c.ta ? c.m : c.k) + c.pad, ldb = (c.tb ? c.k : c.n) + c.pad, ldc = c.n + c.pad;
+        const auto A = to_bf16(gemm_test_floats(std::size_t((c.ta ? c.k : c.m) * lda), 1));
+        const auto B = to_bf16(gemm_test_floats(std::size_t((c.tb ? c.n : c.k) * ldb), 2));
+        auto start = to_bf16(gemm_test_floats(std::size_t(c.m * ldc), 3));
+        if (beta == 0.f)  // not read: NaN there must not reach the result
+          for (std::int64_t i = 0; i < c.m; ++i)
+            for (std::int64_t j = 0; j < c.n; ++j) start[std::size_t(i * ldc + j)] = BFloat16(std::nanf(""));
+        auto C = start;
+        cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+        double worst = 0;
+        bool padding_kept = true;
+        for (std::int64_t i = 0; i < c.m; ++i) {
+          for (std::int64_t j = 0; j < c.n; ++j) {
+            double s = 0, mag = 0;
+            for (std::int64_t p = 0; p < c.k; ++p) {
+              const double a = float(A[std::size_t(c.ta ? p * lda + i : i * lda + p)]);
+              const double b = float(B[std::size_t(c.tb ? j * ldb + p : p * ldb + j)]);
+              s += a * b;
+              mag += std::abs(a * b);
+            }
+            const double c0 = beta == 0.f ? 0.0 : double(float(start[std::size_t(i * ldc + j)]));
+            const double want = double(alpha) * s + double(beta) * c0;
+            const double bound = 0x1p-8 * std::abs(want) +
+                                 (1 + 0x1p-8) * (double(c.k) + 2) * 0x1p-24 * (std::abs(alpha) * mag + std::abs(beta * c0)) +
+                                 1e-300;
+            const double got = float(C[std::size_t(i * ldc + j)]);
+            worst = std::max(worst, std::isfinite(got) ? std::abs(got - want) / bound : 1e300);
+          }
+          for (std::int64_t j = c.n; j < ldc; ++j)
+            padding_kept = padding_kept && C[std::size_t(i * ldc + j)].bits == start[std::size_t(i * ldc + j)].bits;
+        }
+        CHECK(worst <= 1.0);
+        CHECK(padding_kept);
+      }
+}
+
+TEST_CASE("gemm: the bf16 kernel rounds as BFloat16(float) does, and its bits do not depend on the tiling",
+          "[blas][gemm][bf16]") {
+  if (!cpu::bf16gemm512::available()) {
+    WARN("skipped: this CPU (or build) has no AVX512-BF16");
+    return;
+  }
+  // Depth 1: each result is one exact product, rounded once; ties and NaN
+  // included (a product of two bf16 values has at most 16 significant bits).
+  std::vector<float> a = gemm_test_floats(64, 7), b = gemm_test_floats(48, 8);
+  a[3] = 1.0f + 0x1p-7f;  // (1 + 2^-7)(1 + 2^-8) = 1 + 3 * 2^-8 + 2^-15: rounds up
+  b[5] = 1.0f + 0x1p-8f;  // (not representable in bf16: rounds to 1 on the way in)
+  a[9] = std::nanf("");
+  const auto A = to_bf16(a), B = to_bf16(b);
+  std::vector<BFloat16> C(64 * 48);
+  cpu::gemm(false, false, 64, 48, 1, 1.f, A.data(), 1, B.data(), 48, 0.f, C.data(), 48);
+  bool same = true;
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 48; ++j)
+      same = same && C[std::size_t(i * 48 + j)].bits == BFloat16(float(A[std::size_t(i)]) * float(B[std::size_t(j)])).bits;
+  CHECK(same);
+
+  const std::int64_t m = 157, n = 301, k = 203;
+  const auto X = to_bf16(gemm_test_floats(std::size_t(m * k), 4)), Y = to_bf16(gemm_test_floats(std::size_t(k * n), 5));
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      INFO("ta " << ta << " tb " << tb);
+      const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+      std::vector<BFloat16> whole(std::size_t(m * n)), cut(std::size_t(m * n));
+      cpu::bf16gemm512::gemm_block(ta, tb, 0, m, 0, n, k, 1.f, X.data(), lda, Y.data(), ldb, 0.f, whole.data(), n);
+      const std::int64_t rows[] = {0, 5, 17, 18, 100, m}, cols[] = {0, 1, 45, 160, 161, n};
+      for (int i = 0; i + 1 < 6; ++i)
+        for (int j = 0; j + 1 < 6; ++j)
+          cpu::bf16gemm512::gemm_block(ta, tb, rows[i], rows[i + 1], cols[j], cols[j + 1], k, 1.f, X.data(), lda,
+                                       Y.data(), ldb, 0.f, cut.data(), n);
+      CHECK(std::memcmp(whole.data(), cut.data(), whole.size() * 2) == 0);
+    }
 }

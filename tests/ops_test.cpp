@@ -542,7 +542,8 @@ TEST_CASE("gemm refuses sizes and strides BLAS's integer cannot hold, naming the
   // Null operands: were BLAS called with the narrowed (wrapped) sizes, it
   // would read through them; the check must throw first.
   std::string m = error_message<frugal::Error>([&] {
-    frugal::cpu::gemm(false, false, big, 4, 3, 1.0f, nullptr, 3, nullptr, 4, 0.0f, nullptr, 4);
+    frugal::cpu::gemm(false, false, big, 4, 3, 1.0f, static_cast<const float*>(nullptr), 3, nullptr, 4, 0.0f,
+                      static_cast<float*>(nullptr), 4);
   });
   CHECK_THAT(m, Contains("m=2147483648") && Contains("n=4") && Contains("k=3") && Contains("does not fit"));
   m = error_message<frugal::Error>([&] {
@@ -551,7 +552,10 @@ TEST_CASE("gemm refuses sizes and strides BLAS's integer cannot hold, naming the
   });
   CHECK_THAT(m, Contains("lda = 2147483648"));
   m = error_message<frugal::Error>(
-      [&] { frugal::cpu::gemm(false, false, 2, -big - 1, 2, 1.0f, nullptr, 2, nullptr, 2, 0.0f, nullptr, 2); });
+      [&] {
+        frugal::cpu::gemm(false, false, 2, -big - 1, 2, 1.0f, static_cast<const float*>(nullptr), 2, nullptr, 2, 0.0f,
+                          static_cast<float*>(nullptr), 2);
+      });
   CHECK_THAT(m, Contains("n = -2147483649"));
 }
 

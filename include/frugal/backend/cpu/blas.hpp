@@ -19,10 +19,12 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "../../core/error.hpp"
 
 #include "abi.hpp"
+#include "bf16_gemm_avx512.hpp"
 #include "isa.hpp"
 #include "sgemm_avx512.hpp"
 #include "worker_team.hpp"
@@ -148,6 +150,14 @@ inline bool avx512_half_width() {
 #endif
 }
 
+inline bool openblas_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("FRUGAL_SGEMM");
+    return v && lower(v) == "openblas";
+  }();
+  return forced;
+}
+
 // FRUGAL_SGEMM=openblas|avx512|auto, read once; auto when unset.
 inline SgemmEngine configured() {
   static const SgemmEngine e = [] {
@@ -176,7 +186,7 @@ inline SgemmEngine configured() {
 // not either. A forced narrower instruction set (isa.hpp) selects OpenBLAS,
 // which is how the AVX2 path is measured on an AVX-512 machine.
 inline SgemmEngine sgemm_engine(std::int64_t k) {
-  if (k > sgemm512::kMaxDepth || cpu_isa() != CpuIsa::avx512) return SgemmEngine::openblas;
+  if (k > sgemm512::kMaxDepth || cpu_isa() < CpuIsa::avx512) return SgemmEngine::openblas;
   return gemm_detail::configured();
 }
 
@@ -206,6 +216,34 @@ inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   blas_tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
                   [](auto... a) { cblas_dgemm(CblasRowMajor, a...); });
 }
+
+// ---- bf16 products ---------------------------------------------------------------------
+
+// Does a bf16 product of depth k run on frugal's bf16 kernel (AVX512-BF16,
+// bf16_gemm_avx512.hpp), reading and writing bf16 directly? Otherwise the
+// caller multiplies f32 images of its operands. Like sgemm_engine, this
+// depends on the CPU, the environment (FRUGAL_CPU_ISA below avx512bf16, or
+// FRUGAL_SGEMM=openblas, turn it off) and k only.
+inline bool bf16_gemm_direct(std::int64_t k) {
+  return k <= sgemm512::kMaxDepth && cpu_isa() >= CpuIsa::avx512bf16 && bf16gemm512::available() &&
+         !gemm_detail::openblas_forced();
+}
+
+// C[m,n] = alpha * op(A) op(B) + beta * C in bf16, row-major, on the team;
+// only where bf16_gemm_direct(k).
+inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const BFloat16* A,
+                 std::int64_t lda, const BFloat16* B, std::int64_t ldb, float beta, BFloat16* C, std::int64_t ldc) {
+  check_gemm_dims(m, n, k, lda, ldb, ldc);
+  if (!bf16gemm512::available())
+    fail("internal error: a bf16 GEMM was called directly on a CPU without AVX512-BF16 (check bf16_gemm_direct)");
+  tiled_gemm(m, n, k, sgemm512::MR, sgemm512::NR, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+    bf16gemm512::gemm_block(ta, tb, r0, r1, c0, c1, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  });
+}
+
+// The scalar type gemm takes for alpha and beta with T operands.
+template <class T>
+using gemm_scalar_t = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
 
 inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
 

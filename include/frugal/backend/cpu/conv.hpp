@@ -790,7 +790,7 @@ inline ConvEngine conv_engine_from(const std::string& name) {
   }
   // A forced narrower instruction set (FRUGAL_CPU_ISA, isa.hpp) keeps "auto" on BLAS.
   if (name == "auto" || name.empty())
-    return conv_fast::available() && cpu_isa() == CpuIsa::avx512 ? ConvEngine::avx512 : ConvEngine::blas;
+    return conv_fast::available() && cpu_isa() >= CpuIsa::avx512 ? ConvEngine::avx512 : ConvEngine::blas;
   fail("cpu: unknown convolution engine '", name, "' (use \"auto\", \"blas\" or \"avx512\")");
 }
 

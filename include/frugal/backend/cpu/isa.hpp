@@ -30,12 +30,15 @@
 
 namespace frugal::cpu {
 
-enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2 };
+// avx512bf16: AVX-512F with AVX512-BF16's dot products (and AVX512-BW);
+// only the bf16 GEMM uses them, every other loop runs its AVX-512 form.
+enum class CpuIsa : int { base = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3 };
 
 inline const char* isa_name(CpuIsa i) {
   switch (i) {
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512f";
+    case CpuIsa::avx512bf16: return "avx512bf16";
     default: return "x86-64";
   }
 }
@@ -46,22 +49,25 @@ inline CpuIsa widest_cpu_isa() {
   // What the CPU has, whatever this file was compiled with (so the answer
   // is the same in every file); a kernel compiled without its AVX-512 loop
   // runs its AVX2 one there.
-  static const CpuIsa widest = __builtin_cpu_supports("avx512f") ? CpuIsa::avx512
-                               : __builtin_cpu_supports("avx2")  ? CpuIsa::avx2
-                                                                 : CpuIsa::base;
+  static const CpuIsa widest =
+      __builtin_cpu_supports("avx512f")
+          ? (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") ? CpuIsa::avx512bf16
+                                                                                       : CpuIsa::avx512)
+      : __builtin_cpu_supports("avx2") ? CpuIsa::avx2
+                                       : CpuIsa::base;
   return widest;
 #else
   return CpuIsa::base;
 #endif
 }
 
-// FRUGAL_CPU_ISA=avx2 (or x86-64) caps every run-time choice at that
+// FRUGAL_CPU_ISA=avx512 (or avx2, or x86-64) caps every run-time choice at that
 // instruction set, so the narrower paths can be measured on a wider CPU;
 // -1 (unset, or "auto"): the widest.
 inline int cpu_isa_from_env() {
   const char* v = std::getenv("FRUGAL_CPU_ISA");
   if (!v || !*v || std::strcmp(v, "auto") == 0) return -1;
-  for (CpuIsa i : {CpuIsa::base, CpuIsa::avx2, CpuIsa::avx512})
+  for (CpuIsa i : {CpuIsa::base, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16})
     if (std::strcmp(v, isa_name(i)) == 0 || (i == CpuIsa::avx512 && std::strcmp(v, "avx512") == 0)) return int(i);
   fail("FRUGAL_CPU_ISA='", v, "' is not an instruction set: use x86-64, avx2, avx512 or auto");
 }

@@ -1,7 +1,8 @@
 #pragma once
-// matmul and linear on OpenBLAS GEMM. bf16/f16 operands are converted to f32
-// in the op's planned workspace (f32_images below), multiplied in f32 and
-// rounded once on store.
+// matmul and linear on the float GEMM (blas.hpp). bf16 operands go to the
+// bf16 kernel where the CPU has AVX512-BF16 (blas.hpp, bf16_gemm_direct);
+// otherwise bf16/f16 operands are converted to f32 in the op's planned
+// workspace (f32_images below), multiplied in f32 and rounded once on store.
 #include "../../ops/matmul.hpp"
 #include "blas.hpp"
 #include "convert.hpp"
@@ -27,9 +28,17 @@ inline F32Images f32_images(std::int64_t a_elems, std::int64_t b_elems, std::int
 
 // The workspace the kernel table plans for matmul and linear: none in f32
 // and f64; the three f32 images for bf16/f16 (the bias is added into y's).
+// A bf16 product that runs on the bf16 kernel (blas.hpp, bf16_gemm_direct)
+// needs none: it reads and writes bf16 itself.
+inline std::int64_t gemm_depth(const ops::MatMul& op, std::span<const TensorMeta> in) {
+  return op.dims(in[0].shape, in[1].shape).k;
+}
+inline std::int64_t gemm_depth(const ops::Linear&, std::span<const TensorMeta> in) { return in[1].shape[1]; }
+
 template <class OpT>
-std::size_t f32_images_workspace(const OpT&, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
+std::size_t f32_images_workspace(const OpT& op, std::span<const TensorMeta> in, std::span<const TensorMeta> out) {
   if (!is_half(in[0].dtype)) return 0;
+  if (in[0].dtype == DType::bf16 && bf16_gemm_direct(gemm_depth(op, in))) return 0;
   return f32_images(in[0].shape.numel(), in[1].shape.numel(), out[0].shape.numel()).bytes;
 }
 
@@ -64,20 +73,22 @@ void matmul_typed(const ops::MatMul::Dims& d, bool ta, bool tb, const T* A, cons
                   const Shape* as = nullptr, const Shape* bs = nullptr, const Shape* cs = nullptr) {
   if (d.batch == 0 || d.m == 0 || d.n == 0) return;
   if (d.k == 0) {
-    std::fill(C, C + d.batch * d.m * d.n, T(0));
+    std::fill(C, C + d.batch * d.m * d.n, T(0.f));
     return;
   }
   std::int64_t lda = ta ? d.m : d.k, ldb = tb ? d.k : d.n;
   // A batched A against one shared B is a single tall GEMM.
   if (d.a_batched && !d.a_broadcast && !d.b_batched && !ta) {
-    gemm(false, tb, d.batch * d.m, d.n, d.k, T(1), A, lda, B, ldb, T(0), C, d.n);
+    gemm(false, tb, d.batch * d.m, d.n, d.k, gemm_scalar_t<T>(1), A, lda, B, ldb, gemm_scalar_t<T>(0), C, d.n);
     return;
   }
   std::int64_t sa = d.a_batched ? d.m * d.k : 0, sb = d.b_batched ? d.k * d.n : 0;
   auto items = [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i)
-      gemm(ta, tb, d.m, d.n, d.k, T(1), A + (d.a_broadcast ? ops::MatMul::broadcast_item(*as, *cs, i) : i) * sa, lda,
-           B + (d.b_broadcast ? ops::MatMul::broadcast_item(*bs, *cs, i) : i) * sb, ldb, T(0), C + i * d.m * d.n, d.n);
+      gemm(ta, tb, d.m, d.n, d.k, gemm_scalar_t<T>(1),
+           A + (d.a_broadcast ? ops::MatMul::broadcast_item(*as, *cs, i) : i) * sa, lda,
+           B + (d.b_broadcast ? ops::MatMul::broadcast_item(*bs, *cs, i) : i) * sb, ldb, gemm_scalar_t<T>(0),
+           C + i * d.m * d.n, d.n);
   };
   if (split_batch(d.batch, d.m, d.n, d.k, omp_get_max_threads()))
     parallel_for(d.batch, d.m * d.n * d.k, items);
@@ -91,10 +102,11 @@ void linear_typed(std::int64_t rows, std::int64_t in, std::int64_t out, const T*
                   bool y_holds_bias) {
   if (rows == 0 || out == 0) return;
   if (in == 0) {
-    if (!y_holds_bias) std::fill(y, y + rows * out, T(0));
+    if (!y_holds_bias) std::fill(y, y + rows * out, T(0.f));
     return;
   }
-  gemm(false, true, rows, out, in, T(1), x, in, w, in, y_holds_bias ? T(1) : T(0), y, out);
+  using A = gemm_scalar_t<T>;
+  gemm(false, true, rows, out, in, A(1), x, in, w, in, y_holds_bias ? A(1) : A(0), y, out);
 }
 
 // The f32 images of a bf16/f16 product inside its workspace.
@@ -120,6 +132,9 @@ inline void matmul_kernel(const ops::MatMul& op, const KernelArgs& a) {
     if constexpr (std::is_same_v<S, typename decltype(p)::Compute>) {
       matmul_typed(d, op.trans_a(), op.trans_b(), A, B, C, a.in[0].shape, a.in[1].shape, a.out[0].shape);
     } else {
+      if constexpr (std::is_same_v<S, BFloat16>)
+        if (bf16_gemm_direct(d.k))
+          return matmul_typed(d, op.trans_a(), op.trans_b(), A, B, C, a.in[0].shape, a.in[1].shape, a.out[0].shape);
       if (a.out[0].numel() == 0) return;
       F32Views v = f32_views(a, "matmul");
       convert_into(A, v.a, a.in[0].numel());
@@ -152,6 +167,13 @@ inline void linear_kernel(const ops::Linear& op, const KernelArgs& a) {
       if (op.has_bias()) bias_rows(y);
       linear_typed(rows, in, out, x, w, y, op.has_bias());
     } else {
+      // The bias is bf16 already: y's rows hold it exactly, and the kernel
+      // adds it to the f32 sum before its one rounding, as the f32 path does.
+      if constexpr (std::is_same_v<S, BFloat16>)
+        if (bf16_gemm_direct(in)) {
+          if (op.has_bias()) bias_rows(y);
+          return linear_typed(rows, in, out, x, w, y, op.has_bias());
+        }
       F32Views v = f32_views(a, "linear");
       convert_into(x, v.a, a.in[0].numel());
       convert_into(w, v.b, a.in[1].numel());

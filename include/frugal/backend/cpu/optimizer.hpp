@@ -96,7 +96,7 @@ FRUGAL_UPDATE_LOOPS(avx512, [[gnu::target("avx512f")]])
 template <class T, class Math>
 void sgd_span(CpuIsa isa, const Math& m, T* p, const T* g, T* buf, std::int64_t n, bool scaled, T inv) {
 #if FRUGAL_CPU_ISA_AVX512
-  if (isa == CpuIsa::avx512) return sgd_avx512(m, p, g, buf, n, scaled, inv);
+  if (isa >= CpuIsa::avx512) return sgd_avx512(m, p, g, buf, n, scaled, inv);
 #endif
 #if FRUGAL_CPU_ISA_DISPATCH
   if (isa >= CpuIsa::avx2) return sgd_avx2(m, p, g, buf, n, scaled, inv);
@@ -107,7 +107,7 @@ void sgd_span(CpuIsa isa, const Math& m, T* p, const T* g, T* buf, std::int64_t 
 template <class T, class Math>
 void adamw_span(CpuIsa isa, const Math& m, T* p, const T* g, T* mo, T* v, std::int64_t n, bool scaled, T inv) {
 #if FRUGAL_CPU_ISA_AVX512
-  if (isa == CpuIsa::avx512) return adamw_avx512(m, p, g, mo, v, n, scaled, inv);
+  if (isa >= CpuIsa::avx512) return adamw_avx512(m, p, g, mo, v, n, scaled, inv);
 #endif
 #if FRUGAL_CPU_ISA_DISPATCH
   if (isa >= CpuIsa::avx2) return adamw_avx2(m, p, g, mo, v, n, scaled, inv);
@@ -119,7 +119,7 @@ void adamw_span(CpuIsa isa, const Math& m, T* p, const T* g, T* mo, T* v, std::i
 template <class S, class Math>
 void adamw16_span(CpuIsa isa, const Math& m, S* p, const S* g, S* mo, S* v, std::int64_t n, bool scaled, float inv) {
 #if FRUGAL_CPU_ISA_AVX512
-  if (isa == CpuIsa::avx512) return adamw16_avx512(m, p, g, mo, v, n, scaled, inv);
+  if (isa >= CpuIsa::avx512) return adamw16_avx512(m, p, g, mo, v, n, scaled, inv);
 #endif
 #if FRUGAL_CPU_ISA_DISPATCH
   if (isa >= CpuIsa::avx2) return adamw16_avx2(m, p, g, mo, v, n, scaled, inv);
@@ -131,7 +131,7 @@ template <class S, class Math>
 void adamw_master_span(CpuIsa isa, const Math& m, S* p, const S* g, float* w, float* mo, float* v, std::int64_t n,
                        bool scaled, float inv) {
 #if FRUGAL_CPU_ISA_AVX512
-  if (isa == CpuIsa::avx512) return adamw_master_avx512(m, p, g, w, mo, v, n, scaled, inv);
+  if (isa >= CpuIsa::avx512) return adamw_master_avx512(m, p, g, w, mo, v, n, scaled, inv);
 #endif
 #if FRUGAL_CPU_ISA_DISPATCH
   if (isa >= CpuIsa::avx2) return adamw_master_avx2(m, p, g, w, mo, v, n, scaled, inv);
