@@ -1,10 +1,12 @@
 // frugal's float GEMM engines on the workloads' products (backend/cpu/blas.hpp):
 // one OpenBLAS call with OpenBLAS's own threads (what the peer runs), frugal's
 // fixed tiles of single-threaded OpenBLAS calls on its team, and frugal's
-// AVX-512 kernel (sgemm_avx512.hpp) on the same tiles. Each is the median of
-// --repeats runs; GFLOP/s = 2mnk / time. The last column is the AVX-512
-// kernel's largest error against a float64 product, in units of
-// 2^-24 * sum_p |a_ip b_pj| (the test's bound is k + 2 of them).
+// AVX-512 kernel (sgemm_avx512.hpp) on the same tiles; and, where the CPU
+// has AVX512-BF16, the same product in bf16 on frugal's bf16 kernel
+// (bf16_gemm_avx512.hpp). Each is the median of --repeats runs; GFLOP/s =
+// 2mnk / time. The error column is the f32 AVX-512 kernel's largest error
+// against a float64 product, in units of 2^-24 * sum_p |a_ip b_pj| (the
+// test's bound is k + 2 of them).
 //
 //   cmake --build build -j2 --target gemm_kernels && build/bench/gemm_kernels [--repeats 15] [--threads 2]
 #include <cblas.h>
@@ -70,7 +72,8 @@ int main(int argc, char** argv) {
   std::printf("\n%d threads, medians of %d runs\n\n", threads, repeats);
   std::printf(
       "| product | ta tb m n k | OpenBLAS, one call (us) | frugal tiles + OpenBLAS (us) | frugal AVX-512 (us) | "
-      "AVX-512 GFLOP/s | OpenBLAS call / AVX-512 | largest error (units) |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+      "AVX-512 GFLOP/s | OpenBLAS call / AVX-512 | largest error (units) | bf16 kernel (us) | bf16 GFLOP/s |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Shape& s : shapes) {
     std::vector<float> A(std::size_t(s.m * s.k)), B(std::size_t(s.k * s.n)), C(std::size_t(s.m * s.n));
     for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(std::sin(double(i) * 0.37));
@@ -108,7 +111,19 @@ int main(int argc, char** argv) {
         }
         worst = std::max(worst, std::fabs(double(C[std::size_t(i * s.n + j)]) - exact) / (mag * std::ldexp(1.0, -24)));
       }
-    std::printf("| %s | %d %d %ld %ld %ld | %.0f | %.0f | %.0f | %.0f | %.2f | %.1f |\n", s.what, s.ta, s.tb, s.m, s.n,
-                s.k, whole, tiled, fast, 2e-3 * double(s.m) * double(s.n) * double(s.k) / fast, whole / fast, worst);
+    double bf16_us = 0;
+    if (cpu::bf16gemm512::available()) {
+      std::vector<frugal::BFloat16> A16(A.size()), B16(B.size()), C16(C.size());
+      for (std::size_t i = 0; i < A.size(); ++i) A16[i] = frugal::BFloat16(A[i]);
+      for (std::size_t i = 0; i < B.size(); ++i) B16[i] = frugal::BFloat16(B[i]);
+      bf16_us = median_us(repeats, [&] {
+        cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, A16.data(), lda, B16.data(), ldb, 0.f, C16.data(), s.n);
+      });
+    }
+    const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
+    std::printf("| %s | %d %d %ld %ld %ld | %.0f | %.0f | %.0f | %.0f | %.2f | %.1f | ", s.what, s.ta, s.tb, s.m, s.n,
+                s.k, whole, tiled, fast, 1e-3 * flop / fast, whole / fast, worst);
+    if (bf16_us > 0) std::printf("%.0f | %.0f |\n", bf16_us, 1e-3 * flop / bf16_us);
+    else std::printf("- | - |\n");
   }
 }
