@@ -57,21 +57,7 @@ inline bool available() {
 
 // This thread's packing buffers of 32-bit pairs.
 struct PairBuffers {
-  struct Free {
-    void operator()(std::uint32_t* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::uint32_t, Free> a, b;
-  std::int64_t a_cap = 0, b_cap = 0;
-  static std::uint32_t* grow(std::unique_ptr<std::uint32_t, Free>& p, std::int64_t& cap, std::int64_t want) {
-    if (want > cap) {
-      const std::size_t bytes = (std::size_t(want) * 4 + 63) / 64 * 64;
-      auto* q = static_cast<std::uint32_t*>(std::aligned_alloc(64, bytes));
-      if (!q) fail("gemm: could not allocate ", bytes, " bytes of bf16 packing buffer");
-      p.reset(q);
-      cap = want;
-    }
-    return p.get();
-  }
+  sgemm512::GrowingBuffer<std::uint32_t> a, b;
   static PairBuffers& mine() {
     static thread_local PairBuffers b;
     return b;
@@ -259,8 +245,8 @@ inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::
   auto* c16 = reinterpret_cast<std::uint16_t*>(C);
   const std::int64_t kp = std::max<std::int64_t>((k + 1) / 2, 1);
   PairBuffers& buf = PairBuffers::mine();
-  std::uint32_t* ap = PairBuffers::grow(buf.a, buf.a_cap, kp * MR);
-  std::uint32_t* bp = PairBuffers::grow(buf.b, buf.b_cap, kp * NC);
+  std::uint32_t* ap = buf.a.at_least(kp * MR);
+  std::uint32_t* bp = buf.b.at_least(kp * NC);
   for (std::int64_t jc = c0; jc < c1; jc += NC) {
     const std::int64_t nc = std::min(NC, c1 - jc);
     pack_b(tb, b16, ldb, jc, nc, k, bp);

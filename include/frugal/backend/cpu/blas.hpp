@@ -85,7 +85,7 @@ inline std::int64_t tile_edge(std::int64_t n, std::int64_t i, std::int64_t tiles
 }
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, all row-major, tile by tile:
-// block(ta, tb, r0, r1, c0, c1) computes C[r0:r1, c0:c1] on its thread.
+// block(r0, r1, c0, c1) computes C[r0:r1, c0:c1] on its thread.
 template <class Block>
 void tiled_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t row_align, std::int64_t col_align,
                 Block&& block) {
@@ -150,19 +150,20 @@ inline bool avx512_half_width() {
 #endif
 }
 
-inline bool openblas_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("FRUGAL_SGEMM");
-    return v && lower(v) == "openblas";
+// FRUGAL_SGEMM, read once: "" when unset.
+inline const std::string& sgemm_env() {
+  static const std::string v = [] {
+    const char* e = std::getenv("FRUGAL_SGEMM");
+    return e ? lower(e) : std::string();
   }();
-  return forced;
+  return v;
 }
+inline bool openblas_forced() { return sgemm_env() == "openblas"; }
 
-// FRUGAL_SGEMM=openblas|avx512|auto, read once; auto when unset.
+// FRUGAL_SGEMM=openblas|avx512|auto; auto when unset.
 inline SgemmEngine configured() {
   static const SgemmEngine e = [] {
-    const char* v = std::getenv("FRUGAL_SGEMM");
-    const std::string s = v ? lower(v) : "auto";
+    const std::string& s = sgemm_env();
     if (s == "openblas") return SgemmEngine::openblas;
     if (s == "avx512") {
       if (!sgemm512::available())
@@ -172,7 +173,7 @@ inline SgemmEngine configured() {
       return SgemmEngine::avx512;
     }
     if (s != "auto" && !s.empty())
-      fail("FRUGAL_SGEMM='", v, "' is not an engine: use openblas, avx512 or auto");
+      fail("FRUGAL_SGEMM='", s, "' is not an engine: use openblas, avx512 or auto");
     return sgemm512::available() && !openblas_runs_avx512() && !avx512_half_width() ? SgemmEngine::avx512
                                                                                      : SgemmEngine::openblas;
   }();

@@ -46,24 +46,31 @@ inline constexpr std::int64_t kMaxDepth = 8192;  // deeper products go to BLAS: 
 
 inline constexpr bool kCompiledIn = FRUGAL_SGEMM_AVX512;
 
-// This thread's packing buffers, grown on demand and kept (as OpenBLAS keeps
-// its own): at k = kMaxDepth they hold (NC + MR) * k floats, 4.3 MB.
-struct PackBuffers {
+// A 64-byte aligned buffer that grows on demand and is kept (as OpenBLAS
+// keeps its own).
+template <class T>
+struct GrowingBuffer {
   struct Free {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(T* p) const { std::free(p); }
   };
-  std::unique_ptr<float, Free> a, b;
-  std::int64_t a_cap = 0, b_cap = 0;
-  static float* grow(std::unique_ptr<float, Free>& p, std::int64_t& cap, std::int64_t want) {
-    if (want > cap) {
-      const std::size_t bytes = (std::size_t(want) * sizeof(float) + 63) / 64 * 64;
-      float* q = static_cast<float*>(std::aligned_alloc(64, bytes));
+  std::unique_ptr<T, Free> data;
+  std::int64_t capacity = 0;
+  T* at_least(std::int64_t want) {
+    if (want > capacity) {
+      const std::size_t bytes = (std::size_t(want) * sizeof(T) + 63) / 64 * 64;
+      T* q = static_cast<T*>(std::aligned_alloc(64, bytes));
       if (!q) fail("gemm: could not allocate ", bytes, " bytes of packing buffer");
-      p.reset(q);
-      cap = want;
+      data.reset(q);
+      capacity = want;
     }
-    return p.get();
+    return data.get();
   }
+};
+
+// This thread's packing buffers: at k = kMaxDepth they hold (NC + MR) * k
+// floats, 4.3 MB.
+struct PackBuffers {
+  GrowingBuffer<float> a, b;
   static PackBuffers& mine() {
     static thread_local PackBuffers b;
     return b;
@@ -257,8 +264,8 @@ inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::
                        float beta, float* C, std::int64_t ldc) {
   PackBuffers& buf = PackBuffers::mine();
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
-  float* ap = PackBuffers::grow(buf.a, buf.a_cap, kk * MR);
-  float* bp = PackBuffers::grow(buf.b, buf.b_cap, kk * NC);
+  float* ap = buf.a.at_least(kk * MR);
+  float* bp = buf.b.at_least(kk * NC);
   for (std::int64_t jc = c0; jc < c1; jc += NC) {
     const std::int64_t nc = std::min(NC, c1 - jc);
     pack_b(tb, B, ldb, jc, nc, k, bp);
