@@ -454,8 +454,8 @@ TEST_CASE("calibration: positive, finite rates in under 1.5 s, cached once and t
   CHECK(calibrating < 1.5 * std::max(1.0, share));
   CHECK(p.backend == "cpu");
   CHECK(p.threads == 2);
-  CHECK(p.machine == machine_name());
-  CHECK_FALSE(p.machine.empty());
+  CHECK(p.machine == profile_machine(backend));
+  CHECK(p.machine.rfind(machine_name(), 0) == 0);  // the CPU, then the kernels' choices
   for (double v : {p.gemm_flops, p.stream_bytes, p.op_latency_s, p.copy_bytes, p.copy_latency_s, p.nvme_write_bytes,
                    p.nvme_read_bytes, p.nvme_latency_s})
     CHECK(finite_positive(v));
@@ -515,7 +515,18 @@ TEST_CASE("load_or_calibrate: another machine's or a corrupt cache is recalibrat
   foreign.gemm_flops = 1.0;
   write_profile_atomically(foreign, file);
   CHECK(load_or_calibrate(backend, 2).gemm_flops > 1e8);
-  CHECK(read_profile_file(file).machine == machine_name());
+  CHECK(read_profile_file(file).machine == profile_machine(backend));
+
+  // This machine, but measured under other kernels (a GEMM engine or an
+  // instruction set other than the backend's now): stale, measured again.
+  DeviceProfile other_kernels = DeviceProfile::defaults("cpu", 2);
+  other_kernels.machine = machine_name() + " [isa x86-64, sgemm openblas]";
+  other_kernels.gemm_flops = 1.0;
+  other_kernels.transcendentals_per_s = other_kernels.tile_flops = 1.0;
+  write_profile_atomically(other_kernels, file);
+  CHECK_FALSE(backend.kernel_variant().empty());
+  CHECK(load_or_calibrate(backend, 2).gemm_flops > 1e8);
+  CHECK(read_profile_file(file).machine == profile_machine(backend));
 
   // A corrupt cache: one stderr line naming it, then recalibrated over.
   { std::ofstream(file) << "{\"version\": 1, \"backend\": \"cpu\", \"thr"; }

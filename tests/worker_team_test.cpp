@@ -2,6 +2,12 @@
 // chunk runs once, errors come back, callers on different threads keep to
 // their own helpers, and a step's bits do not depend on its thread count.
 #include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <mutex>
+#include <set>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -240,4 +246,38 @@ TEST_CASE("a step's parameters and losses are bitwise the same at 1, 2 and 3 thr
       }
     }
   }
+}
+
+// A forked child has only the thread that forked: the team's helpers from
+// before the fork do not exist there. The child's team must make new ones
+// (before, it ran every chunk on the caller alone) and exit cleanly.
+TEST_CASE("a forked child's team makes new helpers and exits cleanly", "[team]") {
+  TeamSize ts(2);
+  cpu::WorkerTeam::mine().run(64, 2, [](std::int64_t) {});  // the parent's helper exists
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::mutex mu;
+    std::set<std::thread::id> ids;
+    // 20 chunks of 5 ms: the child's new helper has 100 ms to take one.
+    cpu::WorkerTeam::mine().run(20, 2, [&](std::int64_t) {
+      usleep(5000);
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    });
+    std::exit(int(ids.size()));  // runs the team's destructor: it must not hang
+  }
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 600 && !exited; ++i) {  // up to 30 s
+    if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    else usleep(50000);
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  REQUIRE(exited);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 2);  // the chunks ran on two threads
 }

@@ -119,6 +119,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // What the backend's kernels chose at run time that changes their speed
+  // (the CPU backend: which GEMM engine and instruction set). A device
+  // profile cached under another choice is stale (runtime/calibrate.hpp).
+  virtual std::string kernel_variant() const { return {}; }
   virtual const KernelTable& kernels() const = 0;
   // Device memory for the arena; allocated once per compiled step.
   virtual void* allocate(std::size_t bytes) = 0;

@@ -168,6 +168,14 @@ class BackgroundCopy {
 
 }  // namespace calibration
 
+// The machine a profile was measured on, and the kernels' run-time choices
+// (Backend::kernel_variant): a cache written under other kernels (another
+// GEMM engine, a capped instruction set) is measured again.
+inline std::string profile_machine(const Backend& backend) {
+  const std::string v = backend.kernel_variant();
+  return v.empty() ? machine_name() : cat(machine_name(), " [", v, "]");
+}
+
 // Measures `backend` with `threads` threads (and the NVMe tier in nvme_dir,
 // when one is given), on the calling thread with `threads` OpenMP threads, as
 // a step runs; the caller's own count is restored afterwards.
@@ -178,7 +186,7 @@ inline DeviceProfile calibrate(Backend& backend, int threads, const std::string&
   DeviceProfile p;
   p.backend = backend.name();
   p.threads = threads;
-  p.machine = machine_name();
+  p.machine = profile_machine(backend);
 
   // 0x3f bytes read as 0.747f: finite and far from denormals, so no slow
   // path is timed, and sums and products of them stay finite.
@@ -302,7 +310,7 @@ inline DeviceProfile load_or_calibrate(Backend& backend, int threads, const std:
   }
   // A cache without transcendentals or tile flops is from a build that did
   // not measure them.
-  if (cached && cached->machine == machine_name() && cached->backend == backend.name() &&
+  if (cached && cached->machine == profile_machine(backend) && cached->backend == backend.name() &&
       cached->threads == threads && cached->transcendentals_per_s > 0 && cached->tile_flops > 0) {
     if (nvme_dir.empty()) return *cached;
     auto want = std::filesystem::weakly_canonical(nvme_dir, ec);

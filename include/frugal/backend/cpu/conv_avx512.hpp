@@ -27,7 +27,13 @@
 // elsewhere the engine is absent and the BLAS engine runs every convolution.
 #if defined(__x86_64__) && !defined(FRUGAL_NO_AVX512)
 #define FRUGAL_CONV_AVX512 1
+// Silenced for the intrinsics header only: GCC 12's false -Wuninitialized
+// on inlined intrinsics (see sgemm_avx512.hpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #else
 #define FRUGAL_CONV_AVX512 0
 #endif

@@ -1,12 +1,15 @@
 #pragma once
 // The CPU backend: a complete backend, not a test double. Its "device" is
-// host memory; GEMM goes to OpenBLAS, everything else is OpenMP. It is made
-// by make_backend("cpu") (units/backend.hpp), and fills its own kernel table
+// host memory; GEMMs run on frugal's AVX-512 kernels or OpenBLAS (blas.hpp),
+// everything else on frugal's own threads (worker_team.hpp). It is made by
+// make_backend("cpu") (units/backend.hpp), and fills its own kernel table
 // when constructed.
 
 #include <cstdlib>
 #include <cstring>
 
+#include "blas.hpp"
+#include "isa.hpp"
 #include "register.hpp"
 
 namespace frugal::cpu {
@@ -19,6 +22,11 @@ class CpuBackend final : public Backend {
   CpuBackend(const CpuBackend&) = delete;
   CpuBackend& operator=(const CpuBackend&) = delete;
   std::string name() const override { return "cpu"; }
+  std::string kernel_variant() const override {
+    return cat("isa ", isa_name(cpu_isa()), ", sgemm ",
+               sgemm_engine(1024) == SgemmEngine::avx512 ? "avx512" : "openblas",
+               bf16_gemm_direct(1024) ? ", bf16 avx512bf16" : "");
+  }
   const KernelTable& kernels() const override { return table_; }
   void* allocate(std::size_t bytes) override {
     void* p = std::aligned_alloc(kAlignment, align_up(bytes));

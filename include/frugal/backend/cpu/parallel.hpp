@@ -37,8 +37,18 @@ inline std::int64_t chunk_count(std::int64_t n, std::int64_t work_per_item) {
 struct Range {
   std::int64_t begin, end;
 };
+inline std::int64_t chunk_edge(std::int64_t n, std::int64_t c, std::int64_t chunks) {
+  const std::int64_t e = n * c / chunks;
+  // Chunks of at least kAlignItems items start on a multiple of it: 16
+  // floats are one cache line, so a chunk's vector loop does not split
+  // every 64-byte load and store across two lines (the AVX-512 optimizer
+  // loops ran 1.3-1.7x slower than the AVX2 ones on unaligned chunks).
+  constexpr std::int64_t kAlignItems = 16;
+  if (c == 0 || c == chunks || n / chunks < 64 * kAlignItems) return e;
+  return e / kAlignItems * kAlignItems;
+}
 inline Range chunk_range(std::int64_t n, std::int64_t c, std::int64_t chunks) {
-  return {n * c / chunks, n * (c + 1) / chunks};
+  return {chunk_edge(n, c, chunks), chunk_edge(n, c + 1, chunks)};
 }
 
 // The thread count a region started on this thread may use: the step's

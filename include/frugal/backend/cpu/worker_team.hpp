@@ -26,6 +26,7 @@
 // that call run() again run their inner chunks inline, in chunk order.
 #include <linux/futex.h>
 #include <omp.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -100,6 +101,18 @@ class OmpThreads {
   int saved_;
 };
 
+// Forks this process has made (counted in the child by a pthread_atfork
+// handler). A child has only the thread that forked: the helpers it
+// inherited as std::thread objects do not exist there, and joining one
+// would wait forever, so a team made before the fork abandons them.
+inline std::atomic<std::uint32_t> forks{0};
+inline void count_fork() { forks.fetch_add(1, std::memory_order_relaxed); }
+inline std::uint32_t forks_so_far() {
+  static const int registered = pthread_atfork(nullptr, nullptr, count_fork);
+  (void)registered;
+  return forks.load(std::memory_order_relaxed);
+}
+
 }  // namespace team_detail
 
 class WorkerTeam {
@@ -108,6 +121,10 @@ class WorkerTeam {
   WorkerTeam(const WorkerTeam&) = delete;
   WorkerTeam& operator=(const WorkerTeam&) = delete;
   ~WorkerTeam() {
+    if (forks_seen_ != team_detail::forks_so_far()) {
+      abandon_helpers();
+      return;
+    }
     stop_.store(true);
     ticket_.fetch_add(kGenOne);  // no job carries this generation
     wake_helpers();
@@ -126,6 +143,7 @@ class WorkerTeam {
       return;
     }
     if (std::uint64_t(chunks) >= kIdxOne) fail_too_many(chunks);
+    if (forks_seen_ != team_detail::forks_so_far()) abandon_helpers();
     grow(threads - 1);
     using F = std::remove_reference_t<Fn>;
     const std::uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> kIdxBits) + 1;
@@ -261,6 +279,18 @@ class WorkerTeam {
     }
   }
 
+  // In a forked child: the inherited helpers are not running (no job is in
+  // flight between runs, so no slot holds a claim of theirs); their
+  // std::thread objects are moved to a heap vector that is never freed,
+  // since destroying a joinable std::thread terminates and joining one
+  // hangs. New helpers are made as the next run needs them.
+  void abandon_helpers() {
+    if (!helpers_.empty()) new std::vector<std::thread>(std::move(helpers_));  // deliberately never freed
+    helpers_.clear();
+    sleepers_.store(0);
+    forks_seen_ = team_detail::forks_so_far();
+  }
+
   void wake_helpers() {
     epoch_.fetch_add(1);
     if (sleepers_.load() > 0) team_detail::futex_wake_all(epoch_);
@@ -280,6 +310,7 @@ class WorkerTeam {
   std::atomic<int> sleepers_{0};
   Slot slots_[kSlots];
   std::vector<std::thread> helpers_;
+  std::uint32_t forks_seen_ = team_detail::forks_so_far();
 };
 
 }  // namespace frugal::cpu
