@@ -500,11 +500,12 @@ void make_sequences(Tensor& idx, Tensor& tgt, std::uint64_t seed) {
 using MakeOptimizer = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor>)>;
 
 // The GPT steps here run on one thread (CompileOptions::threads = 1): their
-// bits do not depend on the thread count, and on a loaded 2-core machine (CI
-// runs two test processes at once) OpenMP's waiting threads make two-thread
-// steps of kernels this small several times slower, up to 100x observed
-// while other builds ran. A step sets the process's thread counts; this
-// puts them back for the tests that follow.
+// bits do not depend on the thread count, and kernels this small gain
+// nothing from a second thread on a 2-core machine that CI shares between
+// two test processes. (The one-thread choice dates from OpenMP's waiting
+// threads, which made such steps up to 100x slower there; the kernels now
+// run on their own team, backend/cpu/worker_team.hpp.) A step sets the
+// calling thread's thread count; this puts it back for the tests that follow.
 struct RestoreThreads {
   int omp = omp_get_max_threads(), blas = openblas_get_num_threads();
   ~RestoreThreads() {

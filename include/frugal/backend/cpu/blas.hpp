@@ -91,7 +91,7 @@ void tiled_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t row
                 Block&& block) {
   if (m <= 0 || n <= 0) return;
   const GemmTiles t = gemm_tiles(m, n, k);
-  WorkerTeam::mine().run(t.rows * t.cols, std::max(1, omp_get_max_threads()), [&](std::int64_t c) {
+  WorkerTeam::mine().run(t.rows * t.cols, team_threads(), [&](std::int64_t c) {
     const std::int64_t i = c / t.cols, j = c % t.cols;
     const std::int64_t r0 = tile_edge(m, i, t.rows, row_align), r1 = tile_edge(m, i + 1, t.rows, row_align);
     const std::int64_t c0 = tile_edge(n, j, t.cols, col_align), c1 = tile_edge(n, j + 1, t.cols, col_align);

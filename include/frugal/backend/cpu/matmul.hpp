@@ -90,7 +90,7 @@ void matmul_typed(const ops::MatMul::Dims& d, bool ta, bool tb, const T* A, cons
            B + (d.b_broadcast ? ops::MatMul::broadcast_item(*bs, *cs, i) : i) * sb, ldb, gemm_scalar_t<T>(0),
            C + i * d.m * d.n, d.n);
   };
-  if (split_batch(d.batch, d.m, d.n, d.k, omp_get_max_threads()))
+  if (split_batch(d.batch, d.m, d.n, d.k, team_threads()))
     parallel_for(d.batch, d.m * d.n * d.k, items);
   else
     items(0, d.batch);

@@ -51,9 +51,6 @@ inline Range chunk_range(std::int64_t n, std::int64_t c, std::int64_t chunks) {
   return {chunk_edge(n, c, chunks), chunk_edge(n, c + 1, chunks)};
 }
 
-// The thread count a region started on this thread may use: the step's
-// (runtime/threads.hpp sets it as this thread's OpenMP count).
-inline int team_threads() { return std::max(1, omp_get_max_threads()); }
 
 // Calls fn(c) for every chunk c in [0, chunks) on the calling thread's team.
 template <class Fn>

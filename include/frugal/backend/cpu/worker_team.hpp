@@ -115,6 +115,10 @@ inline std::uint32_t forks_so_far() {
 
 }  // namespace team_detail
 
+// The thread count a region started on this thread may use: the step's
+// (runtime/threads.hpp sets it as this thread's OpenMP count).
+inline int team_threads() { return std::max(1, omp_get_max_threads()); }
+
 class WorkerTeam {
  public:
   WorkerTeam() = default;
