@@ -135,7 +135,8 @@ TEST_CASE("parallel_sum adds the same chunks in the same order at any thread cou
   CHECK(std::memcmp(&at[0], &at[2], sizeof(double)) == 0);
 }
 
-TEST_CASE("gemm: the same bits at any thread count, and the product within float rounding", "[team][threads][blas]") {
+// (Each engine's accuracy against float64 is tests/gemm_test.cpp's.)
+TEST_CASE("gemm: the same bits at any thread count", "[team][threads][blas]") {
   struct Case {
     bool ta, tb;
     std::int64_t m, n, k;
@@ -154,22 +155,6 @@ TEST_CASE("gemm: the same bits at any thread count, and the product within float
       cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, 0.5f, A.data(), lda, B.data(), ldb, 2.f, C.data(), c.n);
       if (t == 1) {
         first = bits_of(C);
-        // Against float64: each element within k float roundings of its terms' magnitudes.
-        double worst = 0;
-        for (std::int64_t i = 0; i < c.m; ++i)
-          for (std::int64_t j = 0; j < c.n; ++j) {
-            double s = 0, mag = 0;
-            for (std::int64_t p = 0; p < c.k; ++p) {
-              const double a = A[std::size_t(c.ta ? p * lda + i : i * lda + p)];
-              const double b = B[std::size_t(c.tb ? j * ldb + p : p * ldb + j)];
-              s += a * b;
-              mag += std::abs(a * b);
-            }
-            const double want = 0.5 * s + 2.0 * C0[std::size_t(i * c.n + j)];
-            const double bound = (double(c.k) + 2) * 0x1p-24 * (0.5 * mag + 2.0 * std::abs(C0[std::size_t(i * c.n + j)]));
-            worst = std::max(worst, std::abs(C[std::size_t(i * c.n + j)] - want) / bound);
-          }
-        CHECK(worst <= 1.0);
       } else {
         INFO(t << " threads");
         CHECK(bits_of(C) == first);
