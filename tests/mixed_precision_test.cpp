@@ -436,7 +436,8 @@ void check_product(const std::string& name, Shape as, Shape bs, const Build& bui
     // order, within the bound above; tests/gemm_test.cpp checks it), so on
     // such a CPU the instruction set is capped at AVX-512 for this part.
     struct Restore {
-      ~Restore() { cpu::forced_cpu_isa = -1; }
+      int saved = cpu::forced_cpu_isa.load();
+      ~Restore() { cpu::forced_cpu_isa = saved; }
     } restore;
     cpu::forced_cpu_isa = std::min(int(cpu::widest_cpu_isa()), int(cpu::CpuIsa::avx512));
     Tensor y16_images = run_as(build, in16, shapes, h.dtype);
@@ -478,7 +479,8 @@ TEST_CASE("bf16/f16 linear multiplies in f32, adds the bias in f32, rounds on st
 TEST_CASE("bf16/f16 products plan their f32 workspace; f32 ones, and bf16 ones on the bf16 kernel, need none",
           "[mixed][matmul][plan]") {
   struct Restore {
-    ~Restore() { cpu::forced_cpu_isa = -1; }
+    int saved = cpu::forced_cpu_isa.load();
+    ~Restore() { cpu::forced_cpu_isa = saved; }
   } restore;
   // Capped at AVX-512 (no AVX512-BF16), and then as the CPU is.
   for (const int isa : {std::min(int(cpu::widest_cpu_isa()), int(cpu::CpuIsa::avx512)), -1})

@@ -27,6 +27,11 @@ void* counted(std::size_t n, std::size_t align = 0) {
   return p;
 }
 }  // namespace
+// GCC 12 warns that these deletes free what "operator new" returned once it
+// inlines them into a caller (-Wmismatched-new-delete); both are this file's
+// replacements over malloc, so the pairing is right.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) { return counted(n); }
 void* operator new[](std::size_t n) { return counted(n); }
 void* operator new(std::size_t n, std::align_val_t a) { return counted(n, std::size_t(a)); }
@@ -39,6 +44,7 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace {
 
