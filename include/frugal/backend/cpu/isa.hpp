@@ -2,10 +2,13 @@
 // Which vector instruction set a CPU kernel's loop runs with, chosen at run
 // time: the library is compiled for plain x86-64, and a loop that matters
 // (the optimizer updates) is compiled a second and third time for AVX2 and
-// AVX-512 through target attributes. Every path rounds as the scalar loop:
-// the kernel units compile with -ffp-contract=off (no fused multiply-adds
-// appear), and add, multiply, divide and square root are correctly rounded
-// in every instruction set, so the bits never depend on the CPU.
+// AVX-512 through target attributes. Every path of those loops rounds as
+// the scalar loop: the kernel units compile with -ffp-contract=off (no
+// fused multiply-adds appear), and add, multiply, divide and square root
+// are correctly rounded in every instruction set, so their bits never
+// depend on the CPU. The GEMM engines this also chooses (blas.hpp) are
+// different kernels: each sums in its own order, within the same bound, so
+// a product's bits depend on the engine (never on the thread count).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
