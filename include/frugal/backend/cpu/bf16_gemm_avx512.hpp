@@ -243,21 +243,16 @@ inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::
   const auto* a16 = reinterpret_cast<const std::uint16_t*>(A);
   const auto* b16 = reinterpret_cast<const std::uint16_t*>(B);
   auto* c16 = reinterpret_cast<std::uint16_t*>(C);
-  const std::int64_t kp = std::max<std::int64_t>((k + 1) / 2, 1);
+  const std::int64_t kp = (k + 1) / 2;  // pairs: the packed depth
   PairBuffers& buf = PairBuffers::mine();
-  std::uint32_t* ap = buf.a.at_least(kp * MR);
-  std::uint32_t* bp = buf.b.at_least(kp * NC);
-  for (std::int64_t jc = c0; jc < c1; jc += NC) {
-    const std::int64_t nc = std::min(NC, c1 - jc);
-    pack_b(tb, b16, ldb, jc, nc, k, bp);
-    for (std::int64_t ir = r0; ir < r1; ir += MR) {
-      const int mr = int(std::min<std::int64_t>(MR, r1 - ir));
-      pack_a(ta, a16, lda, ir, mr, k, ap);
-      for (std::int64_t t = 0; t * NR < nc; ++t)
-        micro_kernel((k + 1) / 2, ap, bp + t * kp * NR, c16 + ir * ldc + jc + t * NR, ldc, mr,
-                     int(std::min<std::int64_t>(NR, nc - t * NR)), alpha, beta);
-    }
-  }
+  std::uint32_t* ap = buf.a.at_least(std::max<std::int64_t>(kp, 1) * MR);
+  std::uint32_t* bp = buf.b.at_least(std::max<std::int64_t>(kp, 1) * NC);
+  sgemm512::for_each_register_tile(
+      r0, r1, c0, c1, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, b16, ldb, jc, nc, k, bp); },
+      [&](std::int64_t ir, int mr) { pack_a(ta, a16, lda, ir, mr, k, ap); },
+      [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
+        micro_kernel(kp, ap, bp + q * kp * NR, c16 + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
+      });
 }
 
 }  // namespace frugal::cpu::bf16gemm512

@@ -51,7 +51,6 @@ inline Range chunk_range(std::int64_t n, std::int64_t c, std::int64_t chunks) {
   return {chunk_edge(n, c, chunks), chunk_edge(n, c + 1, chunks)};
 }
 
-
 // Calls fn(c) for every chunk c in [0, chunks) on the calling thread's team.
 template <class Fn>
 void run_chunks(std::int64_t chunks, Fn&& fn) {

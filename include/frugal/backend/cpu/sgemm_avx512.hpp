@@ -265,6 +265,24 @@ inline void micro_kernel(std::int64_t, const float*, const float*, float*, std::
 #endif
 
 
+// How both kernels (this one and bf16_gemm_avx512.hpp's) walk a block
+// C[r0:r1, c0:c1]: B packed NC columns at a time (pack_b(jc, nc)), then A
+// MR rows at a time (pack_a(ir, mr)), then one register tile per NR-column
+// panel of the packed chunk (tile(q, ir, jc, mr, nr) for panel q).
+template <class PackB, class PackA, class Tile>
+void for_each_register_tile(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, PackB&& pack_b,
+                            PackA&& pack_a, Tile&& tile) {
+  for (std::int64_t jc = c0; jc < c1; jc += NC) {
+    const std::int64_t nc = std::min(NC, c1 - jc);
+    pack_b(jc, nc);
+    for (std::int64_t ir = r0; ir < r1; ir += MR) {
+      const int mr = int(std::min<std::int64_t>(MR, r1 - ir));
+      pack_a(ir, mr);
+      for (std::int64_t q = 0; q * NR < nc; ++q) tile(q, ir, jc, mr, int(std::min<std::int64_t>(NR, nc - q * NR)));
+    }
+  }
+}
+
 // C[r0:r1, c0:c1] of C = alpha * op(A) op(B) + beta * C, row-major, on the
 // calling thread (the caller splits C into such blocks over its team).
 inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
@@ -274,17 +292,12 @@ inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
   float* ap = buf.a.at_least(kk * MR);
   float* bp = buf.b.at_least(kk * NC);
-  for (std::int64_t jc = c0; jc < c1; jc += NC) {
-    const std::int64_t nc = std::min(NC, c1 - jc);
-    pack_b(tb, B, ldb, jc, nc, k, bp);
-    for (std::int64_t ir = r0; ir < r1; ir += MR) {
-      const int mr = int(std::min<std::int64_t>(MR, r1 - ir));
-      pack_a(ta, A, lda, ir, mr, k, ap);
-      for (std::int64_t q = 0; q * NR < nc; ++q)
-        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr,
-                     int(std::min<std::int64_t>(NR, nc - q * NR)), alpha, beta);
-    }
-  }
+  for_each_register_tile(
+      r0, r1, c0, c1, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
+      [&](std::int64_t ir, int mr) { pack_a(ta, A, lda, ir, mr, k, ap); },
+      [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
+        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
+      });
 }
 
 }  // namespace frugal::cpu::sgemm512
