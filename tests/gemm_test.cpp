@@ -13,17 +13,12 @@
 #include <random>
 #include <vector>
 
+#include "cpu_isa_scope.hpp"
+#include "uniform_floats.hpp"
+
 using namespace frugal;
 
 namespace {
-
-std::vector<float> gemm_test_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
 
 std::vector<cpu::SgemmEngine> gemm_engines() {
   std::vector<cpu::SgemmEngine> e{cpu::SgemmEngine::openblas};
@@ -86,9 +81,9 @@ TEST_CASE("gemm: every engine within float rounding of a float64 product, on eve
   for (const cpu::SgemmEngine e : gemm_engines()) {
     for (const GemmCase& c : cases) {
       const std::int64_t lda = (c.ta ? c.m : c.k) + c.pad, ldb = (c.tb ? c.k : c.n) + c.pad, ldc = c.n + c.pad;
-      const auto A = gemm_test_floats(std::size_t((c.ta ? c.k : c.m) * lda), 1);
-      const auto B = gemm_test_floats(std::size_t((c.tb ? c.n : c.k) * ldb), 2);
-      auto C0 = gemm_test_floats(std::size_t(c.m * ldc), 3);
+      const auto A = test_support::uniform_floats(std::size_t((c.ta ? c.k : c.m) * lda), 1);
+      const auto B = test_support::uniform_floats(std::size_t((c.tb ? c.n : c.k) * ldb), 2);
+      auto C0 = test_support::uniform_floats(std::size_t(c.m * ldc), 3);
       for (const float alpha : alphas)
         for (const float beta : betas) {
           INFO(engine_label(e) << ": ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k
@@ -121,7 +116,8 @@ TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", 
     return;
   }
   const std::int64_t m = 157, n = 301, k = 203;
-  const auto A = gemm_test_floats(std::size_t(m * k), 4), B = gemm_test_floats(std::size_t(k * n), 5);
+  const auto A = test_support::uniform_floats(std::size_t(m * k), 4);
+  const auto B = test_support::uniform_floats(std::size_t(k * n), 5);
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
       INFO("ta " << ta << " tb " << tb);
@@ -140,10 +136,7 @@ TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", 
 
 TEST_CASE("gemm: the engine a float product takes follows the CPU, the forced instruction set and the depth",
           "[blas][gemm]") {
-  struct Restore {
-    int saved = cpu::forced_cpu_isa.load();
-    ~Restore() { cpu::forced_cpu_isa = saved; }
-  } restore;
+  test_support::KeepCpuIsa keep;
   cpu::forced_cpu_isa = int(cpu::CpuIsa::avx2);
   CHECK(cpu::sgemm_engine(256) == cpu::SgemmEngine::openblas);
   cpu::forced_cpu_isa = -1;
@@ -192,9 +185,9 @@ TEST_CASE("gemm: the bf16 kernel within one bf16 rounding of an f32-accurate pro
         INFO("ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k << " pad " << c.pad
                    << " alpha " << alpha << " beta " << beta);
         const std::int64_t lda = (c.ta ? c.m : c.k) + c.pad, ldb = (c.tb ? c.k : c.n) + c.pad, ldc = c.n + c.pad;
-        const auto A = to_bf16(gemm_test_floats(std::size_t((c.ta ? c.k : c.m) * lda), 1));
-        const auto B = to_bf16(gemm_test_floats(std::size_t((c.tb ? c.n : c.k) * ldb), 2));
-        auto start = to_bf16(gemm_test_floats(std::size_t(c.m * ldc), 3));
+        const auto A = to_bf16(test_support::uniform_floats(std::size_t((c.ta ? c.k : c.m) * lda), 1));
+        const auto B = to_bf16(test_support::uniform_floats(std::size_t((c.tb ? c.n : c.k) * ldb), 2));
+        auto start = to_bf16(test_support::uniform_floats(std::size_t(c.m * ldc), 3));
         if (beta == 0.f)  // not read: NaN there must not reach the result
           for (std::int64_t i = 0; i < c.m; ++i)
             for (std::int64_t j = 0; j < c.n; ++j) start[std::size_t(i * ldc + j)] = BFloat16(std::nanf(""));
@@ -235,7 +228,7 @@ TEST_CASE("gemm: the bf16 kernel rounds as BFloat16(float) does, and its bits do
   }
   // Depth 1: each result is one exact product, rounded once; ties and NaN
   // included (a product of two bf16 values has at most 16 significant bits).
-  std::vector<float> a = gemm_test_floats(64, 7), b = gemm_test_floats(48, 8);
+  std::vector<float> a = test_support::uniform_floats(64, 7), b = test_support::uniform_floats(48, 8);
   a[3] = 1.0f + 0x1p-7f;  // (1 + 2^-7)(1 + 2^-8) = 1 + 3 * 2^-8 + 2^-15: rounds up
   b[5] = 1.0f + 0x1p-8f;  // (not representable in bf16: rounds to 1 on the way in)
   a[9] = std::nanf("");
@@ -249,7 +242,7 @@ TEST_CASE("gemm: the bf16 kernel rounds as BFloat16(float) does, and its bits do
   CHECK(same);
 
   const std::int64_t m = 157, n = 301, k = 203;
-  const auto X = to_bf16(gemm_test_floats(std::size_t(m * k), 4)), Y = to_bf16(gemm_test_floats(std::size_t(k * n), 5));
+  const auto X = to_bf16(test_support::uniform_floats(std::size_t(m * k), 4)), Y = to_bf16(test_support::uniform_floats(std::size_t(k * n), 5));
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
       INFO("ta " << ta << " tb " << tb);

@@ -24,6 +24,7 @@
 #include <frugal/frugal.hpp>
 
 #include "bytes_of.hpp"
+#include "cpu_isa_scope.hpp"
 #include "toy_task.hpp"
 
 using namespace frugal;
@@ -218,9 +219,7 @@ using namespace master_test;
 // once. The plain 16-bit AdamW (no master) is the f32 kernel on the widened
 // values, each rounded on store.
 TEST_CASE("master weights: the update is f32 AdamW on the master, and the parameter is the master rounded", "[master]") {
-  struct Restore {
-    ~Restore() { cpu::forced_cpu_isa = -1; }
-  } restore;
+  test_support::KeepCpuIsa keep;
   auto backend = std::shared_ptr<Backend>(make_backend("cpu"));
   auto h = std::make_shared<ops::AdamWHyper>(ops::AdamWHyper{3e-3, 0.9, 0.99, 1e-8, 0.05, 4});
   const int widest = int(cpu::widest_cpu_isa());

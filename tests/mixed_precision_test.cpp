@@ -21,6 +21,7 @@
 #include <frugal/backend/cpu/convert.hpp>
 #include <frugal/backend/cpu/matmul.hpp>
 
+#include "cpu_isa_scope.hpp"
 #include "mixed_helpers.hpp"
 #include "reference_mixed.hpp"
 #include "toy_task.hpp"
@@ -435,10 +436,7 @@ void check_product(const std::string& name, Shape as, Shape bs, const Build& bui
     // AVX512-BF16 (its bf16 kernel sums the same exact products in another
     // order, within the bound above; tests/gemm_test.cpp checks it), so on
     // such a CPU the instruction set is capped at AVX-512 for this part.
-    struct Restore {
-      int saved = cpu::forced_cpu_isa.load();
-      ~Restore() { cpu::forced_cpu_isa = saved; }
-    } restore;
+    test_support::KeepCpuIsa keep;
     cpu::forced_cpu_isa = std::min(int(cpu::widest_cpu_isa()), int(cpu::CpuIsa::avx512));
     Tensor y16_images = run_as(build, in16, shapes, h.dtype);
     Tensor y32 = run_as(build, in16, shapes, DType::f32);
@@ -478,10 +476,7 @@ TEST_CASE("bf16/f16 linear multiplies in f32, adds the bias in f32, rounds on st
 
 TEST_CASE("bf16/f16 products plan their f32 workspace; f32 ones, and bf16 ones on the bf16 kernel, need none",
           "[mixed][matmul][plan]") {
-  struct Restore {
-    int saved = cpu::forced_cpu_isa.load();
-    ~Restore() { cpu::forced_cpu_isa = saved; }
-  } restore;
+  test_support::KeepCpuIsa keep;
   // Capped at AVX-512 (no AVX512-BF16), and then as the CPU is.
   for (const int isa : {std::min(int(cpu::widest_cpu_isa()), int(cpu::CpuIsa::avx512)), -1})
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {

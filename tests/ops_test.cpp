@@ -2,6 +2,7 @@
 // (analytic gradients against central finite differences), plus the errors
 // ops raise on bad shapes and bad labels. See op_harness.hpp for the method
 // and the tolerances.
+#include "cpu_isa_scope.hpp"
 #include "op_harness.hpp"
 #include <omp.h>
 #include <frugal/backend/cpu/blas.hpp>  // the GEMM wrapper itself
@@ -567,9 +568,7 @@ TEST_CASE("gemm refuses sizes and strides BLAS's integer cannot hold, naming the
 // loss scaler's guarded form too.
 TEST_CASE("optimizer updates: every instruction set this CPU has gives the scalar rule's bits", "[optim][isa]") {
   using namespace frugal;
-  struct Restore {
-    ~Restore() { cpu::forced_cpu_isa = -1; }
-  } restore;
+  test_support::KeepCpuIsa keep;
   auto backend = std::shared_ptr<Backend>(make_backend("cpu"));
   auto adam_h = std::make_shared<ops::AdamWHyper>(ops::AdamWHyper{3e-3, 0.9, 0.99, 1e-8, 0.05, 4});
   auto sgd_h = std::make_shared<ops::SgdHyper>(ops::SgdHyper{0.05, 0.9, 0.1, 1e-3, true, 4});

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "uniform_floats.hpp"
+
 using namespace frugal;
 
 namespace {
@@ -39,13 +41,6 @@ std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
   return b;
 }
 
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(g);
-  return v;
-}
 
 }  // namespace
 
@@ -118,7 +113,7 @@ TEST_CASE("team: callers on different threads each run on their own helpers", "[
 
 TEST_CASE("parallel_sum adds the same chunks in the same order at any thread count", "[team][threads]") {
   const std::int64_t n = 3'000'017;
-  std::vector<float> v = random_floats(std::size_t(n), 5);
+  std::vector<float> v = test_support::uniform_floats(std::size_t(n), 5);
   auto sum = [&] {
     return cpu::parallel_sum(n, 1, [&](std::int64_t b, std::int64_t e) {
       double s = 0;
@@ -146,8 +141,8 @@ TEST_CASE("gemm: the same bits at any thread count", "[team][threads][blas]") {
   for (const Case& c : cases) {
     INFO("ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k);
     const std::int64_t lda = c.ta ? c.m : c.k, ldb = c.tb ? c.k : c.n;
-    auto A = random_floats(std::size_t(c.m * c.k), 1), B = random_floats(std::size_t(c.k * c.n), 2);
-    auto C0 = random_floats(std::size_t(c.m * c.n), 3);
+    auto A = test_support::uniform_floats(std::size_t(c.m * c.k), 1), B = test_support::uniform_floats(std::size_t(c.k * c.n), 2);
+    auto C0 = test_support::uniform_floats(std::size_t(c.m * c.n), 3);
     std::vector<std::uint32_t> first;
     for (int t : {1, 2, 3}) {
       TeamSize ts(t);
@@ -210,7 +205,7 @@ TEST_CASE("a step's parameters and losses are bitwise the same at 1, 2 and 3 thr
     std::vector<std::vector<Tensor>> batches;
     for (int s = 0; s < 2; ++s) {
       Tensor x({8, 3, 16, 16}), y({8}, DType::i32);
-      auto v = random_floats(std::size_t(x.numel()), std::uint32_t(10 + s));
+      auto v = test_support::uniform_floats(std::size_t(x.numel()), std::uint32_t(10 + s));
       std::copy(v.begin(), v.end(), x.data<float>());
       for (int i = 0; i < 8; ++i) y.data<std::int32_t>()[i] = (i * 7 + s) % 10;
       batches.push_back({x, y});
