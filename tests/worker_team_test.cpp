@@ -239,11 +239,17 @@ TEST_CASE("a forked child's team makes new helpers and exits cleanly", "[team]")
   if (pid == 0) {
     std::mutex mu;
     std::set<std::thread::id> ids;
-    // 20 chunks of 5 ms: the child's new helper has 100 ms to take one.
-    cpu::WorkerTeam::mine().run(20, 2, [&](std::int64_t) {
-      usleep(5000);
-      std::lock_guard<std::mutex> lock(mu);
-      ids.insert(std::this_thread::get_id());
+    std::atomic<int> started{0};
+    // Two chunks, each waiting (up to 10 s, not a timing bound: a team
+    // without a helper never starts the second while the first waits) until
+    // both have started: they can only both start on two threads.
+    cpu::WorkerTeam::mine().run(2, 2, [&](std::int64_t) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      }
+      started.fetch_add(1);
+      for (int i = 0; i < 10000 && started.load() < 2; ++i) usleep(1000);
     });
     std::exit(int(ids.size()));  // runs the team's destructor: it must not hang
   }
