@@ -207,6 +207,22 @@ inline void gemm_with(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::int6
   blas_tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
                   [](auto... a) { cblas_sgemm(CblasRowMajor, a...); });
 }
+// A float product on the calling thread alone, for kernels that run many
+// independent products over their team (one per task): its bits are those
+// of one engine call on the whole product, whoever runs it.
+inline void gemm_serial(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                        const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                        std::int64_t ldc) {
+  check_gemm_dims(m, n, k, lda, ldb, ldc);
+  if (m <= 0 || n <= 0) return;
+  if (e == SgemmEngine::avx512) {
+    if (!sgemm512::available()) fail("gemm: the AVX-512 engine was asked for, but this CPU or build has none");
+    sgemm512::gemm_block(ta, tb, 0, m, 0, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(m), blasint(n),
+              blasint(k), alpha, A, blasint(lda), B, blasint(ldb), beta, C, blasint(ldc));
+}
 inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   gemm_with(sgemm_engine(k), ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -85,4 +85,34 @@ inline CpuIsa cpu_isa() {
   return forced < 0 ? widest : CpuIsa(std::min(forced, int(widest)));
 }
 
+// fn() built for the widest instruction set cpu_isa() allows: flatten
+// inlines fn and everything it calls into a copy compiled for AVX-512 or
+// AVX2, so plain loops inside vectorise that wide. Only the width changes:
+// each element sees the same operations in the same order (the kernel
+// units build with -ffp-contract=off, so no multiply and add fuse), so the
+// bits are those of the plain build.
+#if FRUGAL_CPU_ISA_AVX512
+template <class Fn>
+[[gnu::target("avx512f"), gnu::flatten]] void run_as_avx512(Fn& fn) {
+  fn();
+}
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH
+template <class Fn>
+[[gnu::target("avx2"), gnu::flatten]] void run_as_avx2(Fn& fn) {
+  fn();
+}
+#endif
+template <class Fn>
+void run_widest(Fn&& fn) {
+  [[maybe_unused]] const CpuIsa isa = cpu_isa();
+#if FRUGAL_CPU_ISA_AVX512
+  if (isa >= CpuIsa::avx512) return run_as_avx512(fn);
+#endif
+#if FRUGAL_CPU_ISA_DISPATCH
+  if (isa >= CpuIsa::avx2) return run_as_avx2(fn);
+#endif
+  fn();
+}
+
 }  // namespace frugal::cpu
