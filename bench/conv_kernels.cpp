@@ -5,9 +5,13 @@
 //
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/conv_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/conv_kernels
-//   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--compare]
+//   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]
 //
-// --images N forces N images per GEMM chunk (default: frugal's policy).
+// --images N forces N images per GEMM chunk, or for Winograd about N tiles
+// per chunk (default: frugal's policies; the "imgs" column shows which).
+// --algo direct runs every layer direct (im2col), --algo winograd every
+// 3x3 stride-1 layer as Winograd F(2x2,3x3) (conv_winograd.hpp); the
+// default follows frugal's rules (conv_scratch.hpp), pass by pass.
 // --engine forces the BLAS or the AVX-512 engine (default: AVX-512 where
 // the CPU has it). --compare also times the other way to split the work: one image per
 // thread inside a parallel region (private column buffers, single-threaded
@@ -161,6 +165,7 @@ int main(int argc, char** argv) {
   std::int64_t images = 0, batch = 32;
   bool compare = false;
   std::string engine_name = "auto";
+  cpu::ConvAlgorithm algo = cpu::ConvAlgorithm::by_shape;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -168,11 +173,20 @@ int main(int argc, char** argv) {
     else if (a == "--images" && i + 1 < argc) images = std::atoll(argv[++i]);
     else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--compare") compare = true;
+    else if (a == "--algo" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "direct" && v != "auto" && v != "winograd") {
+        std::fprintf(stderr, "conv_kernels: --algo takes auto (frugal's rules), direct or winograd (every 3x3 stride-1 layer)\n");
+        return 2;
+      }
+      algo = v == "direct" ? cpu::ConvAlgorithm::direct
+             : v == "winograd" ? cpu::ConvAlgorithm::winograd : cpu::ConvAlgorithm::by_shape;
+    }
     else if (a == "--engine" && i + 1 < argc) {
       engine_name = argv[++i];
     }
     else {
-      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--compare]\n");
+      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]\n");
       return 2;
     }
   }
@@ -191,9 +205,9 @@ int main(int argc, char** argv) {
     auto x = random_vec(xs.numel(), 1), w = random_vec(ws.numel(), 2);
     auto dy = random_vec(g.n * g.cout * g.hw_out(), 3);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
-    auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images);
-    auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images);
-    auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images);
+    auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images, algo);
+    auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images, algo);
+    auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images, algo);
     Buf bf(sf.bytes()), bd(sd.bytes()), bw(sw.bytes());
     auto carve = [](const cpu::ConvScratch& s, Buf& b) {
       KernelArgs a;
@@ -207,7 +221,7 @@ int main(int argc, char** argv) {
     double tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<float>(engine, g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); });
     double gf = g.flops() / 1e6;
     std::printf("%-24s %5lld %7lld %7.2f %7.2f %7.2f | %7.1f %7.1f %7.1f\n", L.name, (long long)L.count,
-                (long long)sf.images, tf, td, tw, gf / tf, td > 0 ? gf / td : 0.0, gf / tw);
+                (long long)(sf.winograd ? sf.tiles.chunk_tiles() : sf.images), tf, td, tw, gf / tf, td > 0 ? gf / td : 0.0, gf / tw);
     sum_f += tf * double(L.count);
     sum_d += td * double(L.count);
     sum_w += tw * double(L.count);

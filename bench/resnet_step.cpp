@@ -5,7 +5,7 @@
 //
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/resnet_step.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/resnet_step
-//   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3] [--engine blas|avx512]
+//   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3] [--engine blas|avx512] [--algo auto|direct|winograd]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,10 +28,10 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 // Runs the plan's nodes one by one on a fresh arena, timing each kernel:
 // the executor's loop, with a clock around every call.
 std::map<std::string, std::pair<double, int>> profile(const Step& step, const std::vector<const Tensor*>& inputs,
-                                                      int reps) {
+                                                      int reps, const BackendOptions& options) {
   const Graph& g = step.graph();
   const Plan& plan = step.plan();
-  auto backend = make_backend("cpu");
+  auto backend = make_backend("cpu", options);  // the step's kernels: their scratch is what the plan sized
   auto* arena = static_cast<std::byte*>(backend->allocate(plan.arena_bytes));
   std::vector<void*> addr(g.num_values(), nullptr);
   for (ValueId v = 0; v < ValueId(g.num_values()); ++v) {
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   int threads = 2, steps = 10, warmup = 2, reps = 3;
   std::int64_t batch = 32;
   std::string model_name = "resnet18";
-  std::string engine_name = "auto";
+  std::string engine_name = "auto", algo_name = "auto";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "%s needs a value\n", a.c_str()), std::exit(2), ""); };
@@ -94,8 +94,9 @@ int main(int argc, char** argv) {
     else if (a == "--engine") {
       engine_name = next();
     }
+    else if (a == "--algo") algo_name = next();
     else {
-      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512]\n");
+      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512] [--algo auto|direct|winograd]\n");
       return 2;
     }
   }
@@ -106,9 +107,10 @@ int main(int argc, char** argv) {
   else if (model_name == "resnet50") model = nn::resnet50_cifar(10);
   else return std::fprintf(stderr, "unknown model %s\n", model_name.c_str()), 2;
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+  const BackendOptions backend_options{.conv_engine = engine_name, .conv_algorithm = algo_name};
   Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
                       {input<float>({batch, 3, 32, 32}), input<std::int32_t>({batch})}, opt, {},
-                      {.backend_options = {.conv_engine = engine_name}, .threads = threads});
+                      {.backend_options = backend_options, .threads = threads});
   Tensor x({batch, 3, 32, 32}), y({batch}, DType::i32);
   Rng r(1);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(r.normal());
@@ -126,13 +128,13 @@ int main(int argc, char** argv) {
     t.push_back(ms_since(t0));
   }
   std::sort(t.begin(), t.end());
-  std::printf("%s batch %lld, %d threads, %s convolutions: median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
-              model_name.c_str(), (long long)batch, threads, cpu::conv_engine_from(engine_name) == cpu::ConvEngine::avx512 ? "avx512" : "blas", t[t.size() / 2], t.front(), t.back(), steps, first, last);
+  std::printf("%s batch %lld, %d threads, %s convolutions (%s): median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
+              model_name.c_str(), (long long)batch, threads, cpu::conv_engine_from(engine_name) == cpu::ConvEngine::avx512 ? "avx512" : "blas", algo_name.c_str(), t[t.size() / 2], t.front(), t.back(), steps, first, last);
   std::printf("arena %.1f MiB (peak %.1f MiB), parameters and state %.1f MiB\n", step.plan().arena_bytes / 1048576.0,
               step.plan().peak_bytes / 1048576.0, step.plan().persistent_bytes / 1048576.0);
 
   std::fflush(stdout);
-  auto by_op = profile(step, {&x, &y}, reps);
+  auto by_op = profile(step, {&x, &y}, reps, backend_options);
   std::vector<std::pair<double, std::string>> rows;
   double total = 0;
   for (auto& [name, e] : by_op) {

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <functional>
 
 #include "op_harness.hpp"
 #include <frugal/backend/cpu/conv.hpp>  // the kernels themselves, for chunking and engine checks
@@ -211,9 +212,11 @@ TEST_CASE("conv2d kernels give the reference result for every chunk size and thr
         const std::string what =
             cat(sh.name, ", ", engine_name(engine), ", ", threads, " threads, ", images, " images per chunk");
         Workspace wf, wd, ww;
-        auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images);
-        auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images);
-        auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images);
+        // Direct, whatever the shape (Winograd has its own test below).
+        const auto direct = cpu::ConvAlgorithm::direct;
+        auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images, direct);
+        auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images, direct);
+        auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images, direct);
         auto af = wf.args(sf), ad = wd.args(sd), aw = ww.args(sw);
         std::vector<float> y(want_y.v.size()), dx(x.size()), dw(w.size()), y2(y.size()), dw2(dw.size());
         cpu::conv2d_forward<float>(engine, g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(), nullptr,
@@ -236,6 +239,201 @@ TEST_CASE("conv2d kernels give the reference result for every chunk size and thr
       }
     }
   }
+}
+
+namespace {
+
+// The forward error bound of Winograd F(2x2, 3x3) for the output element at
+// (img, o, oy, ox) of conv(x, w) (x [n][I][h][w], w [O][I][3][3], padding
+// ph, pw): |err| <= (I + 11) 2^-24 * 9 * sum_i (sum |w[o][i]|) (sum |x| over
+// the 4x4 input window of its tile). Each transformed weight is at most the
+// sum of its kernel's magnitudes (|G| <= 1) and each transformed input at
+// most its window's (|B| <= 1); the output transform adds 9 of their
+// products; along any path there are 2 roundings in the input transform,
+// 4 in the weight's, I + 1 in the product and 4 in the output transform.
+double winograd_forward_bound(const std::vector<float>& x, const std::vector<float>& w, std::int64_t n,
+                              std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O, std::int64_t ph,
+                              std::int64_t pw, std::int64_t img, std::int64_t o, std::int64_t oy, std::int64_t ox) {
+  (void)n;
+  double sum = 0;
+  for (std::int64_t i = 0; i < I; ++i) {
+    double g1 = 0, d1 = 0;
+    for (int t = 0; t < 9; ++t) g1 += std::abs(double(w[std::size_t((o * I + i) * 9 + t)]));
+    for (std::int64_t a = 0; a < 4; ++a)
+      for (std::int64_t b = 0; b < 4; ++b) {
+        const std::int64_t iy = oy / 2 * 2 - ph + a, ix = ox / 2 * 2 - pw + b;
+        if (iy >= 0 && iy < h && ix >= 0 && ix < wd) d1 += std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
+      }
+    sum += g1 * d1;
+  }
+  (void)O;
+  return double(I + 11) * std::ldexp(1.0, -24) * 9 * sum + 1e-30;
+}
+
+void expect_within(const std::string& what, const std::vector<float>& got, const ref::Array& want,
+                   const std::function<double(std::size_t)>& bound) {
+  REQUIRE(got.size() == want.v.size());
+  std::size_t bad = 0, worst = 0;
+  double worst_ratio = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double r = std::abs(double(got[i]) - want.v[i]) / bound(i);
+    if (!(r <= 1)) ++bad;
+    if (!(r <= worst_ratio)) worst_ratio = r, worst = i;
+  }
+  INFO(what << ": " << bad << " elements out of bound; worst at " << worst << " got " << got[worst] << " want "
+            << want.v[worst] << " (" << worst_ratio << " x the bound)");
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float64, with the same bits at any thread count",
+          "[conv][winograd][threads]") {
+  using namespace frugal;
+  struct Shape4 {
+    const char* name;
+    ref::Dims x, w;
+    std::int64_t pad;
+  };
+  // Odd and even planes (partial tiles), every padding Winograd takes,
+  // channel counts off the GEMM tiles, a plane of one tile, a wide row.
+  const Shape4 shapes[] = {
+      {"[2,16,7,9]*[20,16,3,3] pad 1", {2, 16, 7, 9}, {20, 16, 3, 3}, 1},
+      {"[3,17,8,8]*[16,17,3,3] pad 0", {3, 17, 8, 8}, {16, 17, 3, 3}, 0},
+      {"[1,16,5,6]*[16,16,3,3] pad 2", {1, 16, 5, 6}, {16, 16, 3, 3}, 2},
+      {"[4,32,2,2]*[24,32,3,3] pad 1", {4, 32, 2, 2}, {24, 32, 3, 3}, 1},
+      // 66 tiles a row: a transform segment (64 tiles) and a partial one.
+      {"[1,16,4,131]*[16,16,3,3] pad 1", {1, 16, 4, 131}, {16, 16, 3, 3}, 1},
+  };
+  for (const auto& sh : shapes) {
+    const Shape xs(sh.x), ws(sh.w);
+    const Conv2dOptions opt{.padding = sh.pad};
+    const auto g = ops::conv_geometry("test", xs, ws, opt);
+    REQUIRE(cpu::winograd_shape(g));
+    auto x = random_floats(xs.numel(), 11), w = random_floats(ws.numel(), 12);
+    auto dy = random_floats(g.n * g.cout * g.hw_out(), 13);
+    const ref::Array xa = as_array(x, sh.x), wa = as_array(w, sh.w), dya = as_array(dy, {g.n, g.cout, g.ho, g.wo});
+    const auto p = ref_params(opt);
+    const ref::Array want_y = ref::conv2d(xa, wa, nullptr, p);
+    ref::Array want_dx, want_dw;
+    ref::conv2d_backward(xa, wa, dya, p, want_dx, want_dw);
+    // The data gradient is the forward of dy by the flipped kernel (padding
+    // 2 - pad), so its bound is that forward's.
+    std::vector<float> wf(w.size());
+    for (std::int64_t o = 0; o < g.cout; ++o)
+      for (std::int64_t i = 0; i < g.cin; ++i)
+        for (int t = 0; t < 9; ++t) wf[std::size_t((i * g.cout + o) * 9 + t)] = w[std::size_t((o * g.cin + i) * 9 + 8 - t)];
+    auto y_bound = [&](std::size_t e) {
+      const std::int64_t k = std::int64_t(e), ox = k % g.wo, oy = k / g.wo % g.ho, o = k / g.hw_out() % g.cout,
+                         img = k / (g.hw_out() * g.cout);
+      return winograd_forward_bound(x, w, g.n, g.cin, g.h, g.w, g.cout, g.ph, g.pw, img, o, oy, ox);
+    };
+    auto dx_bound = [&](std::size_t e) {
+      const std::int64_t k = std::int64_t(e), ix = k % g.w, iy = k / g.w % g.h, i = k / g.hw() % g.cin,
+                         img = k / (g.hw() * g.cin);
+      return winograd_forward_bound(dy, wf, g.n, g.cout, g.ho, g.wo, g.cin, 2 - g.ph, 2 - g.pw, img, i, iy, ix);
+    };
+    // dw[o][i][a][b]: 16 transformed products summed over the tiles, each
+    // at most (sum |dy| over the tile's 2x2) (sum |x| over its 4x4 window),
+    // through 2 + 2 transform roundings, a sum over the tiles plus one
+    // addition per chunk and per part (at most 2T + 4 in all), and 4 in the
+    // inverse transform.
+    const std::int64_t th = (g.ho + 1) / 2, tw = (g.wo + 1) / 2;
+    std::vector<double> dw_scale(std::size_t(g.cout * g.cin), 0.0);
+    for (std::int64_t o = 0; o < g.cout; ++o)
+      for (std::int64_t i = 0; i < g.cin; ++i) {
+        double sum = 0;
+        for (std::int64_t img = 0; img < g.n; ++img)
+          for (std::int64_t ty = 0; ty < th; ++ty)
+            for (std::int64_t tx = 0; tx < tw; ++tx) {
+              double a1 = 0, d1 = 0;
+              for (std::int64_t a = 0; a < 2; ++a)
+                for (std::int64_t b = 0; b < 2; ++b)
+                  if (2 * ty + a < g.ho && 2 * tx + b < g.wo)
+                    a1 += std::abs(double(dy[std::size_t(((img * g.cout + o) * g.ho + 2 * ty + a) * g.wo + 2 * tx + b)]));
+              for (std::int64_t a = 0; a < 4; ++a)
+                for (std::int64_t b = 0; b < 4; ++b) {
+                  const std::int64_t iy = 2 * ty - g.ph + a, ix = 2 * tx - g.pw + b;
+                  if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
+                    d1 += std::abs(double(x[std::size_t(((img * g.cin + i) * g.h + iy) * g.w + ix)]));
+                }
+              sum += a1 * d1;
+            }
+        dw_scale[std::size_t(o * g.cin + i)] = double(2 * g.n * th * tw + 13) * std::ldexp(1.0, -24) * 16 * sum + 1e-30;
+      }
+    auto dw_bound = [&](std::size_t e) { return dw_scale[e / 9]; };
+    for (std::int64_t tiles : {std::int64_t(1), std::int64_t(7), std::int64_t(40), std::int64_t(0)}) {
+      std::vector<float> first_y, first_dx, first_dw;
+      for (int threads : {1, 2, 3}) {
+        ThreadCount tc(threads);
+        const std::string what = cat(sh.name, ", ", threads, " threads, tile target ", tiles);
+        Workspace wfw, wd, ww;
+        const auto wino = cpu::ConvAlgorithm::winograd;  // whatever the cost rules say of these small shapes
+        auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, tiles, wino);
+        auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, tiles, wino);
+        auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, tiles, wino);
+        REQUIRE((sf.winograd && sd.winograd && sw.winograd));
+        auto af = wfw.args(sf), ad = wd.args(sd), aw = ww.args(sw);
+        std::vector<float> y(want_y.v.size()), dx(x.size()), dw(w.size());
+        // Either engine: Winograd runs for both (its products on the float GEMM engine).
+        const auto engine = engines().back();
+        cpu::conv2d_forward<float>(engine, g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(),
+                                   nullptr, y.data());
+        cpu::conv2d_backward_data<float>(engine, g, sd, cpu::conv_detail::carve<float>(sd, ad, "t"), dy.data(),
+                                         w.data(), dx.data());
+        cpu::conv2d_backward_weight<float>(engine, g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(),
+                                           dy.data(), dw.data(), nullptr);
+        expect_within(what + " forward", y, want_y, y_bound);
+        expect_within(what + " data gradient", dx, want_dx, dx_bound);
+        expect_within(what + " weight gradient", dw, want_dw, dw_bound);
+        if (threads == 1) {
+          first_y = y, first_dx = dx, first_dw = dw;
+          continue;
+        }
+        INFO(what << ": the same bits as with 1 thread");
+        CHECK(std::memcmp(y.data(), first_y.data(), y.size() * 4) == 0);
+        CHECK(std::memcmp(dx.data(), first_dx.data(), dx.size() * 4) == 0);
+        CHECK(std::memcmp(dw.data(), first_dw.data(), dw.size() * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("Winograd is chosen by shape alone: 3x3 stride 1, enough channels and tiles, not f64", "[conv][winograd]") {
+  using namespace frugal;
+  auto geom = [](ref::Dims xd, ref::Dims wd, Conv2dOptions o) {
+    return ops::conv_geometry("test", Shape(xd), Shape(wd), o);
+  };
+  const auto resnet = geom({32, 64, 32, 32}, {64, 64, 3, 3}, {.padding = 1});
+  CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward).winograd);
+  CHECK(cpu::conv_scratch(resnet, DType::bf16, cpu::ConvPass::backward_data).winograd);
+  CHECK(cpu::conv_scratch(resnet, DType::f16, cpu::ConvPass::backward_weight).winograd);
+  // Small layers' weight gradients sum in parts, large ones' in one.
+  CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::backward_weight).tiles.parts == cpu::kWinogradParts);
+  const auto wide = geom({32, 256, 8, 8}, {256, 256, 3, 3}, {.padding = 1});
+  CHECK(cpu::conv_scratch(wide, DType::f32, cpu::ConvPass::backward_weight).tiles.parts == 1);
+  // 4x4 outputs, 32 images: 128 tiles, too few to pay for the weight's transform.
+  const auto late = geom({32, 512, 4, 4}, {512, 512, 3, 3}, {.padding = 1});
+  CHECK_FALSE(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::forward).winograd);
+  CHECK(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::backward_weight).winograd);
+  CHECK_FALSE(cpu::conv_scratch(resnet, DType::f64, cpu::ConvPass::forward).winograd);
+  CHECK_FALSE(cpu::conv_scratch(resnet, DType::f64, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::winograd).winograd);
+  CHECK_FALSE(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::direct).winograd);
+  CHECK_FALSE(cpu::conv_scratch(geom({32, 64, 32, 32}, {128, 64, 3, 3}, {.stride = 2, .padding = 1}), DType::f32,
+                                cpu::ConvPass::forward)
+                  .winograd);
+  CHECK_FALSE(cpu::conv_scratch(geom({32, 3, 32, 32}, {64, 3, 3, 3}, {.padding = 1}), DType::f32,
+                                cpu::ConvPass::forward)
+                  .winograd);  // the stem: 3 input channels
+  CHECK_FALSE(cpu::conv_scratch(geom({2, 64, 8, 8}, {64, 32, 3, 3}, {.padding = 1, .groups = 2}), DType::f32,
+                                cpu::ConvPass::forward)
+                  .winograd);
+  CHECK_FALSE(cpu::conv_scratch(geom({2, 64, 8, 8}, {64, 64, 3, 3}, {.padding = 2, .dilation = 2}), DType::f32,
+                                cpu::ConvPass::forward)
+                  .winograd);
+  // Padding 3: the data gradient is no longer a plain convolution.
+  const auto padded = geom({2, 16, 8, 8}, {16, 16, 3, 3}, {.padding = 3});
+  CHECK_FALSE(cpu::conv_scratch(padded, DType::f32, cpu::ConvPass::backward_data, 0, cpu::ConvAlgorithm::winograd).winograd);
 }
 
 TEST_CASE("conv2d's scratch is planned: the step's audit matches its prediction", "[conv][plan]") {

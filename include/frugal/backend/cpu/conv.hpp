@@ -28,6 +28,7 @@
 #include "conv_avx512.hpp"
 #include "isa.hpp"
 #include "conv_scratch.hpp"
+#include "conv_winograd.hpp"
 #include "parallel.hpp"
 
 #include "abi.hpp"
@@ -63,6 +64,7 @@ inline C widen(T v) {
 template <class C>
 struct Scratch {
   C *col = nullptr, *weight = nullptr, *rows = nullptr, *acc = nullptr;
+  C *wu = nullptr, *wv = nullptr, *wm = nullptr;  // Winograd's regions
 };
 
 template <class C>
@@ -72,7 +74,7 @@ Scratch<C> carve(const ConvScratch& s, const KernelArgs& a, const char* op) {
   auto* base = static_cast<std::byte*>(a.workspace);
   auto at = [&](std::size_t n, std::size_t off) { return n ? reinterpret_cast<C*>(base + off) : nullptr; };
   return {at(s.col, s.col_offset()), at(s.weight, s.weight_offset()), at(s.rows, s.rows_offset()),
-          at(s.acc, s.acc_offset())};
+          at(s.acc, s.acc_offset()), at(s.wu, s.wu_offset()), at(s.wv, s.wv_offset()), at(s.wm, s.wm_offset())};
 }
 
 // The valid output columns [lo, hi) for a kernel tap at input offset `off`:
@@ -794,20 +796,36 @@ inline ConvEngine conv_engine_from(const std::string& name) {
   fail("cpu: unknown convolution engine '", name, "' (use \"auto\", \"blas\" or \"avx512\")");
 }
 
+// Which algorithm runs the 3x3 stride-1 convolutions: BackendOptions::
+// conv_algorithm, like the engine a property of the backend (the plan's
+// scratch follows it).
+inline ConvAlgorithm conv_algorithm_from(const std::string& name) {
+  if (name == "auto" || name.empty()) return ConvAlgorithm::by_shape;
+  if (name == "direct") return ConvAlgorithm::direct;
+  if (name == "winograd") return ConvAlgorithm::winograd;
+  fail("cpu: unknown convolution algorithm '", name, "' (use \"auto\", \"direct\" or \"winograd\")");
+}
+
 template <class T>
 void conv2d_forward(ConvEngine e, const ops::ConvGeometry& g, const ConvScratch& s,
                     const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* w, const T* bias,
                     T* y) {
-  if constexpr (!std::is_same_v<T, double>)
+  if constexpr (!std::is_same_v<T, double>) {
+    if (s.winograd) return winograd::forward(g, s, ws.wu, ws.wv, ws.wm, x, w, false, bias, y);
     if (e == ConvEngine::avx512) return conv2d_forward_avx512<T>(g, s, ws, x, w, bias, y);
+  }
   conv2d_forward_blas<T>(g, s, ws, x, w, bias, y);
 }
 
 template <class T>
 void conv2d_backward_data(ConvEngine e, const ops::ConvGeometry& g, const ConvScratch& s,
                           const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* dy, const T* w, T* dx) {
-  if constexpr (!std::is_same_v<T, double>)
+  if constexpr (!std::is_same_v<T, double>) {
+    if (s.winograd)
+      return winograd::forward(conv_data_grad_geometry(g), s, ws.wu, ws.wv, ws.wm, dy, w, true,
+                               static_cast<const T*>(nullptr), dx);
     if (e == ConvEngine::avx512) return conv2d_backward_data_avx512<T>(g, s, ws, dy, w, dx);
+  }
   conv2d_backward_data_blas<T>(g, s, ws, dy, w, dx);
 }
 
@@ -816,7 +834,8 @@ void conv2d_backward_weight(ConvEngine e, const ops::ConvGeometry& g, const Conv
                             const conv_detail::Scratch<conv_detail::compute_t<T>>& ws, const T* x, const T* dy, T* dw,
                             T* db) {
   if constexpr (!std::is_same_v<T, double>) {
-    if (e == ConvEngine::avx512) conv2d_backward_weight_avx512<T>(g, s, ws, x, dy, dw);
+    if (s.winograd) winograd::backward_weight(g, s, ws.wu, ws.wv, ws.wm, x, dy, dw);
+    else if (e == ConvEngine::avx512) conv2d_backward_weight_avx512<T>(g, s, ws, x, dy, dw);
     else conv2d_backward_weight_blas<T>(g, s, ws, x, dy, dw);
   } else {
     conv2d_backward_weight_blas<T>(g, s, ws, x, dy, dw);
@@ -826,49 +845,52 @@ void conv2d_backward_weight(ConvEngine e, const ops::ConvGeometry& g, const Conv
 
 // ---- kernels ---------------------------------------------------------------------------
 
-inline void conv2d_kernel(ConvEngine e, const ops::Conv2d& op, const KernelArgs& a) {
+inline void conv2d_kernel(ConvEngine e, ConvAlgorithm algo, const ops::Conv2d& op, const KernelArgs& a) {
   conv_detail::dispatch_storage(a.in[0].dtype, "conv2d", [&](auto tag) {
     using T = decltype(tag);
     using C = conv_detail::compute_t<T>;
     auto g = op.geometry(*a.in[0].shape, *a.in[1].shape);
-    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::forward);
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::forward, 0, algo);
     conv2d_forward<T>(e, g, s, conv_detail::carve<C>(s, a, "conv2d"), a.in[0].as<T>(), a.in[1].as<T>(),
                       op.has_bias() ? a.in[2].as<T>() : nullptr, a.out[0].as<T>());
   });
 }
 
-inline void conv2d_backward_data_kernel(ConvEngine e, const ops::Conv2dBackwardData& op, const KernelArgs& a) {
+inline void conv2d_backward_data_kernel(ConvEngine e, ConvAlgorithm algo, const ops::Conv2dBackwardData& op, const KernelArgs& a) {
   conv_detail::dispatch_storage(a.in[0].dtype, "conv2d_backward_data", [&](auto tag) {
     using T = decltype(tag);
     using C = conv_detail::compute_t<T>;
     auto g = op.geometry(*a.in[1].shape);
-    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_data);
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_data, 0, algo);
     conv2d_backward_data<T>(e, g, s, conv_detail::carve<C>(s, a, "conv2d_backward_data"), a.in[0].as<T>(),
                             a.in[1].as<T>(), a.out[0].as<T>());
   });
 }
 
-inline void conv2d_backward_weight_kernel(ConvEngine e, const ops::Conv2dBackwardWeight& op, const KernelArgs& a) {
+inline void conv2d_backward_weight_kernel(ConvEngine e, ConvAlgorithm algo, const ops::Conv2dBackwardWeight& op, const KernelArgs& a) {
   conv_detail::dispatch_storage(a.in[0].dtype, "conv2d_backward_weight", [&](auto tag) {
     using T = decltype(tag);
     using C = conv_detail::compute_t<T>;
     auto g = op.geometry(*a.in[0].shape);
-    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_weight);
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_weight, 0, algo);
     conv2d_backward_weight<T>(e, g, s, conv_detail::carve<C>(s, a, "conv2d_backward_weight"), a.in[0].as<T>(),
                               a.in[1].as<T>(), a.out[0].as<T>(), op.with_bias() ? a.out[1].as<T>() : nullptr);
   });
 }
 
 // The workspace each conv op's kernel needs, for the kernel table.
-inline std::size_t conv2d_workspace(const ops::Conv2d& op, std::span<const TensorMeta> in) {
-  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::forward).bytes();
+inline std::size_t conv2d_workspace(const ops::Conv2d& op, std::span<const TensorMeta> in,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::forward, 0, algo).bytes();
 }
-inline std::size_t conv2d_backward_data_workspace(const ops::Conv2dBackwardData& op, std::span<const TensorMeta> in) {
-  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_data).bytes();
+inline std::size_t conv2d_backward_data_workspace(const ops::Conv2dBackwardData& op, std::span<const TensorMeta> in,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_data, 0, algo).bytes();
 }
 inline std::size_t conv2d_backward_weight_workspace(const ops::Conv2dBackwardWeight& op,
-                                                    std::span<const TensorMeta> in) {
-  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_weight).bytes();
+                                                    std::span<const TensorMeta> in,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_weight, 0, algo).bytes();
 }
 
 }  // namespace frugal::cpu

@@ -46,7 +46,82 @@ inline ConvGeometry conv_data_grad_geometry(const ConvGeometry& g) {
   return f;
 }
 
+// Winograd F(2x2, 3x3) (conv_winograd.hpp) runs the 3x3 stride-1
+// convolutions (ResNet's and VGG's bulk) with 16 multiplications per 2x2
+// outputs instead of 36, but adds transforms whose cost the products do
+// not share: the weight's (O x I kernels, each call) and the tiles' ((I + O)
+// per tile). It is chosen by shape alone, for f32/bf16/f16 (f64 stays
+// direct: it is the reference the gradient checks use), pass by pass:
+// - forward and data gradient: at least kWinogradMinTiles tiles in the
+//   batch, so the weight's transform is small beside the products (ResNet
+//   at 4x4 outputs, 128 tiles: 8.5-9.9 ms against 6.9-7.5 direct);
+// - weight gradient: always (at 64 and 128 channels on par with direct,
+//   at 256 and 512 faster: 7.3 and 6.6 ms against 8.0 and 7.8).
+// (ResNet-18's layers, batch 32, 2 threads on a Zen 5 with frugal's
+// AVX-512 GEMM, bench/conv_kernels; with OpenBLAS's AVX2 GEMM Winograd
+// wins on every 3x3 layer, 1.6x over the whole network.)
+inline constexpr std::int64_t kWinogradMinChannels = 16;
+inline constexpr std::int64_t kWinogradMinTiles = 512;
+// A chunk holds about this many 2x2 tiles (whole tile rows), so the 16
+// products of a chunk have enough columns and its transformed tiles stay
+// near the cache.
+inline constexpr std::int64_t kWinogradTargetTiles = 512;
+// The 16 planes of each Winograd region sit this many floats (one cache
+// line) further apart than their size: planes of power-of-two sizes would
+// otherwise start on the same cache sets, and the transforms, which write
+// or read all 16 at once, would evict their own lines (this alone made the
+// weight transform of a 512x512 layer 8x slower).
+inline constexpr std::int64_t kWinogradPlanePad = 16;
+inline std::int64_t winograd_plane(std::int64_t floats) { return floats + kWinogradPlanePad; }
+inline bool winograd_shape(const ConvGeometry& g) {
+  return g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.groups == 1 &&
+         g.ph <= 2 && g.pw <= 2 && g.cin >= kWinogradMinChannels && g.cout >= kWinogradMinChannels && g.ho >= 2 &&
+         g.wo >= 2;
+}
+
+// The tiles of a Winograd convolution: 2x2 output tiles, tw across and th
+// down each image (the last ones partial where Ho or Wo is odd). A tile row
+// is one ty of one image, numbered image * th + ty; a chunk is `rows` of them.
+struct WinogradTiles {
+  std::int64_t tw = 0, th = 0, rows = 0;
+  // Weight gradient only: the tile rows of each chunk are cut into `parts`
+  // fixed parts, each summing its own 16 products (conv_winograd.hpp).
+  std::int64_t parts = 1;
+  std::int64_t chunk_tiles() const { return rows * tw; }
+};
+// The weight gradient of small layers sums in kWinogradParts parts (so
+// each thread transforms and multiplies tiles it keeps in its own cache),
+// where the parts' 16 O x I sums take at most kWinogradPartFloats floats.
+inline constexpr std::int64_t kWinogradParts = 4;
+inline constexpr std::int64_t kWinogradPartFloats = std::int64_t(1) << 21;
+inline WinogradTiles winograd_tiles(const ConvGeometry& g, std::int64_t target = kWinogradTargetTiles) {
+  WinogradTiles t;
+  t.tw = (g.wo + 1) / 2;
+  t.th = (g.ho + 1) / 2;
+  const std::int64_t all = std::max<std::int64_t>(g.n, 1) * t.th;
+  t.rows = std::clamp<std::int64_t>((target + t.tw - 1) / t.tw, 1, all);
+  // The chunk's transformed tiles and products: 16 * (Cin + Cout) floats a tile.
+  const std::int64_t row_bytes = 16 * (g.cin + g.cout) * t.tw * 4;
+  t.rows = std::clamp<std::int64_t>(kConvMaxColumnBytes / std::max<std::int64_t>(row_bytes, 1), 1, t.rows);
+  return t;
+}
+
+// Which algorithm a scratch layout is for: the shape's (Winograd where
+// winograd_shape and the pass's rule above hold, else direct), or direct
+// or Winograd (where winograd_shape holds) whatever the rules say, for
+// tests and benchmarks.
+enum class ConvAlgorithm { by_shape, direct, winograd };
+
+// Whether the pass runs as Winograd by the rules above (dt not f64, and
+// winograd_shape).
+inline bool winograd_pays(const ConvGeometry& t, ConvPass pass) {
+  return pass == ConvPass::backward_weight || t.n * ((t.ho + 1) / 2) * ((t.wo + 1) / 2) >= kWinogradMinTiles;
+}
+
 struct ConvScratch {
+  // Winograd: only the three w* regions below, no direct-engine region.
+  bool winograd = false;
+  WinogradTiles tiles;          // Winograd's tiles (of dx's planes for the data gradient)
   std::int64_t images = 1;      // per chunk
   bool one = false;             // one image per chunk in f32/f64: BLAS reads and writes the tensors in place
   std::size_t elem = 4;         // bytes of the compute type (f32, or f64 for f64)
@@ -55,15 +130,25 @@ struct ConvScratch {
   std::size_t weight = 0;       // [Cout, k] the weight widened to f32 (bf16/f16)
   std::size_t rows = 0;         // [Cout/groups, P] GEMM output (forward) or gathered dy (backward)
   std::size_t acc = 0;          // f32 accumulator for bf16/f16: dx of a chunk, or dw
+  // Winograd's, each 16 planes (winograd_plane apart):
+  std::size_t wu = 0;           // [16][Cout, Cin] the transformed weight, or its gradient (one per part)
+  std::size_t wv = 0;           // [16][Cin, T] a chunk's T transformed input tiles
+  std::size_t wm = 0;           // [16][Cout, T] their products, or dy's transformed tiles
   static constexpr std::size_t kAlign = 256;
   static std::size_t round(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   std::size_t col_offset() const { return 0; }
   std::size_t weight_offset() const { return col_offset() + round(col * elem); }
   std::size_t rows_offset() const { return weight_offset() + round(weight * elem); }
   std::size_t acc_offset() const { return rows_offset() + round(rows * elem); }
+  std::size_t wu_offset() const { return acc_offset() + round(acc * elem); }
+  std::size_t wv_offset() const { return wu_offset() + round(wu * elem); }
+  std::size_t wm_offset() const { return wv_offset() + round(wv * elem); }
   // Ends exactly at the last region's last byte, which the kernel writes, so
   // an audit of a step whose peak is this scratch sees every planned byte.
   std::size_t bytes() const {
+    if (wm) return wm_offset() + wm * elem;
+    if (wv) return wv_offset() + wv * elem;
+    if (wu) return wu_offset() + wu * elem;
     if (acc) return acc_offset() + acc * elem;
     if (rows) return rows_offset() + rows * elem;
     if (weight) return weight_offset() + weight * elem;
@@ -82,8 +167,34 @@ inline std::int64_t conv_chunk_images(const ConvGeometry& g, std::size_t elem,
   return b;
 }
 
-// `images` overrides the chunk size (for benchmarks); 0 keeps the policy above.
-inline ConvScratch conv_scratch(const ConvGeometry& g, DType dt, ConvPass pass, std::int64_t images = 0) {
+// The Winograd layout of a pass whose tiles cover `t` (g itself, or the
+// data gradient's convolution of dy).
+inline ConvScratch winograd_scratch(const ConvGeometry& t, ConvPass pass, std::int64_t target_tiles) {
+  ConvScratch s;
+  s.winograd = true;
+  s.tiles = winograd_tiles(t, target_tiles);
+  const std::int64_t sums = 16 * winograd_plane(t.cout * t.cin);
+  if (pass == ConvPass::backward_weight && kWinogradParts * sums <= kWinogradPartFloats)
+    s.tiles.parts = kWinogradParts;
+  const auto chunk = std::size_t(s.tiles.chunk_tiles());
+  s.wu = std::size_t(s.tiles.parts * sums);
+  s.wv = 16 * std::size_t(winograd_plane(t.cin * std::int64_t(chunk)));
+  s.wm = 16 * std::size_t(winograd_plane(t.cout * std::int64_t(chunk)));
+  return s;
+}
+
+// `images` overrides the chunk size (for benchmarks; for Winograd, the
+// tiles per chunk); 0 keeps the policies above.
+inline ConvScratch conv_scratch(const ConvGeometry& g, DType dt, ConvPass pass, std::int64_t images = 0,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  if (algo != ConvAlgorithm::direct && dt != DType::f64) {
+    const std::int64_t target = images > 0 ? images : kWinogradTargetTiles;
+    // The data gradient's tiles are those of its convolution of dy.
+    const bool as_conv = pass != ConvPass::backward_data || conv_data_grad_is_conv(g);
+    const ConvGeometry t = pass == ConvPass::backward_data ? conv_data_grad_geometry(g) : g;
+    if (as_conv && winograd_shape(t) && (algo == ConvAlgorithm::winograd || winograd_pays(t, pass)))
+      return winograd_scratch(t, pass, target);
+  }
   ConvScratch s;
   s.elem = dt == DType::f64 ? 8 : 4;
   // The weight gradient sums over the chunk's columns: longer chunks mean

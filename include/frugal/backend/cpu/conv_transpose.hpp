@@ -44,11 +44,11 @@ void bias_grad(const ops::ConvGeometry& g, const T* dy, T* db) {
 
 }  // namespace conv_transpose_detail
 
-inline void conv_transpose2d_kernel(ConvEngine e, const ops::ConvTranspose2d& op, const KernelArgs& a) {
+inline void conv_transpose2d_kernel(ConvEngine e, ConvAlgorithm algo, const ops::ConvTranspose2d& op, const KernelArgs& a) {
   dispatch_float(a.in[0].dtype, "conv_transpose2d", [&](auto tag) {
     using T = decltype(tag);
     auto g = op.geometry(*a.in[0].shape, *a.in[1].shape);
-    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_data);
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_data, 0, algo);
     T* y = a.out[0].as<T>();
     conv2d_backward_data<T>(e, g, s, conv_detail::carve<T>(s, a, "conv_transpose2d"), a.in[0].as<T>(),
                             a.in[1].as<T>(), y);
@@ -56,23 +56,23 @@ inline void conv_transpose2d_kernel(ConvEngine e, const ops::ConvTranspose2d& op
   });
 }
 
-inline void conv_transpose2d_backward_data_kernel(ConvEngine e, const ops::ConvTranspose2dBackwardData& op,
+inline void conv_transpose2d_backward_data_kernel(ConvEngine e, ConvAlgorithm algo, const ops::ConvTranspose2dBackwardData& op,
                                                   const KernelArgs& a) {
   dispatch_float(a.in[0].dtype, "conv_transpose2d_backward_data", [&](auto tag) {
     using T = decltype(tag);
     auto g = op.geometry(*a.in[1].shape);
-    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::forward);
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::forward, 0, algo);
     conv2d_forward<T>(e, g, s, conv_detail::carve<T>(s, a, "conv_transpose2d_backward_data"), a.in[0].as<T>(),
                       a.in[1].as<T>(), static_cast<const T*>(nullptr), a.out[0].as<T>());
   });
 }
 
-inline void conv_transpose2d_backward_weight_kernel(ConvEngine e, const ops::ConvTranspose2dBackwardWeight& op,
+inline void conv_transpose2d_backward_weight_kernel(ConvEngine e, ConvAlgorithm algo, const ops::ConvTranspose2dBackwardWeight& op,
                                                     const KernelArgs& a) {
   dispatch_float(a.in[0].dtype, "conv_transpose2d_backward_weight", [&](auto tag) {
     using T = decltype(tag);
     auto g = op.geometry(*a.in[0].shape);
-    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_weight);
+    auto s = conv_scratch(g, a.in[0].dtype, ConvPass::backward_weight, 0, algo);
     // The convolution's input is dy, its output gradient is x.
     const T *x = a.in[0].as<T>(), *dy = a.in[1].as<T>();
     conv2d_backward_weight<T>(e, g, s, conv_detail::carve<T>(s, a, "conv_transpose2d_backward_weight"), dy, x,
@@ -81,16 +81,19 @@ inline void conv_transpose2d_backward_weight_kernel(ConvEngine e, const ops::Con
   });
 }
 
-inline std::size_t conv_transpose2d_workspace(const ops::ConvTranspose2d& op, std::span<const TensorMeta> in) {
-  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_data).bytes();
+inline std::size_t conv_transpose2d_workspace(const ops::ConvTranspose2d& op, std::span<const TensorMeta> in,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_data, 0, algo).bytes();
 }
 inline std::size_t conv_transpose2d_backward_data_workspace(const ops::ConvTranspose2dBackwardData& op,
-                                                            std::span<const TensorMeta> in) {
-  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::forward).bytes();
+                                                            std::span<const TensorMeta> in,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::forward, 0, algo).bytes();
 }
 inline std::size_t conv_transpose2d_backward_weight_workspace(const ops::ConvTranspose2dBackwardWeight& op,
-                                                              std::span<const TensorMeta> in) {
-  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_weight).bytes();
+                                                              std::span<const TensorMeta> in,
+                                ConvAlgorithm algo = ConvAlgorithm::by_shape) {
+  return conv_scratch(op.geometry(in), in[0].dtype, ConvPass::backward_weight, 0, algo).bytes();
 }
 
 }  // namespace frugal::cpu

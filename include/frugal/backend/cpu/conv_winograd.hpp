@@ -1,0 +1,461 @@
+#pragma once
+// Winograd F(2x2, 3x3) for the 3x3 stride-1 convolutions (conv_scratch.hpp,
+// winograd_shape, says which): forward, data gradient and weight gradient.
+//
+// Why: those layers are nearly all of ResNet's and VGG's arithmetic, and a
+// direct (im2col) convolution spends 36 multiplications on each 2x2 block
+// of outputs where Winograd spends 16. With the tile transforms
+// (Lavin & Gray 2016):
+//
+//   forward   Y = Aᵀ [ Σ_ci (G g Gᵀ) ⊙ (Bᵀ d B) ] A      per 2x2 output tile
+//   weight    dg = Gᵀ [ Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B) ] G
+//   data      the forward of dy by the flipped weight (conv_data_grad_geometry)
+//
+// the sums over channels (forward) and over tiles (weight gradient) become
+// 16 matrix products, one per position ξ of the 4x4 transformed tile, run
+// by the float GEMM engine (blas.hpp: frugal's AVX-512 kernel or OpenBLAS),
+// so the AVX2 machines gain as much as the AVX-512 ones.
+//
+// Numerics: the transforms use only 0, ±1 and ±1/2, so the result differs
+// from a direct convolution by a few float roundings (the tests bound it
+// against float64).
+//
+// Determinism: a chunk's tiles are cut by shape alone (conv_scratch.hpp);
+// each product is one single-threaded GEMM call whatever thread runs it, and
+// each transform writes its own elements; the weight gradient adds the
+// chunks' products in chunk order. So the bits do not depend on the thread
+// count.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../../ops/conv.hpp"
+#include "blas.hpp"
+#include "conv_scratch.hpp"
+#include "isa.hpp"
+#include "parallel.hpp"
+
+#include "abi.hpp"
+
+namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::winograd {
+
+inline constexpr int kPositions = 16;  // ξ = 4 * i + j of the 4x4 transformed tile
+
+template <class T>
+inline float to_f32(T v) {
+  return static_cast<float>(v);
+}
+
+// U[ξ][o][i] = (G g_oi Gᵀ)[ξ] (plane ξ at U + ξ * winograd_plane(O * I)) for the O x I kernels of a convolution. Its
+// kernel g_oi is w[o][i] (flipped false), or for the data gradient's
+// convolution w[i][o] turned by 180 degrees (flipped true; w is then
+// [I][O][3][3]).
+template <class T>
+void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped, float* U) {
+  constexpr std::int64_t kBlock = 64;  // kernels gathered at once, so the arithmetic runs across them
+  const std::int64_t plane = winograd_plane(O * I);
+  parallel_for(O, I * 64, [&](std::int64_t b, std::int64_t e) {
+    run_widest([&] {
+    float g[9][kBlock];
+    for (std::int64_t o = b; o < e; ++o)
+      for (std::int64_t i0 = 0; i0 < I; i0 += kBlock) {
+        const std::int64_t n = std::min(kBlock, I - i0);
+        for (std::int64_t q = 0; q < n; ++q) {
+          const std::int64_t i = i0 + q;
+          const T* src = flipped ? w + (i * O + o) * 9 : w + (o * I + i) * 9;
+          for (int t = 0; t < 9; ++t) g[t][q] = to_f32(src[flipped ? 8 - t : t]);
+        }
+        float* u = U + o * I + i0;
+        for (std::int64_t q = 0; q < n; ++q) {
+          float t[4][3];  // G g
+          for (int c = 0; c < 3; ++c) {
+            t[0][c] = g[c][q];
+            t[1][c] = 0.5f * (g[c][q] + g[3 + c][q] + g[6 + c][q]);
+            t[2][c] = 0.5f * (g[c][q] - g[3 + c][q] + g[6 + c][q]);
+            t[3][c] = g[6 + c][q];
+          }
+          for (int r = 0; r < 4; ++r) {  // (G g) Gᵀ
+            u[(r * 4 + 0) * plane + q] = t[r][0];
+            u[(r * 4 + 1) * plane + q] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+            u[(r * 4 + 2) * plane + q] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+            u[(r * 4 + 3) * plane + q] = t[r][2];
+          }
+        }
+      }
+    });
+  });
+}
+
+// Row n of a chunk's tiles: image and tile row.
+struct TileRow {
+  std::int64_t img, ty;
+};
+inline TileRow tile_row(const WinogradTiles& t, std::int64_t row) { return {row / t.th, row % t.th}; }
+
+// The transforms run across 16 tiles at once in GCC vectors (one AVX-512
+// register, two AVX2 or four SSE registers, as run_widest compiled them):
+// loops over a tile row's few tiles, with 16 streams in and out, do not
+// auto-vectorise.
+// (-Wpsabi, silenced down to dy_tiles: GCC notes that such a vector passed
+// by value has another ABI without AVX-512; these helpers are inlined,
+// never called across units.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+using Vec = float __attribute__((vector_size(64)));
+inline constexpr std::int64_t kLanes = 16;
+inline Vec load16(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+inline std::int64_t lanes_up(std::int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+// dst[0, n) = src[0, n), whole vectors then the rest (a tile row's few
+// floats: a library memcpy call would cost more than the copy).
+inline void copy_floats(float* __restrict dst, const float* __restrict src, std::int64_t n) {
+  std::int64_t q = 0;
+  for (; q + kLanes <= n; q += kLanes) store16(dst + q, load16(src + q));
+  for (; q < n; ++q) dst[q] = src[q];
+}
+
+// A transform works on a segment of a tile row at a time, at most kSegment
+// tiles, in lines on its stack (no heap while a step runs, whatever the
+// image width): 4 input (or 2 dy) rows split into even and odd columns, and
+// the 16 transformed streams, each a segment and one vector more long.
+inline constexpr std::int64_t kSegment = 64;
+struct Lines {
+  static constexpr std::int64_t kWidth = kSegment + kLanes;
+  alignas(64) float ev[4][kWidth], od[4][kWidth], out[16][kWidth];
+};
+
+// Item k of a chunk's transform: channel c, tile row `row`, and the
+// segment's tiles [s0, s0 + n) of that row.
+struct Item {
+  std::int64_t c, row, s0, n;
+};
+inline std::int64_t segments(std::int64_t tw) { return (tw + kSegment - 1) / kSegment; }
+inline Item item(std::int64_t k, std::int64_t nr, std::int64_t r0, std::int64_t tw) {
+  const std::int64_t ns = segments(tw), s0 = k % ns * kSegment, rest = k / ns;
+  return {rest / nr, r0 + rest % nr, s0, std::min(kSegment, tw - s0)};
+}
+
+// Bᵀ d B of an item's tiles in channel c of x ([n][C][h][w], padding ph,
+// pw), stored at V[ξ][c][col + tx - s0] (row stride ld, plane stride
+// winograd_plane(C * ld)).
+template <class T>
+void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it, float* V,
+                 std::int64_t ld, std::int64_t col, Lines& L) {
+  const TileRow tr = tile_row(t, it.row);
+  const std::int64_t n = it.n, n1 = n + 1;
+  const T* plane = x + (tr.img * g.cin + it.c) * g.h * g.w;
+  // Tile tx reads input columns 2 tx - pw + 0..3: ev[q] holds column
+  // 2 (s0 + q) - pw and od[q] the next. Both exist for s0 + q in [lo, hi);
+  // the padding is around them.
+  const std::int64_t lo = std::clamp((g.pw + 1) / 2 - it.s0, std::int64_t(0), n1);
+  const std::int64_t hi = std::clamp((g.w + g.pw) / 2 - it.s0, lo, n1);
+  for (int a = 0; a < 4; ++a) {
+    float* __restrict ev = L.ev[a];
+    float* __restrict od = L.od[a];
+    const std::int64_t iy = 2 * tr.ty - g.ph + a;
+    if (iy < 0 || iy >= g.h) {
+      std::fill(ev, ev + n1, 0.f);
+      std::fill(od, od + n1, 0.f);
+      continue;
+    }
+    const T* src = plane + iy * g.w + 2 * it.s0 - g.pw;  // src[2q] is ev[q]'s column
+    auto edge = [&](std::int64_t q) {
+      const std::int64_t ie = 2 * (it.s0 + q) - g.pw;
+      ev[q] = ie >= 0 && ie < g.w ? to_f32(src[2 * q]) : 0.f;
+      od[q] = ie + 1 >= 0 && ie + 1 < g.w ? to_f32(src[2 * q + 1]) : 0.f;
+    };
+    for (std::int64_t q = 0; q < lo; ++q) edge(q);
+    for (std::int64_t q = lo; q < hi; ++q) {
+      ev[q] = to_f32(src[2 * q]);
+      od[q] = to_f32(src[2 * q + 1]);
+    }
+    for (std::int64_t q = hi; q < n1; ++q) edge(q);
+  }
+  // Tile q reads d0..d3 = ev[q], od[q], ev[q + 1], od[q + 1] of each row;
+  // d B along the rows is (d0 - d2, d1 + d2, d2 - d1, d1 - d3), then Bᵀ
+  // the same down the columns. Lanes past n compute what is never stored.
+  for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
+    Vec r[4][4];
+    for (int a = 0; a < 4; ++a) {
+      const Vec e0 = load16(L.ev[a] + q0), e1 = load16(L.ev[a] + q0 + 1);
+      const Vec o0 = load16(L.od[a] + q0), o1 = load16(L.od[a] + q0 + 1);
+      r[a][0] = e0 - e1;
+      r[a][1] = o0 + e1;
+      r[a][2] = e1 - o0;
+      r[a][3] = o0 - o1;
+    }
+    for (int j = 0; j < 4; ++j) {
+      store16(L.out[0 * 4 + j] + q0, r[0][j] - r[2][j]);
+      store16(L.out[1 * 4 + j] + q0, r[1][j] + r[2][j]);
+      store16(L.out[2 * 4 + j] + q0, r[2][j] - r[1][j]);
+      store16(L.out[3 * 4 + j] + q0, r[1][j] - r[3][j]);
+    }
+  }
+  const std::int64_t pstride = winograd_plane(g.cin * ld);
+  for (int xi = 0; xi < kPositions; ++xi) copy_floats(V + xi * pstride + it.c * ld + col, L.out[xi], n);
+}
+
+// Aᵀ M A of an item's tiles in output channel c (M[ξ][c][col + tx - s0]),
+// plus the bias, stored into y ([n][O][ho][wo]); partial tiles past the
+// edge are dropped. M's planes are read a whole vector at a time, past the
+// segment's end too (into the next row, or the plane's padding).
+template <class T>
+void output_tiles(const float* M, std::int64_t ld, std::int64_t col, const ops::ConvGeometry& g,
+                  const WinogradTiles& t, const Item& it, float bias, T* y, Lines& L) {
+  const TileRow tr = tile_row(t, it.row);
+  const std::int64_t n = it.n, pstride = winograd_plane(g.cout * ld);
+  const float* m = M + it.c * ld + col;
+  const Vec vb = Vec{} + bias;
+  for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
+    Vec s[4][2];  // M A along each row i
+    for (int i = 0; i < 4; ++i) {
+      const Vec m0 = load16(m + (i * 4 + 0) * pstride + q0), m1 = load16(m + (i * 4 + 1) * pstride + q0);
+      const Vec m2 = load16(m + (i * 4 + 2) * pstride + q0), m3 = load16(m + (i * 4 + 3) * pstride + q0);
+      s[i][0] = m0 + m1 + m2;
+      s[i][1] = m1 - m2 - m3;
+    }
+    for (int b = 0; b < 2; ++b) {  // Aᵀ down the columns: ev holds output row 0, od row 1; [b] the tile's column b
+      store16(L.ev[b] + q0, s[0][b] + s[1][b] + s[2][b] + vb);
+      store16(L.od[b] + q0, s[1][b] - s[2][b] - s[3][b] + vb);
+    }
+  }
+  // Tiles [0, full) have both columns inside the plane; with Wo odd the
+  // row's last tile has only its first.
+  const std::int64_t full = std::clamp(g.wo / 2 - it.s0, std::int64_t(0), n);
+  for (int a = 0; a < 2; ++a) {
+    const std::int64_t oy = 2 * tr.ty + a;
+    if (oy >= g.ho) break;
+    const float* out0 = a == 0 ? L.ev[0] : L.od[0];  // columns 2 tx
+    const float* out1 = a == 0 ? L.ev[1] : L.od[1];  // columns 2 tx + 1
+    T* line = y + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
+    for (std::int64_t q = 0; q < full; ++q) {
+      line[2 * q] = T(out0[q]);
+      line[2 * q + 1] = T(out1[q]);
+    }
+    if (full < n) line[2 * full] = T(out0[full]);
+  }
+}
+
+// A dY Aᵀ of an item's tiles in channel c of dy ([n][O][ho][wo]; outputs
+// past the edge count as zero), stored at D[ξ][c][col + tx - s0].
+template <class T>
+void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it, float* D,
+              std::int64_t ld, std::int64_t col, Lines& L) {
+  const TileRow tr = tile_row(t, it.row);
+  const std::int64_t n = it.n, full = std::clamp(g.wo / 2 - it.s0, std::int64_t(0), n);
+  for (int a = 0; a < 2; ++a) {  // row a of each tile: ev = its column 0, od = its column 1
+    float* __restrict y0 = L.ev[a];
+    float* __restrict y1 = L.od[a];
+    const std::int64_t oy = 2 * tr.ty + a;
+    if (oy >= g.ho) {
+      std::fill(y0, y0 + n, 0.f);
+      std::fill(y1, y1 + n, 0.f);
+      continue;
+    }
+    const T* line = dy + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
+    for (std::int64_t q = 0; q < full; ++q) {
+      y0[q] = to_f32(line[2 * q]);
+      y1[q] = to_f32(line[2 * q + 1]);
+    }
+    if (full < n) y0[full] = to_f32(line[2 * full]), y1[full] = 0.f;
+  }
+  // dY Aᵀ along each row is (y0, y0 + y1, y0 - y1, -y1); A the same down the columns.
+  for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
+    Vec r[2][4];
+    for (int a = 0; a < 2; ++a) {
+      const Vec y0 = load16(L.ev[a] + q0), y1 = load16(L.od[a] + q0);
+      r[a][0] = y0;
+      r[a][1] = y0 + y1;
+      r[a][2] = y0 - y1;
+      r[a][3] = -y1;
+    }
+    for (int j = 0; j < 4; ++j) {
+      store16(L.out[0 * 4 + j] + q0, r[0][j]);
+      store16(L.out[1 * 4 + j] + q0, r[0][j] + r[1][j]);
+      store16(L.out[2 * 4 + j] + q0, r[0][j] - r[1][j]);
+      store16(L.out[3 * 4 + j] + q0, -r[1][j]);
+    }
+  }
+  const std::int64_t pstride = winograd_plane(g.cout * ld);
+  for (int xi = 0; xi < kPositions; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
+}
+
+#pragma GCC diagnostic pop
+
+// The 16 products of a chunk, one GEMM per position, spread over the team.
+template <class Product>
+void each_position(Product&& product) {
+  run_chunks(kPositions, [&](std::int64_t xi) { product(xi); });
+}
+
+// The forward works a chunk in blocks of about kBlockTiles tiles (whole
+// tile rows), each on one thread from its input transform through its 16
+// products to its output transform, so a block's transformed tiles stay
+// in that core's cache; done phase by phase over the whole chunk, the
+// transforms streamed them through memory and stopped scaling past one
+// thread. The blocks are cut by shape alone.
+inline constexpr std::int64_t kBlockTiles = 64;
+
+// y = conv(x, w) + bias over the tiles of g (the forward, or with
+// `flipped` the data gradient's convolution of dy, g its geometry).
+template <class T>
+void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* V, float* M, const T* x, const T* w,
+             bool flipped, const T* bias, T* y) {
+  const WinogradTiles& t = s.tiles;
+  const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th, ns = segments(t.tw);
+  const std::int64_t block_rows = std::max<std::int64_t>(1, kBlockTiles / t.tw);
+  transform_weights(w, O, I, flipped, U);
+  const SgemmEngine engine = sgemm_engine(I);
+  for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
+    const std::int64_t nr = std::min(t.rows, all - r0), ld = nr * t.tw;
+    const std::int64_t pv = winograd_plane(I * ld), pm = winograd_plane(O * ld);
+    const std::int64_t blocks = (nr + block_rows - 1) / block_rows, nt = std::min<std::int64_t>(team_threads(), blocks);
+    run_chunks(nt, [&](std::int64_t share) {
+     for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
+      const std::int64_t b0 = blk * block_rows, b1 = std::min(nr, b0 + block_rows);  // rows r0 + [b0, b1)
+      const std::int64_t cols = (b1 - b0) * t.tw, col0 = b0 * t.tw;
+      Lines L{};
+      run_widest([&] {
+        for (std::int64_t c = 0; c < I; ++c)
+          for (std::int64_t r = b0; r < b1; ++r)
+            for (std::int64_t sg = 0; sg < ns; ++sg) {
+              const Item it = item((c * nr + r) * ns + sg, nr, r0, t.tw);
+              input_tiles(x, g, t, it, V, ld, (it.row - r0) * t.tw + it.s0, L);
+            }
+      });
+      for (std::int64_t xi = 0; xi < kPositions; ++xi)
+        gemm_serial(engine, false, false, O, cols, I, 1.f, U + xi * winograd_plane(O * I), I, V + xi * pv + col0, ld,
+                    0.f, M + xi * pm + col0, ld);
+      run_widest([&] {
+        for (std::int64_t o = 0; o < O; ++o)
+          for (std::int64_t r = b0; r < b1; ++r)
+            for (std::int64_t sg = 0; sg < ns; ++sg) {
+              const Item it = item((o * nr + r) * ns + sg, nr, r0, t.tw);
+              output_tiles(M, ld, (it.row - r0) * t.tw + it.s0, g, t, it, bias ? to_f32(bias[o]) : 0.f, y, L);
+            }
+      });
+     }
+    });
+  }
+}
+
+// Transforms tile rows [a, b) of the chunk from r0 (all of x's channels
+// into V, all of dy's into D, rows of ld columns) and adds their 16
+// products into dU.
+template <class T>
+void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0, std::int64_t nr,
+                 std::int64_t ld, std::int64_t a, std::int64_t b, float* dU, bool first, float* V, float* D,
+                 const T* x, const T* dy, Lines& L) {
+  const std::int64_t O = g.cout, I = g.cin, ns = segments(t.tw);
+  const std::int64_t col0 = a * t.tw, cols = (b - a) * t.tw, plane = winograd_plane(O * I);
+  run_widest([&] {
+    for (std::int64_t c = 0; c < I + O; ++c)  // channels [0, I) of x, then [0, O) of dy
+      for (std::int64_t r = a; r < b; ++r)
+        for (std::int64_t sg = 0; sg < ns; ++sg) {
+          Item it = item((c * nr + r) * ns + sg, nr, r0, t.tw);
+          const std::int64_t col = (it.row - r0) * t.tw + it.s0;
+          if (c < I) {
+            input_tiles(x, g, t, it, V, ld, col, L);
+          } else {
+            it.c -= I;
+            dy_tiles(dy, g, t, it, D, ld, col, L);
+          }
+        }
+  });
+  // dU_ξ (+)= D_ξ V_ξᵀ: the rows' tiles are the products' depth.
+  const SgemmEngine engine = sgemm_engine(cols);
+  for (std::int64_t xi = 0; xi < kPositions; ++xi)
+    gemm_serial(engine, false, true, O, I, cols, 1.f, D + xi * winograd_plane(O * ld) + col0, ld,
+                V + xi * winograd_plane(I * ld) + col0, ld, first ? 0.f : 1.f, dU + xi * plane, I);
+}
+
+// dw = the gradient of conv(x, w) given dy, over the tiles of g.
+template <class T>
+void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU, float* V, float* D, const T* x,
+                     const T* dy, T* dw) {
+  const WinogradTiles& t = s.tiles;
+  const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th;
+  const std::int64_t plane = winograd_plane(O * I), sums = kPositions * plane;
+  if (t.parts > 1) {
+    // Part p takes its share of every chunk's tile rows, on one thread for
+    // the whole call: its transformed tiles and its sums stay in that core's
+    // cache (phase by phase, the transforms of one thread and the products
+    // of another moved every line between cores: 1.4x slower than direct
+    // at 64 channels). The parts run through the chunks unsynchronised, so
+    // each keeps its own columns of the regions in every chunk (the layout
+    // of a full chunk, the last one's too). The parts add up in part order.
+    const std::int64_t nt = std::min<std::int64_t>(team_threads(), t.parts), ld = t.chunk_tiles();
+    run_chunks(nt, [&](std::int64_t share) {
+      Lines L{};
+      for (std::int64_t p = t.parts * share / nt; p < t.parts * (share + 1) / nt; ++p) {
+        float* dUp = dU + p * sums;
+        bool first = true;
+        for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
+          const std::int64_t nr = std::min(t.rows, all - r0);
+          const std::int64_t a = std::min(nr, t.rows * p / t.parts), b = std::min(nr, t.rows * (p + 1) / t.parts);
+          if (a == b) continue;
+          weight_rows(g, t, r0, nr, ld, a, b, dUp, first, V, D, x, dy, L);
+          first = false;
+        }
+        if (first) std::fill(dUp, dUp + sums, 0.f);
+      }
+    });
+    parallel_for(sums, t.parts, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t p = 1; p < t.parts; ++p)
+        for (std::int64_t k = b; k < e; ++k) dU[k] += dU[p * sums + k];
+    });
+  } else {
+    const std::int64_t ns = segments(t.tw);
+    if (all == 0) std::fill(dU, dU + sums, 0.f);
+    for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
+      const std::int64_t nr = std::min(t.rows, all - r0), ld = nr * t.tw;
+      parallel_for((I + O) * nr * ns, 16 * kSegment, [&](std::int64_t b, std::int64_t e) {
+        Lines L{};
+        run_widest([&] {
+          for (std::int64_t k = b; k < e; ++k) {
+            Item it = item(k, nr, r0, t.tw);  // channels [0, I) of x, then [0, O) of dy
+            const std::int64_t col = (it.row - r0) * t.tw + it.s0;
+            if (it.c < I) {
+              input_tiles(x, g, t, it, V, ld, col, L);
+            } else {
+              it.c -= I;
+              dy_tiles(dy, g, t, it, D, ld, col, L);
+            }
+          }
+        });
+      });
+      // dU_ξ (+)= D_ξ V_ξᵀ, a position per task: the chunk's tiles are the products' depth.
+      const SgemmEngine engine = sgemm_engine(ld);
+      each_position([&](std::int64_t xi) {
+        gemm_serial(engine, false, true, O, I, ld, 1.f, D + xi * winograd_plane(O * ld), ld,
+                    V + xi * winograd_plane(I * ld), ld, r0 == 0 ? 0.f : 1.f, dU + xi * plane, I);
+      });
+    }
+  }
+  parallel_for(O * I, 64, [&](std::int64_t b, std::int64_t e) {
+    run_widest([&] {
+    for (std::int64_t k = b; k < e; ++k) {
+      float u[4][4];
+      for (int xi = 0; xi < kPositions; ++xi) u[xi / 4][xi % 4] = dU[xi * plane + k];
+      float tt[3][4];  // Gᵀ dU
+      for (int j = 0; j < 4; ++j) {
+        tt[0][j] = u[0][j] + 0.5f * (u[1][j] + u[2][j]);
+        tt[1][j] = 0.5f * (u[1][j] - u[2][j]);
+        tt[2][j] = 0.5f * (u[1][j] + u[2][j]) + u[3][j];
+      }
+      T* d = dw + k * 9;
+      for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
+        d[r * 3 + 0] = T(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
+        d[r * 3 + 1] = T(0.5f * (tt[r][1] - tt[r][2]));
+        d[r * 3 + 2] = T(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
+      }
+    }
+    });
+  });
+}
+
+}  // namespace frugal::cpu::winograd
