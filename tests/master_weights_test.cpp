@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -539,6 +540,77 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
     CHECK(same_bits(resumed->parameters()[k], want_p[k]));
   }
   std::filesystem::remove_all(dir);
+}
+
+namespace master_test {
+// Plans rank 0 of 2 at ZeRO stage 1 with `opt`, as a stage search's trial or
+// frugal-plan --ranks does: the masters it prepares are that rank's shards.
+void plan_rank0_of_2(Mlp16& m, Optimizer& opt, std::int64_t batch) {
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
+  o.zero_stage = 1;
+  plan_training([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                {input<float>({batch, m.fc1.weight.shape()[1]}), input<std::int32_t>({batch})}, opt, {}, o);
+}
+}  // namespace master_test
+
+// Widening the bf16 parameter again would drop the masters' low bits, and a
+// step compiled before the plan would then train from other masters than
+// one compiled after it.
+TEST_CASE("master weights: planning another ZeRO layout keeps the trained masters, and training goes on as if it never "
+          "had been planned",
+          "[master][zero]") {
+  const std::int64_t batch = 16, in = 15;
+  auto ref = make_mlp(DType::bf16);
+  optim::AdamW ropt(ref->parameters(), {.lr = 3e-3, .master_weights = true});
+  Step rs = compile_mlp(*ref, ropt, batch);
+  train(rs, batch, in, 0, 3);
+
+  auto m = make_mlp(DType::bf16);
+  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .master_weights = true});
+  Step s = compile_mlp(*m, opt, batch);
+  train(s, batch, in, 0, 3);
+  const std::vector<Tensor> trained = masters(opt);
+  plan_rank0_of_2(*m, opt, batch);
+  REQUIRE(opt.master(0).numel() < m->parameters()[0].numel());  // fc1's weight: the rank's shard
+  Step again = compile_mlp(*m, opt, batch);
+  for (std::size_t k = 0; k < trained.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(opt.master(k), trained[k]));
+  }
+  // The step compiled before the plan and the one after, in turns.
+  for (int step = 3; step < 9; ++step) {
+    INFO("step " << step);
+    const float want = train(rs, batch, in, step, step + 1);
+    const float got = train(step % 2 ? again : s, batch, in, step, step + 1);
+    CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+  }
+  for (std::size_t k = 0; k < trained.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(m->parameters()[k], ref->parameters()[k]));
+    CHECK(same_bits(opt.master(k), ropt.master(k)));
+  }
+}
+
+TEST_CASE("master weights: a parameter written while another ZeRO layout was planned gets its master made from it "
+          "again, the others keep theirs",
+          "[master][zero]") {
+  const std::int64_t batch = 16, in = 15;
+  auto m = make_mlp(DType::bf16);
+  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .master_weights = true});
+  Step s = compile_mlp(*m, opt, batch);
+  train(s, batch, in, 0, 3);
+  const std::vector<Tensor> trained = masters(opt);
+  plan_rank0_of_2(*m, opt, batch);
+  Tensor written = m->parameters()[2];  // fc2's weight, overwritten as io::load_weights would
+  for (std::int64_t i = 0; i < written.numel(); ++i)
+    store(written, std::size_t(i), rounded(0.01f * float(i % 17) - 0.08f, DType::bf16));
+  Step again = compile_mlp(*m, opt, batch);
+  for (std::size_t k = 0; k < trained.size(); ++k) {
+    INFO("parameter " << k);
+    if (k == 2) CHECK(opt.master(k).to_vector<float>() == floats_of(written));
+    else CHECK(same_bits(opt.master(k), trained[k]));
+  }
 }
 
 // ---- where the state lives -------------------------------------------------------

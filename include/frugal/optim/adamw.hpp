@@ -29,11 +29,12 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
   // DeepSpeed-style mixed precision: each bf16/f16 parameter gets an f32
   // master copy (state "master", made from the parameter's values when a
-  // step is first compiled) and f32 moments; the update steps the master
-  // in f32 and writes the parameter as the master rounded to nearest even.
-  // 12 bytes of optimizer state per such parameter instead of 4. f32 and
-  // f64 parameters are unaffected. A program that writes such parameters
-  // itself after compiling (io::load_weights) calls master_from_params().
+  // step is compiled and has none that rounds to them) and f32 moments; the
+  // update steps the master in f32 and writes the parameter as the master
+  // rounded to nearest even. 12 bytes of optimizer state per such parameter
+  // instead of 4. f32 and f64 parameters are unaffected. A program that
+  // writes such parameters itself after compiling (io::load_weights) calls
+  // master_from_params().
   bool master_weights = false;
 };
 
@@ -156,8 +157,9 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   const Tensor& exp_avg(std::size_t i) const { return m_.at(i); }
   const Tensor& exp_avg_sq(std::size_t i) const { return v_.at(i); }
   // The f32 master copy of params()[i] (its ZeRO shard's elements under
-  // ZeRO); undefined where it has none (master_weights off, an f32/f64
-  // parameter, or no step compiled yet).
+  // ZeRO) that the step compiled or planned last uses, as exp_avg(i) is;
+  // undefined where it has none (master_weights off, an f32/f64 parameter,
+  // or no step compiled yet).
   const Tensor& master(std::size_t i) const { return master_.at(i); }
   // Copies the parameters' values into their master copies, for a program
   // that wrote bf16/f16 parameters itself after compiling (io::load_weights,
@@ -186,21 +188,31 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
     const DType dt = params_[i].dtype();
     return wants_master_[i] && (dt == DType::bf16 || dt == DType::f16);
   }
-  // The master of params()[i]'s update: made from the elements it trains
-  // (exactly: every bf16/f16 value is an f32 value) when there is none of
-  // this shape yet; kept, as the moments are, by the steps compiled after.
+  // The master of params()[i]'s update, one per layout as the moments
+  // (state_tensor): a step planned at another ZeRO layout (a stage search's
+  // trial, dist::PlanOnly) must not cost the trained layout its f32 bits,
+  // which the bf16/f16 parameter no longer holds. A kept master still
+  // counts only while it rounds to the elements the update trains: if not,
+  // they were written since (trained at another layout, loaded,
+  // overwritten) and the master is made from them again, exactly (every
+  // bf16/f16 value is an f32 value), as a new layout's zeros are.
   Var master_var(Var p, std::size_t i) {
     Tensor& w = master_[i];
-    if (!w.defined() || w.shape() != state_shape(i) || w.dtype() != DType::f32) {
-      if (params_[i].is_meta()) {  // planned, not run: shapes only
-        MetaScope meta;
-        w = Tensor(state_shape(i), DType::f32);
-      } else {
-        w = Tensor(state_shape(i), DType::f32);
-        widen_into(w, trained_elements(i));
-      }
+    w = state_tensor("master", w, i, DType::f32);
+    if (!params_[i].is_meta()) {  // a meta parameter's master is planned, never filled
+      const Tensor trained = trained_elements(i);
+      NvmeHomes::registry().bring_back(w.raw());  // read and maybe written here, as master_from_params does
+      if (!rounds_to(w, trained)) widen_into(w, trained);
     }
     return persistent_var(w, ValueKind::state, p.graph->value(p.id).name + ".master");
+  }
+  // Whether every element of `master` rounds to nearest even to `param`'s bits.
+  static bool rounds_to(const Tensor& master, const Tensor& param) {
+    const float* w = master.data<float>();
+    const auto* bits = static_cast<const std::uint16_t*>(param.raw());
+    for (std::int64_t k = 0; k < param.numel(); ++k)
+      if ((param.dtype() == DType::bf16 ? BFloat16(w[k]).bits : Half(w[k]).bits) != bits[k]) return false;
+    return true;
   }
   static void widen_into(Tensor& to, const Tensor& from) {
     float* out = to.data<float>();
