@@ -583,6 +583,50 @@ void check_half_conv(const char* type, double u) {
 
 }  // namespace
 
+TEST_CASE("conv_algorithm picks Winograd or direct per backend: either plans its scratch exactly and trains alike",
+          "[conv][winograd][plan]") {
+  using namespace frugal;
+  const Shape xs{2, 16, 12, 12};
+  auto xv = random_floats(xs.numel(), 9);
+  std::vector<float> losses[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string algo = k == 0 ? "direct" : "winograd";
+    INFO("conv_algorithm " << algo);
+    nn::manual_seed(3);
+    nn::Conv2d c1(16, 16, 3, {.padding = 1}), c2(16, 16, 3, {.padding = 1});
+    auto params = c1.parameters();
+    for (const Tensor& t : c2.parameters()) params.push_back(t);
+    optim::SGD opt(params, {.lr = 0.01});
+    CompileOptions o;
+    o.backend_options.conv_algorithm = algo;
+    Step s = compile([&](Var x) { return mean(square(c2(relu(c1(x))))); }, {input<float>({2, 16, 12, 12})}, opt, {},
+                     o);
+    // Each conv op's planned scratch is the layout of the algorithm asked for.
+    const auto g = ops::conv_geometry("test", xs, Shape{16, 16, 3, 3}, {.padding = 1});
+    const auto want = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, 0,
+                                        k == 0 ? cpu::ConvAlgorithm::direct : cpu::ConvAlgorithm::winograd);
+    CHECK(want.winograd == (k == 1));
+    int forwards = 0;
+    for (NodeId n : s.plan().schedule) {
+      const Node& node = s.graph().node(n);
+      if (node.op->name() != "conv2d") continue;
+      REQUIRE(node.has_workspace);
+      CHECK(s.graph().value(node.outputs.back()).meta.nbytes() == want.bytes());
+      ++forwards;
+    }
+    CHECK(forwards == 2);
+    Tensor x = f32_tensor(xv, xs);
+    auto a = s.audit(x);
+    CHECK(a.canary_intact);
+    CHECK(a.high_water == a.predicted);
+    for (int step = 0; step < 3; ++step) losses[k].push_back(s.run(x));
+  }
+  // Winograd rounds differently, by a few float roundings (its own test
+  // bounds them); over three steps of SGD the losses stay that close.
+  for (int step = 0; step < 3; ++step) CHECK(losses[1][step] == Approx(losses[0][step]).epsilon(1e-4));
+  CHECK_THROWS_WITH(make_backend("cpu", {.conv_algorithm = "fast"}), Contains("unknown convolution algorithm 'fast'"));
+}
+
 TEST_CASE("conv2d with bf16 and f16 storage rounds the f32 result once", "[conv][half]") {
   for (auto engine : engines()) {
     EngineChoice ec(engine);
