@@ -292,12 +292,15 @@ void each_position(Product&& product) {
   run_chunks(kPositions, [&](std::int64_t xi) { product(xi); });
 }
 
-// The forward works a chunk in blocks of about kBlockTiles tiles (whole
+// The forward works each chunk in blocks of about kBlockTiles tiles (whole
 // tile rows), each on one thread from its input transform through its 16
 // products to its output transform, so a block's transformed tiles stay
 // in that core's cache; done phase by phase over the whole chunk, the
-// transforms streamed them through memory and stopped scaling past one
-// thread. The blocks are cut by shape alone.
+// transforms of one core and the products of the other moved every line
+// between them, and 2 threads ran no faster than 1. A thread keeps the
+// same blocks (the same columns of the regions, in the layout of a full
+// chunk) through every chunk, unsynchronised. The blocks are cut by shape
+// alone.
 inline constexpr std::int64_t kBlockTiles = 64;
 
 // y = conv(x, w) + bias over the tiles of g (the forward, or with
@@ -308,39 +311,41 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
   const WinogradTiles& t = s.tiles;
   const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th, ns = segments(t.tw);
   const std::int64_t block_rows = std::max<std::int64_t>(1, kBlockTiles / t.tw);
+  const std::int64_t ld = t.chunk_tiles(), pv = winograd_plane(I * ld), pm = winograd_plane(O * ld);
   transform_weights(w, O, I, flipped, U);
   const SgemmEngine engine = sgemm_engine(I);
-  for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
-    const std::int64_t nr = std::min(t.rows, all - r0), ld = nr * t.tw;
-    const std::int64_t pv = winograd_plane(I * ld), pm = winograd_plane(O * ld);
-    const std::int64_t blocks = (nr + block_rows - 1) / block_rows, nt = std::min<std::int64_t>(team_threads(), blocks);
-    run_chunks(nt, [&](std::int64_t share) {
-     for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
-      const std::int64_t b0 = blk * block_rows, b1 = std::min(nr, b0 + block_rows);  // rows r0 + [b0, b1)
-      const std::int64_t cols = (b1 - b0) * t.tw, col0 = b0 * t.tw;
-      Lines L{};
-      run_widest([&] {
-        for (std::int64_t c = 0; c < I; ++c)
-          for (std::int64_t r = b0; r < b1; ++r)
-            for (std::int64_t sg = 0; sg < ns; ++sg) {
-              const Item it = item((c * nr + r) * ns + sg, nr, r0, t.tw);
-              input_tiles(x, g, t, it, V, ld, (it.row - r0) * t.tw + it.s0, L);
-            }
-      });
-      for (std::int64_t xi = 0; xi < kPositions; ++xi)
-        gemm_serial(engine, false, false, O, cols, I, 1.f, U + xi * winograd_plane(O * I), I, V + xi * pv + col0, ld,
-                    0.f, M + xi * pm + col0, ld);
-      run_widest([&] {
-        for (std::int64_t o = 0; o < O; ++o)
-          for (std::int64_t r = b0; r < b1; ++r)
-            for (std::int64_t sg = 0; sg < ns; ++sg) {
-              const Item it = item((o * nr + r) * ns + sg, nr, r0, t.tw);
-              output_tiles(M, ld, (it.row - r0) * t.tw + it.s0, g, t, it, bias ? to_f32(bias[o]) : 0.f, y, L);
-            }
-      });
-     }
-    });
-  }
+  const std::int64_t blocks = (t.rows + block_rows - 1) / block_rows;  // of a full chunk
+  const std::int64_t nt = std::min<std::int64_t>(team_threads(), blocks);
+  run_chunks(nt, [&](std::int64_t share) {
+    Lines L{};
+    for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
+      const std::int64_t nr = std::min(t.rows, all - r0);
+      for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
+        const std::int64_t b0 = blk * block_rows, b1 = std::min(nr, b0 + block_rows);  // rows r0 + [b0, b1)
+        if (b0 >= b1) break;
+        const std::int64_t cols = (b1 - b0) * t.tw, col0 = b0 * t.tw;
+        run_widest([&] {
+          for (std::int64_t c = 0; c < I; ++c)
+            for (std::int64_t r = b0; r < b1; ++r)
+              for (std::int64_t sg = 0; sg < ns; ++sg) {
+                const Item it = item((c * nr + r) * ns + sg, nr, r0, t.tw);
+                input_tiles(x, g, t, it, V, ld, (it.row - r0) * t.tw + it.s0, L);
+              }
+        });
+        for (std::int64_t xi = 0; xi < kPositions; ++xi)
+          gemm_serial(engine, false, false, O, cols, I, 1.f, U + xi * winograd_plane(O * I), I, V + xi * pv + col0,
+                      ld, 0.f, M + xi * pm + col0, ld);
+        run_widest([&] {
+          for (std::int64_t o = 0; o < O; ++o)
+            for (std::int64_t r = b0; r < b1; ++r)
+              for (std::int64_t sg = 0; sg < ns; ++sg) {
+                const Item it = item((o * nr + r) * ns + sg, nr, r0, t.tw);
+                output_tiles(M, ld, (it.row - r0) * t.tw + it.s0, g, t, it, bias ? to_f32(bias[o]) : 0.f, y, L);
+              }
+        });
+      }
+    }
+  });
 }
 
 // Transforms tile rows [a, b) of the chunk from r0 (all of x's channels
