@@ -11,8 +11,11 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/plan/budget_solve.hpp>
@@ -727,3 +730,53 @@ TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and t
   }
 }
 
+// What checkpoints save, and what io::save_gathered_checkpoint gathers into
+// the parameters: the shards of the training step prepared last, not those
+// of a layout planned or trained before it.
+TEST_CASE("zero: parameter_shards() are the shards of the training step prepared last, none below stage 3",
+          "[zero][checkpoint]") {
+  nn::manual_seed(3);
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  Step s3 = compile_stage3_alone(m, opt);
+  run_steps(s3, 0, 3);
+  std::vector<Tensor> trained;
+  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
+  // Rank 0 of 4: fc1's bias and fc2's parameters are too small to shard over 4.
+  plan_rank(m, opt, 0, 4, 3);
+  std::vector<std::size_t> want, got;
+  for (std::size_t k = 0; k < m.parameters().size(); ++k)
+    if (ZeroShard::of(m.parameters()[k].numel(), 0, 4).every_rank_has_elements()) want.push_back(k);
+  for (const auto& st : opt.parameter_shards()) {
+    got.push_back(st.param);
+    CHECK(st.tensor.numel() == ZeroShard::of(m.parameters()[st.param].numel(), 0, 4).length);
+  }
+  CHECK(got == want);
+  // Stage 1 trains the parameters themselves, and has no shard to save.
+  s3.gather_parameters();
+  CompileOptions o;
+  o.communicator = dist::local();
+  o.zero_stage = 1;
+  o.threads = 1;
+  Step s1 = compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  CHECK(opt.parameter_shards().empty());
+  run_steps(s1, 3, 5);
+  std::vector<Tensor> stage1;
+  for (const Tensor& p : m.parameters()) stage1.push_back(p.clone());
+  const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-shards-", ::getpid(), ".safetensors");
+  io::save_gathered_checkpoint(path, m, opt, 5, *o.communicator);
+  std::filesystem::remove(path);
+  for (std::size_t k = 0; k < stage1.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(m.parameters()[k], stage1[k]));  // no stage-3 shard gathered over them
+  }
+  // Stage 3 again finds its shards as its steps left them: what stage 1
+  // trained since does not reach them (a gathered checkpoint carries it).
+  Step again = compile_stage3_alone(m, opt);
+  const auto kept = opt.parameter_shards();
+  REQUIRE(kept.size() == trained.size());
+  for (std::size_t k = 0; k < kept.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(kept[k].tensor, trained[k]));
+  }
+}

@@ -113,7 +113,14 @@ class Optimizer {
     shards_[index] = t;
     return t;
   }
-  // The stage-3 shards, as checkpoint state ("parameter_shard" of each).
+  // Compile calls it as it starts preparing a training step, whose shards
+  // (none below stage 3, none for a parameter too small to shard) are then
+  // all that parameter_shards() reports: a checkpoint must not save, nor
+  // io::save_gathered_checkpoint gather into the parameters, the shards of
+  // a layout the step does not train.
+  void forget_current_shards() { shards_.clear(); }
+  // The stage-3 shards of the training step prepared last, as checkpoint
+  // state ("parameter_shard" of each), as state() is that step's state.
   std::vector<StateTensor> parameter_shards() const {
     for (const Tensor& t : shards_)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
       if (t.defined()) NvmeHomes::registry().bring_back(t.raw());
@@ -217,7 +224,7 @@ class Optimizer {
   std::optional<ZeroShard> shard_;
   bool wrap_ = true;
   int sharded_applies_ = 0;
-  std::vector<Tensor> shards_;  // stage 3's parameter shards, by index: the layout prepared last
+  std::vector<Tensor> shards_;  // the shards of the training step prepared last, by index
   // parameter_shard's: every layout of every parameter, by index, offset, length
   std::map<std::tuple<std::size_t, std::int64_t, std::int64_t>, Tensor> shard_layouts_;
   std::map<std::string, Tensor> layouts_;  // state_tensor's: every layout of every slot, by slot, index, shape, dtype
