@@ -1,15 +1,21 @@
 // ZeRO's sharding as the planner sees it, without MPI: each rank's step
 // planned with dist::PlanOnly (the rank and the rank count, no transport).
-// The bits are checked under mpirun (tests/dist/dist_test.cpp zero).
+// The bits are checked under mpirun (tests/dist/dist_test.cpp zero); here,
+// what planning other layouts leaves of a stage-3 step that runs over
+// dist::local().
 #include <catch2/catch.hpp>
 #include <omp.h>
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include <frugal/dist/plan_only.hpp>
 #include <frugal/plan/budget_solve.hpp>
@@ -651,4 +657,126 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
     return n;
   };
   CHECK(gathers(*rw.graph, rw.schedule) > gathers(g, ps.plan.schedule));
+}
+
+namespace {
+// ZeroMlp trained at ZeRO stage 3 over one rank (dist::local(): every
+// shard is its whole parameter, and the steps run).
+Step compile_stage3_alone(ZeroMlp& m, Optimizer& opt) {
+  CompileOptions o;
+  o.communicator = dist::local();
+  o.zero_stage = 3;
+  o.threads = 1;
+  return compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+}
+float run_steps(Step& s, int from, int to) {
+  Tensor x({4, 5});
+  float loss = 0;
+  for (int k = from; k < to; ++k) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.7f * float(i) + 1.3f * float(k));
+    loss = s.run(x);
+  }
+  return loss;
+}
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+}  // namespace
+
+// At stage 3 the step trains the shards and leaves the module's tensors as
+// they were: a shard cut from its parameter again, because another layout
+// was planned meanwhile, would throw the training away, and a step compiled
+// before the plan and one after would train different shards.
+TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and training goes on as if it never had "
+          "been planned",
+          "[zero]") {
+  nn::manual_seed(3);
+  ZeroMlp ref;
+  optim::AdamW ropt(ref.parameters(), {});
+  Step rs = compile_stage3_alone(ref, ropt);
+  run_steps(rs, 0, 3);
+
+  nn::manual_seed(3);
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  Step s = compile_stage3_alone(m, opt);
+  run_steps(s, 0, 3);
+  std::vector<Tensor> trained;
+  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
+  REQUIRE(trained.size() == m.parameters().size());  // every parameter, whole over one rank
+  // Ranks 0 and 1 of 2, as frugal-plan --ranks plans them: shards of other elements.
+  for (int rank : {0, 1}) plan_rank(m, opt, rank, 2, 3);
+  REQUIRE(opt.parameter_shards()[0].tensor.numel() < m.parameters()[0].numel());
+  Step again = compile_stage3_alone(m, opt);
+  const auto kept = opt.parameter_shards();  // what a checkpoint saves
+  REQUIRE(kept.size() == trained.size());
+  for (std::size_t k = 0; k < kept.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK_FALSE(kept[k].tensor.is_meta());
+    CHECK(same_bits(kept[k].tensor, trained[k]));
+  }
+  // The step compiled before the plan and the one after, in turns.
+  for (int step = 3; step < 9; ++step) {
+    INFO("step " << step);
+    const float want = run_steps(rs, step, step + 1);
+    const float got = run_steps(step % 2 ? again : s, step, step + 1);
+    CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+  }
+  rs.gather_parameters();
+  again.gather_parameters();
+  for (std::size_t k = 0; k < trained.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(m.parameters()[k], ref.parameters()[k]));
+  }
+}
+
+// What checkpoints save, and what io::save_gathered_checkpoint gathers into
+// the parameters: the shards of the training step prepared last, not those
+// of a layout planned or trained before it.
+TEST_CASE("zero: parameter_shards() are the shards of the training step prepared last, none below stage 3",
+          "[zero][checkpoint]") {
+  nn::manual_seed(3);
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  Step s3 = compile_stage3_alone(m, opt);
+  run_steps(s3, 0, 3);
+  std::vector<Tensor> trained;
+  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
+  // Rank 0 of 4: fc1's bias and fc2's parameters are too small to shard over 4.
+  plan_rank(m, opt, 0, 4, 3);
+  std::vector<std::size_t> want, got;
+  for (std::size_t k = 0; k < m.parameters().size(); ++k)
+    if (ZeroShard::of(m.parameters()[k].numel(), 0, 4).every_rank_has_elements()) want.push_back(k);
+  for (const auto& st : opt.parameter_shards()) {
+    got.push_back(st.param);
+    CHECK(st.tensor.numel() == ZeroShard::of(m.parameters()[st.param].numel(), 0, 4).length);
+  }
+  CHECK(got == want);
+  // Stage 1 trains the parameters themselves, and has no shard to save.
+  s3.gather_parameters();
+  CompileOptions o;
+  o.communicator = dist::local();
+  o.zero_stage = 1;
+  o.threads = 1;
+  Step s1 = compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  CHECK(opt.parameter_shards().empty());
+  run_steps(s1, 3, 5);
+  std::vector<Tensor> stage1;
+  for (const Tensor& p : m.parameters()) stage1.push_back(p.clone());
+  const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-shards-", ::getpid(), ".safetensors");
+  io::save_gathered_checkpoint(path, m, opt, 5, *o.communicator);
+  std::filesystem::remove(path);
+  for (std::size_t k = 0; k < stage1.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(m.parameters()[k], stage1[k]));  // no stage-3 shard gathered over them
+  }
+  // Stage 3 again finds its shards as its steps left them: what stage 1
+  // trained since does not reach them (a gathered checkpoint carries it).
+  Step again = compile_stage3_alone(m, opt);
+  const auto kept = opt.parameter_shards();
+  REQUIRE(kept.size() == trained.size());
+  for (std::size_t k = 0; k < kept.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(kept[k].tensor, trained[k]));
+  }
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../graph/var.hpp"
@@ -77,28 +78,49 @@ class Optimizer {
   // Only tensors that exist: optimizers create their state when a step is compiled.
   virtual std::vector<StateTensor> state() const { return {}; }
   // ZeRO stage 3: this rank's shard of params()[index], the parameter the
-  // step trains in its place. Made from the parameter's elements the first
-  // time (or when the shard changed); kept while the optimizer lives, so
-  // steps compiled with this optimizer share it, as they share its state.
+  // step trains in its place. One per layout (the elements it holds), kept
+  // while the optimizer lives, as state_tensor keeps the state: steps
+  // compiled at a layout share its shard, and a step planned at another
+  // (dist::PlanOnly for another rank or rank count, as frugal-plan --ranks
+  // does) gets one of its own instead of replacing the trained one. The
+  // price, as there: a layout's shard stays allocated once seen.
+  //
+  // A layout's shard is made from the parameter's elements the first time
+  // that layout is seen, never again: the step trains the shard and leaves
+  // the parameter as it was (Step::gather_parameters and
+  // io::save_gathered_checkpoint write the trained values into it), so a
+  // shard unlike its parameter is the normal case, not a sign that the
+  // parameter is newer, and cutting it again would drop the training. So,
+  // as with state_tensor, a layout found again is as its steps left it:
+  // what trained at another layout or stage since, or was written into the
+  // parameter (io::load_weights), does not reach it. Checkpoints load into
+  // the shards of the step prepared last (parameter_shards); to move
+  // training to another layout, io::load_gathered_checkpoint cuts them from
+  // the loaded parameters.
   Tensor parameter_shard(std::size_t index, const ZeroShard& s) {
-    if (shards_.size() < params().size()) shards_.resize(params().size());
-    Tensor& t = shards_.at(index);
     const Tensor& p = params().at(index);
-    if (t.defined() && t.numel() == s.length && shard_of_.at(index).offset == s.offset) return t;
-    if (p.is_meta()) {  // planned, not run: a shard of shapes
-      MetaScope meta;
+    Tensor& t = shard_layouts_[{index, s.offset, s.length}];
+    if (!t.defined()) {
+      MetaScope meta(p.is_meta());  // planned, not run: a shard of shapes
       t = Tensor(Shape{s.length}, p.dtype());
-    } else {
-      t = Tensor(Shape{s.length}, p.dtype());
-      const std::size_t es = dtype_size(p.dtype());
-      std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es,
-                  std::size_t(s.length) * es);
+      if (!p.is_meta()) {
+        const std::size_t es = dtype_size(p.dtype());
+        std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es,
+                    std::size_t(s.length) * es);
+      }
     }
-    shard_of_.resize(params().size());
-    shard_of_[index] = s;
+    if (shards_.size() < params().size()) shards_.resize(params().size());
+    shards_[index] = t;
     return t;
   }
-  // The stage-3 shards, as checkpoint state ("parameter_shard" of each).
+  // Compile calls it as it starts preparing a training step, whose shards
+  // (none below stage 3, none for a parameter too small to shard) are then
+  // all that parameter_shards() reports: a checkpoint must not save, nor
+  // io::save_gathered_checkpoint gather into the parameters, the shards of
+  // a layout the step does not train.
+  void forget_current_shards() { shards_.clear(); }
+  // The stage-3 shards of the training step prepared last, as checkpoint
+  // state ("parameter_shard" of each), as state() is that step's state.
   std::vector<StateTensor> parameter_shards() const {
     for (const Tensor& t : shards_)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
       if (t.defined()) NvmeHomes::registry().bring_back(t.raw());
@@ -174,11 +196,11 @@ class Optimizer {
     const std::size_t es = dtype_size(p.dtype());
     Tensor out(state_shape(index), p.dtype());
     if (shard_ && !wrap_) {
-      if (index >= shards_.size() || !shards_[index].defined() || shard_of_.at(index).offset != shard_->offset ||
-          shards_[index].numel() != shard_->length)
+      auto it = shard_layouts_.find({index, shard_->offset, shard_->length});
+      if (it == shard_layouts_.end())
         fail("internal error: ZeRO stage 3 state of parameter ", index, " is made before its parameter shard");
-      NvmeHomes::registry().bring_back(shards_[index].raw());
-      std::memcpy(out.raw(), shards_[index].raw(), out.nbytes());
+      NvmeHomes::registry().bring_back(it->second.raw());
+      std::memcpy(out.raw(), it->second.raw(), out.nbytes());
       return out;
     }
     NvmeHomes::registry().bring_back(p.raw());
@@ -202,8 +224,9 @@ class Optimizer {
   std::optional<ZeroShard> shard_;
   bool wrap_ = true;
   int sharded_applies_ = 0;
-  std::vector<Tensor> shards_;        // stage 3's parameter shards, by index
-  std::vector<ZeroShard> shard_of_;   // and which elements each holds
+  std::vector<Tensor> shards_;  // the shards of the training step prepared last, by index
+  // parameter_shard's: every layout of every parameter, by index, offset, length
+  std::map<std::tuple<std::size_t, std::int64_t, std::int64_t>, Tensor> shard_layouts_;
   std::map<std::string, Tensor> layouts_;  // state_tensor's: every layout of every slot, by slot, index, shape, dtype
 };
 

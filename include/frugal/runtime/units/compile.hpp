@@ -134,6 +134,7 @@ static int zero_stage_of(const CompileOptions& o) {
 static std::pair<bool, std::string> overlap_choice(const CompileOptions& o, const std::string& backend);
 
 void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o, const std::string& backend) {
+  opt.forget_current_shards();
   if (!o.communicator || o.zero_stage.value_or(0) != 3) return;
   auto gathered = std::make_shared<std::vector<GatheredParameter>>();
   c.gathered = gathered;
