@@ -10,6 +10,9 @@
 //   col2im (data gradient). Runs f64 always, and everything on CPUs without
 //   AVX-512.
 //
+// Either engine runs a 3x3 stride-1 pass as Winograd F(2x2,3x3) instead
+// (conv_winograd.hpp) where its planned scratch says so (conv_scratch.hpp).
+//
 // Both work a chunk of images at a time inside one parallel region, each
 // thread owning a static share of columns (or, for the weight gradient, of
 // the weight's columns), with BLAS single-threaded inside. Every output

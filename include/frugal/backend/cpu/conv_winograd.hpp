@@ -14,17 +14,17 @@
 // the sums over channels (forward) and over tiles (weight gradient) become
 // 16 matrix products, one per position ξ of the 4x4 transformed tile, run
 // by the float GEMM engine (blas.hpp: frugal's AVX-512 kernel or OpenBLAS),
-// so the AVX2 machines gain as much as the AVX-512 ones.
+// so the AVX2 machines gain too (more: bench/RESULTS.md).
 //
 // Numerics: the transforms use only 0, ±1 and ±1/2, so the result differs
 // from a direct convolution by a few float roundings (the tests bound it
 // against float64).
 //
-// Determinism: a chunk's tiles are cut by shape alone (conv_scratch.hpp);
-// each product is one single-threaded GEMM call whatever thread runs it, and
-// each transform writes its own elements; the weight gradient adds the
-// chunks' products in chunk order. So the bits do not depend on the thread
-// count.
+// Determinism: chunks, blocks and parts are cut by shape alone
+// (conv_scratch.hpp); each product is one single-threaded GEMM call
+// whatever thread runs it, and each transform writes its own elements; the
+// weight gradient adds a part's chunks in chunk order and the parts in part
+// order. So the bits do not depend on the thread count.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -109,7 +109,6 @@ inline Vec load16(const float* p) {
   return v;
 }
 inline void store16(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
-inline std::int64_t lanes_up(std::int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 // dst[0, n) = src[0, n), whole vectors then the rest (a tile row's few
 // floats: a library memcpy call would cost more than the copy).
 inline void copy_floats(float* __restrict dst, const float* __restrict src, std::int64_t n) {
