@@ -55,11 +55,13 @@ inline ConvGeometry conv_data_grad_geometry(const ConvGeometry& g) {
 // - forward and data gradient: at least kWinogradMinTiles tiles in the
 //   batch, so the weight's transform is small beside the products (ResNet
 //   at 4x4 outputs, 128 tiles: 8.5-9.9 ms against 6.9-7.5 direct);
-// - weight gradient: always (at 64 and 128 channels on par with direct,
-//   at 256 and 512 faster: 7.3 and 6.6 ms against 8.0 and 7.8).
+// - weight gradient: always (at 64 channels 6% slower than direct, at 128
+//   to 512 faster: 7.3, 7.4 and 6.9 ms against 9.0, 8.9 and 8.6).
 // (ResNet-18's layers, batch 32, 2 threads on a Zen 5 with frugal's
 // AVX-512 GEMM, bench/conv_kernels; with OpenBLAS's AVX2 GEMM Winograd
-// wins on every 3x3 layer, 1.6x over the whole network.)
+// wins on every 3x3 layer: these rules take the whole network's
+// convolutions 1.4x faster there, Winograd on every layer 1.7x; the rules
+// stay one for every machine so that a plan is too.)
 inline constexpr std::int64_t kWinogradMinChannels = 16;
 inline constexpr std::int64_t kWinogradMinTiles = 512;
 // A chunk holds about this many 2x2 tiles (whole tile rows), so the 16
