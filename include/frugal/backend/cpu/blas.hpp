@@ -191,22 +191,6 @@ inline SgemmEngine sgemm_engine(std::int64_t k) {
   return gemm_detail::configured();
 }
 
-// A float product on the given engine (tests run each engine this way).
-inline void gemm_with(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                      const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                      std::int64_t ldc) {
-  check_gemm_dims(m, n, k, lda, ldb, ldc);
-  if (e == SgemmEngine::avx512) {
-    if (!sgemm512::available()) fail("gemm: the AVX-512 engine was asked for, but this CPU or build has none");
-    tiled_gemm(m, n, k, sgemm512::MR, sgemm512::NR,
-               [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
-                 sgemm512::gemm_block(ta, tb, r0, r1, c0, c1, k, alpha, A, lda, B, ldb, beta, C, ldc);
-               });
-    return;
-  }
-  blas_tiled_gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-                  [](auto... a) { cblas_sgemm(CblasRowMajor, a...); });
-}
 // A float product on the calling thread alone, for kernels that run many
 // independent products over their team (one per task): its bits are those
 // of one engine call on the whole product, whoever runs it.
@@ -222,6 +206,22 @@ inline void gemm_serial(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::in
   }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(m), blasint(n),
               blasint(k), alpha, A, blasint(lda), B, blasint(ldb), beta, C, blasint(ldc));
+}
+
+// A float product on the given engine (tests run each engine this way),
+// its tiles spread over the team, each one engine call on the calling
+// thread.
+inline void gemm_with(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                      std::int64_t ldc) {
+  check_gemm_dims(m, n, k, lda, ldb, ldc);
+  const bool avx512 = e == SgemmEngine::avx512;
+  tiled_gemm(m, n, k, avx512 ? sgemm512::MR : 16, avx512 ? sgemm512::NR : 16,
+             [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+               // Row r of op(A) starts at A + r*lda untransposed, at column r transposed.
+               gemm_serial(e, ta, tb, r1 - r0, c1 - c0, k, alpha, ta ? A + r0 : A + r0 * lda, lda,
+                           tb ? B + c0 * ldb : B + c0, ldb, beta, C + r0 * ldc + c0, ldc);
+             });
 }
 inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* A,
                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
