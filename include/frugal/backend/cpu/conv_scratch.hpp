@@ -81,6 +81,18 @@ inline bool winograd_shape(const ConvGeometry& g) {
          g.wo >= 2;
 }
 
+// The forward and the data gradient transform and multiply a chunk in
+// blocks of about kWinogradBlockTiles tiles (whole tile rows), each on one
+// thread from input to output transform (conv_winograd.hpp).
+inline constexpr std::int64_t kWinogradBlockTiles = 64;
+// Where frugal's AVX-512 GEMM runs them, those blocks' products read their
+// operands packed as its micro-kernel does (sgemm_avx512.hpp's MR and NR):
+// the transformed weight in slivers of kWinogradSliver rows, each block's
+// transformed tiles in panels of kWinogradPanel columns, written so by the
+// transforms (no packing per product). The regions are sized for either
+// layout, so that a plan does not depend on the machine.
+inline constexpr std::int64_t kWinogradSliver = 12, kWinogradPanel = 32;
+
 // The tiles of a Winograd convolution: 2x2 output tiles, tw across and th
 // down each image (the last ones partial where Ho or Wo is odd). A tile row
 // is one ty of one image, numbered image * th + ty; a chunk is `rows` of them.
@@ -89,7 +101,11 @@ struct WinogradTiles {
   // Weight gradient only: the tile rows of each chunk are cut into `parts`
   // fixed parts, each summing its own 16 products (conv_winograd.hpp).
   std::int64_t parts = 1;
+  // Forward and data gradient: the tile rows of a block.
+  std::int64_t block_rows = 1;
   std::int64_t chunk_tiles() const { return rows * tw; }
+  std::int64_t blocks() const { return (rows + block_rows - 1) / block_rows; }
+  std::int64_t block_panels() const { return (block_rows * tw + kWinogradPanel - 1) / kWinogradPanel; }
 };
 // The weight gradient of small layers sums in kWinogradParts parts (so
 // each thread transforms and multiplies tiles it keeps in its own cache),
@@ -105,7 +121,17 @@ inline WinogradTiles winograd_tiles(const ConvGeometry& g, std::int64_t target =
   // The chunk's transformed tiles and products: 16 * (Cin + Cout) floats a tile.
   const std::int64_t row_bytes = 16 * (g.cin + g.cout) * t.tw * 4;
   t.rows = std::clamp<std::int64_t>(kConvMaxColumnBytes / std::max<std::int64_t>(row_bytes, 1), 1, t.rows);
+  t.block_rows = std::clamp<std::int64_t>(kWinogradBlockTiles / std::max<std::int64_t>(t.tw, 1), 1, t.rows);
   return t;
+}
+// Floats of one position's packed weight (slivers of O rows by I), and of
+// one position's packed tiles of a block (panels of c channels); one cache
+// line more, as winograd_plane.
+inline std::int64_t winograd_sliver_plane(std::int64_t O, std::int64_t I) {
+  return winograd_plane((O + kWinogradSliver - 1) / kWinogradSliver * kWinogradSliver * I);
+}
+inline std::int64_t winograd_panel_plane(const WinogradTiles& t, std::int64_t c) {
+  return winograd_plane(t.block_panels() * kWinogradPanel * c);
 }
 
 // Which algorithm a scratch layout is for: the shape's (Winograd where
@@ -133,8 +159,8 @@ struct ConvScratch {
   std::size_t rows = 0;         // [Cout/groups, P] GEMM output (forward) or gathered dy (backward)
   std::size_t acc = 0;          // f32 accumulator for bf16/f16: dx of a chunk, or dw
   // Winograd's, each 16 planes (winograd_plane apart):
-  std::size_t wu = 0;           // [16][Cout, Cin] the transformed weight, or its gradient (one per part)
-  std::size_t wv = 0;           // [16][Cin, T] a chunk's T transformed input tiles
+  std::size_t wu = 0;           // [16][Cout, Cin] the transformed weight (or packed), or its gradient (one per part)
+  std::size_t wv = 0;           // [16][Cin, T] a chunk's T transformed input tiles (or per block, packed)
   std::size_t wm = 0;           // [16][Cout, T] their products, or dy's transformed tiles
   static constexpr std::size_t kAlign = 256;
   static std::size_t round(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -182,6 +208,10 @@ inline ConvScratch winograd_scratch(const ConvGeometry& t, ConvPass pass, std::i
   s.wu = std::size_t(s.tiles.parts * sums);
   s.wv = 16 * std::size_t(winograd_plane(t.cin * std::int64_t(chunk)));
   s.wm = 16 * std::size_t(winograd_plane(t.cout * std::int64_t(chunk)));
+  if (pass != ConvPass::backward_weight) {  // or packed for the AVX-512 GEMM
+    s.wu = std::max(s.wu, 16 * std::size_t(winograd_sliver_plane(t.cout, t.cin)));
+    s.wv = std::max(s.wv, std::size_t(s.tiles.blocks() * 16 * winograd_panel_plane(s.tiles, t.cin)));
+  }
   return s;
 }
 

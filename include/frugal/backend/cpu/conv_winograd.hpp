@@ -46,14 +46,31 @@ inline float to_f32(T v) {
   return static_cast<float>(v);
 }
 
-// U[ξ][o][i] = (G g_oi Gᵀ)[ξ] (plane ξ at U + ξ * winograd_plane(O * I)) for the O x I kernels of a convolution. Its
-// kernel g_oi is w[o][i] (flipped false), or for the data gradient's
-// convolution w[i][o] turned by 180 degrees (flipped true; w is then
-// [I][O][3][3]).
+static_assert(kWinogradSliver == sgemm512::MR && kWinogradPanel == sgemm512::NR,
+              "conv_scratch.hpp sizes the packed Winograd operands for the AVX-512 micro-kernel's tile");
+
+// Where U_ξ[o][i] lives: rows of I (plane ξ at winograd_plane(O * I)), as
+// the GEMM engines read a row-major operand, or packed as the AVX-512
+// micro-kernel reads its A: slivers of MR rows, [o / MR][i][o % MR].
+struct WeightLayout {
+  std::int64_t I, plane;
+  bool packed;
+  std::int64_t at(std::int64_t xi, std::int64_t o, std::int64_t i) const {
+    constexpr std::int64_t mr = kWinogradSliver;
+    return xi * plane + (packed ? (o / mr * I + i) * mr + o % mr : o * I + i);
+  }
+};
+inline WeightLayout weight_layout(std::int64_t O, std::int64_t I, bool packed) {
+  return {I, packed ? winograd_sliver_plane(O, I) : winograd_plane(O * I), packed};
+}
+
+// U_ξ[o][i] = (G g_oi Gᵀ)[ξ] for the O x I kernels of a convolution, in
+// layout l. Its kernel g_oi is w[o][i] (flipped false), or for the data
+// gradient's convolution w[i][o] turned by 180 degrees (flipped true; w is
+// then [I][O][3][3]).
 template <class T>
-void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped, float* U) {
+void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped, float* U, const WeightLayout& l) {
   constexpr std::int64_t kBlock = 64;  // kernels gathered at once, so the arithmetic runs across them
-  const std::int64_t plane = winograd_plane(O * I);
   parallel_for(O, I * 64, [&](std::int64_t b, std::int64_t e) {
     run_widest([&] {
     float g[9][kBlock];
@@ -65,7 +82,9 @@ void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped,
           const T* src = flipped ? w + (i * O + o) * 9 : w + (o * I + i) * 9;
           for (int t = 0; t < 9; ++t) g[t][q] = to_f32(src[flipped ? 8 - t : t]);
         }
-        float* u = U + o * I + i0;
+        // Kernel (o, i0 + q)'s position ξ at u[ξ * plane + q * step].
+        float* u = U + l.at(0, o, i0);
+        const std::int64_t plane = l.plane, step = l.packed ? kWinogradSliver : 1;
         for (std::int64_t q = 0; q < n; ++q) {
           float t[4][3];  // G g
           for (int c = 0; c < 3; ++c) {
@@ -75,10 +94,10 @@ void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped,
             t[3][c] = g[6 + c][q];
           }
           for (int r = 0; r < 4; ++r) {  // (G g) Gᵀ
-            u[(r * 4 + 0) * plane + q] = t[r][0];
-            u[(r * 4 + 1) * plane + q] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
-            u[(r * 4 + 2) * plane + q] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
-            u[(r * 4 + 3) * plane + q] = t[r][2];
+            u[(r * 4 + 0) * plane + q * step] = t[r][0];
+            u[(r * 4 + 1) * plane + q * step] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+            u[(r * 4 + 2) * plane + q * step] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+            u[(r * 4 + 3) * plane + q * step] = t[r][2];
           }
         }
       }
@@ -117,6 +136,25 @@ inline void copy_floats(float* __restrict dst, const float* __restrict src, std:
   for (; q < n; ++q) dst[q] = src[q];
 }
 
+// Where a transform puts the transformed tiles of channel c from column col
+// (plane ξ at base + ξ * plane): rows of ld columns, as the GEMM engines
+// read a row-major operand, or packed as the AVX-512 micro-kernel reads its
+// B: panels of NR columns, [col / NR][c][col % NR] with ld = the channels.
+struct TileLayout {
+  float* base;
+  std::int64_t plane, ld;
+  bool panels;
+  void store(std::int64_t xi, std::int64_t c, std::int64_t col, const float* src, std::int64_t n) const {
+    float* p = base + xi * plane;
+    if (!panels) return copy_floats(p + c * ld + col, src, n);
+    for (std::int64_t run; n > 0; col += run, src += run, n -= run) {
+      const std::int64_t j = col % kWinogradPanel;
+      run = std::min(n, kWinogradPanel - j);
+      copy_floats(p + (col / kWinogradPanel * ld + c) * kWinogradPanel + j, src, run);
+    }
+  }
+};
+
 // A transform works on a segment of a tile row at a time, at most kSegment
 // tiles, in lines on its stack (no heap while a step runs, whatever the
 // image width): 4 input (or 2 dy) rows split into even and odd columns, and
@@ -137,13 +175,23 @@ inline Item item(std::int64_t k, std::int64_t nr, std::int64_t r0, std::int64_t 
   const std::int64_t ns = segments(tw), s0 = k % ns * kSegment, rest = k / ns;
   return {rest / nr, r0 + rest % nr, s0, std::min(kSegment, tw - s0)};
 }
+// The item's first column in a region of the chunk from tile row r0.
+inline std::int64_t column(const Item& it, std::int64_t r0, std::int64_t tw) { return (it.row - r0) * tw + it.s0; }
+
+// fn(k) for the items of channels [0, channels) in tile rows [a, b) of a
+// chunk of nr rows, channel by channel.
+template <class Fn>
+void each_item(std::int64_t channels, std::int64_t nr, std::int64_t tw, std::int64_t a, std::int64_t b, Fn&& fn) {
+  const std::int64_t ns = segments(tw);
+  for (std::int64_t c = 0; c < channels; ++c)
+    for (std::int64_t k = (c * nr + a) * ns; k < (c * nr + b) * ns; ++k) fn(k);
+}
 
 // Bᵀ d B of an item's tiles in channel c of x ([n][C][h][w], padding ph,
-// pw), stored at V[ξ][c][col + tx - s0] (row stride ld, plane stride
-// winograd_plane(C * ld)).
+// pw), stored in layout `to` as channel c's columns from col.
 template <class T>
-void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it, float* V,
-                 std::int64_t ld, std::int64_t col, Lines& L) {
+void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it,
+                 const TileLayout& to, std::int64_t col, Lines& L) {
   const TileRow tr = tile_row(t, it.row);
   const std::int64_t n = it.n, n1 = n + 1;
   const T* plane = x + (tr.img * g.cin + it.c) * g.h * g.w;
@@ -194,8 +242,7 @@ void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t,
       store16(L.out[3 * 4 + j] + q0, r[1][j] - r[3][j]);
     }
   }
-  const std::int64_t pstride = winograd_plane(g.cin * ld);
-  for (int xi = 0; xi < kPositions; ++xi) copy_floats(V + xi * pstride + it.c * ld + col, L.out[xi], n);
+  for (int xi = 0; xi < kPositions; ++xi) to.store(xi, it.c, col, L.out[xi], n);
 }
 
 // Aᵀ M A of an item's tiles in output channel c (M[ξ][c][col + tx - s0]),
@@ -291,16 +338,34 @@ void each_position(Product&& product) {
   run_chunks(kPositions, [&](std::int64_t xi) { product(xi); });
 }
 
-// The forward works each chunk in blocks of about kBlockTiles tiles (whole
-// tile rows), each on one thread from its input transform through its 16
-// products to its output transform, so a block's transformed tiles stay
-// in that core's cache; done phase by phase over the whole chunk, the
-// transforms of one core and the products of the other moved every line
-// between them, and 2 threads ran no faster than 1. A thread keeps the
-// same blocks (the same columns of the regions, in the layout of a full
-// chunk) through every chunk, unsynchronised. The blocks are cut by shape
-// alone.
-inline constexpr std::int64_t kBlockTiles = 64;
+// The forward works each chunk in blocks of about kWinogradBlockTiles
+// tiles (whole tile rows), each on one thread from its input transform
+// through its 16 products to its output transform, so a block's
+// transformed tiles stay in that core's cache; done phase by phase over the
+// whole chunk, the transforms of one core and the products of the other
+// moved every line between them, and 2 threads ran no faster than 1. A
+// thread keeps the same blocks (the same columns of the regions, in the
+// layout of a full chunk) through every chunk, unsynchronised. The blocks
+// are cut by shape alone.
+//
+// On the AVX-512 engine the weight is transformed straight into the
+// micro-kernel's slivers and each block's tiles into its own panels, so the
+// products call the micro-kernel directly: packing them per product cost a
+// quarter of the products' time. Each output is the same chain of fused
+// multiply-adds as the engine's GEMM computes, so the bits are the same.
+
+// M_ξ[:, col0 + (0..cols)] = U_ξ V_ξ for position xi of a block whose
+// packed tiles start at Vb (positions vplane apart).
+inline void packed_products(std::int64_t xi, std::int64_t O, std::int64_t I, const float* U, const WeightLayout& ul,
+                            const float* Vb, std::int64_t vplane, std::int64_t cols, float* M, std::int64_t pm,
+                            std::int64_t ld, std::int64_t col0) {
+  constexpr std::int64_t mr = kWinogradSliver, nr = kWinogradPanel;
+  for (std::int64_t o0 = 0; o0 < O; o0 += mr)
+    for (std::int64_t q = 0; q * nr < cols; ++q)
+      sgemm512::micro_kernel(I, U + ul.at(xi, o0, 0), Vb + xi * vplane + q * I * nr,
+                             M + xi * pm + o0 * ld + col0 + q * nr, ld, int(std::min(mr, O - o0)),
+                             int(std::min(nr, cols - q * nr)), 1.f, 0.f);
+}
 
 // y = conv(x, w) + bias over the tiles of g (the forward, or with
 // `flipped` the data gradient's convolution of dy, g its geometry).
@@ -308,43 +373,65 @@ template <class T>
 void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* V, float* M, const T* x, const T* w,
              bool flipped, const T* bias, T* y) {
   const WinogradTiles& t = s.tiles;
-  const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th, ns = segments(t.tw);
-  const std::int64_t block_rows = std::max<std::int64_t>(1, kBlockTiles / t.tw);
-  const std::int64_t ld = t.chunk_tiles(), pv = winograd_plane(I * ld), pm = winograd_plane(O * ld);
-  transform_weights(w, O, I, flipped, U);
+  const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th;
+  const std::int64_t ld = t.chunk_tiles(), pm = winograd_plane(O * ld);
   const SgemmEngine engine = sgemm_engine(I);
-  const std::int64_t blocks = (t.rows + block_rows - 1) / block_rows;  // of a full chunk
+  const bool packed = engine == SgemmEngine::avx512;
+  const WeightLayout ul = weight_layout(O, I, packed);
+  transform_weights(w, O, I, flipped, U, ul);
+  const std::int64_t blocks = t.blocks();  // of a full chunk
+  const std::int64_t vplane = packed ? winograd_panel_plane(t, I) : winograd_plane(I * ld);
   const std::int64_t nt = std::min<std::int64_t>(team_threads(), blocks);
   run_chunks(nt, [&](std::int64_t share) {
     Lines L{};
     for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
       const std::int64_t nr = std::min(t.rows, all - r0);
       for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
-        const std::int64_t b0 = blk * block_rows, b1 = std::min(nr, b0 + block_rows);  // rows r0 + [b0, b1)
+        const std::int64_t b0 = blk * t.block_rows, b1 = std::min(nr, b0 + t.block_rows);  // rows r0 + [b0, b1)
         if (b0 >= b1) break;
         const std::int64_t cols = (b1 - b0) * t.tw, col0 = b0 * t.tw;
+        // Packed, the block's own panels from its first column; else the chunk's rows.
+        float* Vb = packed ? V + blk * kPositions * vplane : V;
+        const TileLayout to{Vb, vplane, packed ? I : ld, packed};
+        const std::int64_t first = packed ? col0 : 0;
         run_widest([&] {
-          for (std::int64_t c = 0; c < I; ++c)
-            for (std::int64_t r = b0; r < b1; ++r)
-              for (std::int64_t sg = 0; sg < ns; ++sg) {
-                const Item it = item((c * nr + r) * ns + sg, nr, r0, t.tw);
-                input_tiles(x, g, t, it, V, ld, (it.row - r0) * t.tw + it.s0, L);
-              }
+          each_item(I, nr, t.tw, b0, b1, [&](std::int64_t k) {
+            const Item it = item(k, nr, r0, t.tw);
+            input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
+          });
         });
-        for (std::int64_t xi = 0; xi < kPositions; ++xi)
-          gemm_serial(engine, false, false, O, cols, I, 1.f, U + xi * winograd_plane(O * I), I, V + xi * pv + col0,
-                      ld, 0.f, M + xi * pm + col0, ld);
+        for (std::int64_t xi = 0; xi < kPositions; ++xi) {
+          if (packed) {
+            packed_products(xi, O, I, U, ul, Vb, vplane, cols, M, pm, ld, col0);
+          } else {
+            gemm_serial(engine, false, false, O, cols, I, 1.f, U + ul.at(xi, 0, 0), I, V + xi * vplane + col0, ld,
+                        0.f, M + xi * pm + col0, ld);
+          }
+        }
         run_widest([&] {
-          for (std::int64_t o = 0; o < O; ++o)
-            for (std::int64_t r = b0; r < b1; ++r)
-              for (std::int64_t sg = 0; sg < ns; ++sg) {
-                const Item it = item((o * nr + r) * ns + sg, nr, r0, t.tw);
-                output_tiles(M, ld, (it.row - r0) * t.tw + it.s0, g, t, it, bias ? to_f32(bias[o]) : 0.f, y, L);
-              }
+          each_item(O, nr, t.tw, b0, b1, [&](std::int64_t k) {
+            const Item it = item(k, nr, r0, t.tw);
+            output_tiles(M, ld, column(it, r0, t.tw), g, t, it, bias ? to_f32(bias[it.c]) : 0.f, y, L);
+          });
         });
       }
     }
   });
+}
+
+// Transforms item k of the weight gradient's chunk from r0: its channels
+// are [0, I) of x (into V), then [0, O) of dy (into D).
+template <class T>
+void weight_item(std::int64_t k, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0,
+                 std::int64_t nr, std::int64_t ld, float* V, float* D, const T* x, const T* dy, Lines& L) {
+  Item it = item(k, nr, r0, t.tw);
+  const std::int64_t col = column(it, r0, t.tw);
+  if (it.c < g.cin) {
+    input_tiles(x, g, t, it, TileLayout{V, winograd_plane(g.cin * ld), ld, false}, col, L);
+  } else {
+    it.c -= g.cin;
+    dy_tiles(dy, g, t, it, D, ld, col, L);
+  }
 }
 
 // Transforms tile rows [a, b) of the chunk from r0 (all of x's channels
@@ -354,21 +441,10 @@ template <class T>
 void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0, std::int64_t nr,
                  std::int64_t ld, std::int64_t a, std::int64_t b, float* dU, bool first, float* V, float* D,
                  const T* x, const T* dy, Lines& L) {
-  const std::int64_t O = g.cout, I = g.cin, ns = segments(t.tw);
+  const std::int64_t O = g.cout, I = g.cin;
   const std::int64_t col0 = a * t.tw, cols = (b - a) * t.tw, plane = winograd_plane(O * I);
   run_widest([&] {
-    for (std::int64_t c = 0; c < I + O; ++c)  // channels [0, I) of x, then [0, O) of dy
-      for (std::int64_t r = a; r < b; ++r)
-        for (std::int64_t sg = 0; sg < ns; ++sg) {
-          Item it = item((c * nr + r) * ns + sg, nr, r0, t.tw);
-          const std::int64_t col = (it.row - r0) * t.tw + it.s0;
-          if (c < I) {
-            input_tiles(x, g, t, it, V, ld, col, L);
-          } else {
-            it.c -= I;
-            dy_tiles(dy, g, t, it, D, ld, col, L);
-          }
-        }
+    each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
   });
   // dU_ξ (+)= D_ξ V_ξᵀ: the rows' tiles are the products' depth.
   const SgemmEngine engine = sgemm_engine(cols);
@@ -420,16 +496,7 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
       parallel_for((I + O) * nr * ns, 16 * kSegment, [&](std::int64_t b, std::int64_t e) {
         Lines L{};
         run_widest([&] {
-          for (std::int64_t k = b; k < e; ++k) {
-            Item it = item(k, nr, r0, t.tw);  // channels [0, I) of x, then [0, O) of dy
-            const std::int64_t col = (it.row - r0) * t.tw + it.s0;
-            if (it.c < I) {
-              input_tiles(x, g, t, it, V, ld, col, L);
-            } else {
-              it.c -= I;
-              dy_tiles(dy, g, t, it, D, ld, col, L);
-            }
-          }
+          for (std::int64_t k = b; k < e; ++k) weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L);
         });
       });
       // dU_ξ (+)= D_ξ V_ξᵀ, a position per task: the chunk's tiles are the products' depth.
