@@ -400,6 +400,65 @@ TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float
   }
 }
 
+TEST_CASE("Winograd's forward and data gradient give the same bits on the AVX-512 and AVX2 product tiles",
+          "[conv][winograd][isa]") {
+  using namespace frugal;
+  namespace wg = cpu::winograd;
+  // The widest path's tile, and the one the AVX2 path takes (both depend
+  // on the CPU and on which kernels OpenBLAS runs here).
+  const auto tile_at = [](int isa, std::int64_t depth) {
+    cpu::forced_cpu_isa = isa;
+    const auto t = wg::product_tile(cpu::sgemm_engine(depth));
+    cpu::forced_cpu_isa = -1;
+    return t;
+  };
+  struct Shape4 {
+    const char* name;
+    ref::Dims x, w;
+    std::int64_t pad;
+  };
+  // Sliver rows 12 + 8 and 12 + 4 (the AVX2 tile's 6-row halves, partial),
+  // panels of 32 columns and partial ones.
+  const Shape4 shapes[] = {
+      {"[2,16,7,9]*[20,16,3,3] pad 1", {2, 16, 7, 9}, {20, 16, 3, 3}, 1},
+      {"[3,17,8,8]*[16,17,3,3] pad 0", {3, 17, 8, 8}, {16, 17, 3, 3}, 0},
+      {"[1,24,6,70]*[30,24,3,3] pad 1", {1, 24, 6, 70}, {30, 24, 3, 3}, 1},
+  };
+  int compared = 0;
+  for (const auto& sh : shapes) {
+    const Shape xs(sh.x), ws(sh.w);
+    const auto g = ops::conv_geometry("test", xs, ws, {.padding = sh.pad});
+    if (tile_at(-1, g.cin) != wg::ProductTile::avx512 || tile_at(int(cpu::CpuIsa::avx2), g.cin) != wg::ProductTile::avx2 ||
+        tile_at(int(cpu::CpuIsa::avx2), g.cout) != wg::ProductTile::avx2)
+      continue;  // this machine runs one of them on OpenBLAS, or lacks AVX-512
+    auto x = random_floats(xs.numel(), 21), w = random_floats(ws.numel(), 22);
+    auto dy = random_floats(g.n * g.cout * g.hw_out(), 23);
+    const auto wino = cpu::ConvAlgorithm::winograd;
+    auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, 0, wino);
+    auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, 0, wino);
+    REQUIRE((sf.winograd && sd.winograd));
+    std::vector<float> y[2], dx[2];
+    for (int k = 0; k < 2; ++k) {
+      cpu::forced_cpu_isa = k == 0 ? -1 : int(cpu::CpuIsa::avx2);
+      Workspace wf, wd;
+      auto af = wf.args(sf), ad = wd.args(sd);
+      y[k].assign(std::size_t(g.n * g.cout * g.hw_out()), 0.f);
+      dx[k].assign(x.size(), 0.f);
+      const auto engine = engines().front();
+      cpu::conv2d_forward<float>(engine, g, sf, cpu::conv_detail::carve<float>(sf, af, "t"), x.data(), w.data(),
+                                 nullptr, y[k].data());
+      cpu::conv2d_backward_data<float>(engine, g, sd, cpu::conv_detail::carve<float>(sd, ad, "t"), dy.data(),
+                                       w.data(), dx[k].data());
+      cpu::forced_cpu_isa = -1;
+    }
+    INFO(sh.name);
+    CHECK(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0);
+    CHECK(std::memcmp(dx[0].data(), dx[1].data(), dx[0].size() * 4) == 0);
+    ++compared;
+  }
+  if (compared == 0) WARN("not compared: this machine does not run both product tiles");
+}
+
 TEST_CASE("Winograd is chosen by shape alone: 3x3 stride 1, enough channels and tiles, not f64", "[conv][winograd]") {
   using namespace frugal;
   auto geom = [](ref::Dims xd, ref::Dims wd, Conv2dOptions o) {

@@ -34,6 +34,7 @@
 #include "conv_scratch.hpp"
 #include "isa.hpp"
 #include "parallel.hpp"
+#include "sgemm_avx2_tile.hpp"
 
 #include "abi.hpp"
 
@@ -348,23 +349,36 @@ void each_position(Product&& product) {
 // layout of a full chunk) through every chunk, unsynchronised. The blocks
 // are cut by shape alone.
 //
-// On the AVX-512 engine the weight is transformed straight into the
-// micro-kernel's slivers and each block's tiles into its own panels, so the
-// products call the micro-kernel directly: packing them per product cost a
-// quarter of the products' time. Each output is the same chain of fused
-// multiply-adds as the engine's GEMM computes, so the bits are the same.
+// Where frugal's own GEMM tile runs (AVX-512, or its AVX2 twin), the weight
+// is transformed straight into the tile's slivers and each block's tiles
+// into its own panels, so the products call the tile directly: packing them
+// per product cost a quarter of the products' time. Each output is the same
+// chain of fused multiply-adds as the AVX-512 engine's GEMM computes, so the
+// bits are the same on both tiles.
+
+// Which tile runs the forward's products: the AVX-512 engine's, its AVX2
+// twin on the same packed operands (where the float engine is OpenBLAS on
+// its AVX2 kernels: no AVX-512, a half-width one, or FRUGAL_CPU_ISA=avx2),
+// or OpenBLAS on the unpacked operands (where it runs AVX-512 kernels of
+// its own, FRUGAL_SGEMM=openblas asks for it, or the CPU lacks AVX2/FMA).
+enum class ProductTile { blas, avx512, avx2 };
+inline ProductTile product_tile(SgemmEngine engine) {
+  if (engine == SgemmEngine::avx512) return ProductTile::avx512;
+  if (gemm_detail::openblas_forced() || gemm_detail::openblas_runs_avx512()) return ProductTile::blas;
+  return cpu_isa() >= CpuIsa::avx2 && sgemm_avx2::available() ? ProductTile::avx2 : ProductTile::blas;
+}
 
 // M_ξ[:, col0 + (0..cols)] = U_ξ V_ξ for position xi of a block whose
 // packed tiles start at Vb (positions vplane apart).
-inline void packed_products(std::int64_t xi, std::int64_t O, std::int64_t I, const float* U, const WeightLayout& ul,
-                            const float* Vb, std::int64_t vplane, std::int64_t cols, float* M, std::int64_t pm,
-                            std::int64_t ld, std::int64_t col0) {
+inline void packed_products(ProductTile tile, std::int64_t xi, std::int64_t O, std::int64_t I, const float* U,
+                            const WeightLayout& ul, const float* Vb, std::int64_t vplane, std::int64_t cols, float* M,
+                            std::int64_t pm, std::int64_t ld, std::int64_t col0) {
   constexpr std::int64_t mr = kWinogradSliver, nr = kWinogradPanel;
+  const auto kernel = tile == ProductTile::avx512 ? sgemm512::micro_kernel : sgemm_avx2::micro_kernel;
   for (std::int64_t o0 = 0; o0 < O; o0 += mr)
     for (std::int64_t q = 0; q * nr < cols; ++q)
-      sgemm512::micro_kernel(I, U + ul.at(xi, o0, 0), Vb + xi * vplane + q * I * nr,
-                             M + xi * pm + o0 * ld + col0 + q * nr, ld, int(std::min(mr, O - o0)),
-                             int(std::min(nr, cols - q * nr)), 1.f, 0.f);
+      kernel(I, U + ul.at(xi, o0, 0), Vb + xi * vplane + q * I * nr, M + xi * pm + o0 * ld + col0 + q * nr, ld,
+             int(std::min(mr, O - o0)), int(std::min(nr, cols - q * nr)), 1.f, 0.f);
 }
 
 // y = conv(x, w) + bias over the tiles of g (the forward, or with
@@ -376,7 +390,8 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
   const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th;
   const std::int64_t ld = t.chunk_tiles(), pm = winograd_plane(O * ld);
   const SgemmEngine engine = sgemm_engine(I);
-  const bool packed = engine == SgemmEngine::avx512;
+  const ProductTile tile = product_tile(engine);
+  const bool packed = tile != ProductTile::blas;
   const WeightLayout ul = weight_layout(O, I, packed);
   transform_weights(w, O, I, flipped, U, ul);
   const std::int64_t blocks = t.blocks();  // of a full chunk
@@ -402,7 +417,7 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
         });
         for (std::int64_t xi = 0; xi < kPositions; ++xi) {
           if (packed) {
-            packed_products(xi, O, I, U, ul, Vb, vplane, cols, M, pm, ld, col0);
+            packed_products(tile, xi, O, I, U, ul, Vb, vplane, cols, M, pm, ld, col0);
           } else {
             gemm_serial(engine, false, false, O, cols, I, 1.f, U + ul.at(xi, 0, 0), I, V + xi * vplane + col0, ld,
                         0.f, M + xi * pm + col0, ld);
