@@ -780,3 +780,40 @@ TEST_CASE("zero: parameter_shards() are the shards of the training step prepared
     CHECK(same_bits(kept[k].tensor, trained[k]));
   }
 }
+
+// The first stage-3 step of a layout cuts its shards from the parameters'
+// values. A parameter another step keeps on NVMe has them in that step's
+// file until asked for (runtime/nvme_homes.hpp), not in its storage.
+TEST_CASE("zero: a stage-3 shard cut from a parameter that a step keeps on NVMe holds the parameter's values",
+          "[zero][nvme]") {
+  const auto dir = std::filesystem::temp_directory_path() / cat("frugal-zero-nvme-", ::getpid());
+  std::filesystem::create_directories(dir);
+  nn::manual_seed(3);
+  nn::Linear m{64, 64};  // a weight of 16 KiB: whole pages, which a step keeping it on NVMe gives back between steps
+  const std::vector<Tensor> ps = m.parameters();  // taken now: parameters() brings them back from NVMe
+  optim::AdamW opt(ps, {});
+  auto fn = [&](Var x) { return mean(m(x)); };
+  CompileOptions nvme;
+  nvme.threads = 1;
+  nvme.plan.nvme_offload.parameters = true;
+  Step s0 = compile(fn, {input<float>({4, 64})}, opt, Budget{.nvme_dir = dir.string()}, nvme);
+  Tensor x({4, 64});
+  for (int k = 0; k < 2; ++k) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.3f * float(i) + float(k));
+    s0.run(x);
+  }
+  REQUIRE(NvmeHomes::registry().held() > 0);  // the parameters live in s0's file between its steps
+  CompileOptions o;
+  o.communicator = dist::local();
+  o.zero_stage = 3;
+  o.threads = 1;
+  Step s3 = compile(fn, {input<float>({4, 64})}, opt, {}, o);
+  const auto shards = opt.parameter_shards();
+  REQUIRE(shards.size() == ps.size());
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    INFO("parameter " << k << " (" << ps[k].numel() << " elements)");
+    NvmeHomes::registry().bring_back(ps[k].raw());
+    CHECK(same_bits(shards[k].tensor, ps[k]));
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -104,6 +104,7 @@ class Optimizer {
       MetaScope meta(p.is_meta());  // planned, not run: a shard of shapes
       t = Tensor(Shape{s.length}, p.dtype());
       if (!p.is_meta()) {
+        NvmeHomes::registry().bring_back(p.raw());  // a parameter another step keeps on NVMe
         const std::size_t es = dtype_size(p.dtype());
         std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es,
                     std::size_t(s.length) * es);
