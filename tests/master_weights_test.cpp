@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -207,6 +208,26 @@ class ThreadComm final : public Communicator {
   ThreadGroup& g_;
   int rank_;
 };
+
+// Runs rank(r, communicator) as ranks 0 and 1 of a ThreadGroup, rank 1 on a
+// thread of its own; a rank that fails aborts the other's collectives.
+// Returns each rank's error, empty where it had none.
+std::array<std::string, 2> run_two_ranks(const std::function<void(int, std::shared_ptr<Communicator>)>& rank) {
+  ThreadGroup group(2);
+  std::array<std::string, 2> errors;
+  auto run = [&](int r) {
+    try {
+      rank(r, std::make_shared<ThreadComm>(group, r));
+    } catch (const std::exception& e) {
+      errors[std::size_t(r)] = e.what();
+      group.abort();
+    }
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  return errors;
+}
 
 }  // namespace master_test
 
@@ -491,30 +512,20 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
   std::filesystem::create_directories(dir);
   for (int stage : {0, 1, 2, 3}) {
     INFO("stage " << stage);
-    ThreadGroup group(2);
     std::array<std::unique_ptr<Mlp16>, 2> models{make_mlp(DType::bf16), make_mlp(DType::bf16)};
-    std::array<std::string, 2> errors;
     std::array<std::vector<Tensor>, 2> got_w;
-    auto rank = [&](int r) {
-      try {
-        Mlp16& m = *models[std::size_t(r)];
-        optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
-        CompileOptions o = one_thread();
-        o.communicator = std::make_shared<ThreadComm>(group, r);
-        o.zero_stage = stage;
-        Step s = compile_mlp(m, opt, batch, {}, o);
-        train(s, batch, in, 0, steps);
-        s.gather_parameters();
-        got_w[std::size_t(r)] = masters(opt);
-        if (stage == 1) io::save_gathered_checkpoint(dir / "gathered.safetensors", m, opt, steps, *o.communicator);
-      } catch (const std::exception& e) {
-        errors[std::size_t(r)] = e.what();
-        group.abort();
-      }
-    };
-    std::thread other(rank, 1);
-    rank(0);
-    other.join();
+    const auto errors = run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+      Mlp16& m = *models[std::size_t(r)];
+      optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
+      CompileOptions o = one_thread();
+      o.communicator = comm;
+      o.zero_stage = stage;
+      Step s = compile_mlp(m, opt, batch, {}, o);
+      train(s, batch, in, 0, steps);
+      s.gather_parameters();
+      got_w[std::size_t(r)] = masters(opt);
+      if (stage == 1) io::save_gathered_checkpoint(dir / "gathered.safetensors", m, opt, steps, *comm);
+    });
     INFO(errors[0] << " | " << errors[1]);
     REQUIRE((errors[0].empty() && errors[1].empty()));
     for (int r = 0; r < 2; ++r) {
@@ -543,14 +554,34 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
 }
 
 namespace master_test {
-// Plans rank 0 of 2 at ZeRO stage 1 with `opt`, as a stage search's trial or
-// frugal-plan --ranks does: the masters it prepares are that rank's shards.
-void plan_rank0_of_2(Mlp16& m, Optimizer& opt, std::int64_t batch) {
+// Plans rank `rank` of 2 at ZeRO `stage` with `opt`, as a stage search's
+// trial or frugal-plan --ranks does: the state it prepares is that rank's
+// shards.
+PlannedStep plan_rank_of_2(Mlp16& m, Optimizer& opt, std::int64_t batch, int rank, int stage = 1) {
   CompileOptions o;
-  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
-  o.zero_stage = 1;
-  plan_training([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
-                {input<float>({batch, m.fc1.weight.shape()[1]}), input<std::int32_t>({batch})}, opt, {}, o);
+  o.communicator = std::make_shared<dist::PlanOnly>(rank, 2);
+  o.zero_stage = stage;
+  return plan_training([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                       {input<float>({batch, m.fc1.weight.shape()[1]}), input<std::int32_t>({batch})}, opt, {}, o);
+}
+
+// The bf16 MLP with master weights trained 3 steps, its masters copied
+// (`trained`), then rank 0 of 2 planned with its optimizer (`planned`).
+struct PlannedAfterTraining {
+  std::unique_ptr<Mlp16> m;
+  std::unique_ptr<optim::AdamW> opt;
+  Step s;
+  std::vector<Tensor> trained;
+  PlannedStep planned;
+};
+PlannedAfterTraining train_then_plan_rank0(std::int64_t batch, std::int64_t in) {
+  auto m = make_mlp(DType::bf16);
+  auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions{.lr = 3e-3, .master_weights = true});
+  Step s = compile_mlp(*m, *opt, batch);
+  train(s, batch, in, 0, 3);
+  std::vector<Tensor> trained = masters(*opt);
+  PlannedStep planned = plan_rank_of_2(*m, *opt, batch, 0);
+  return {std::move(m), std::move(opt), std::move(s), std::move(trained), std::move(planned)};
 }
 }  // namespace master_test
 
@@ -566,28 +597,25 @@ TEST_CASE("master weights: planning another ZeRO layout keeps the trained master
   Step rs = compile_mlp(*ref, ropt, batch);
   train(rs, batch, in, 0, 3);
 
-  auto m = make_mlp(DType::bf16);
-  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .master_weights = true});
-  Step s = compile_mlp(*m, opt, batch);
-  train(s, batch, in, 0, 3);
-  const std::vector<Tensor> trained = masters(opt);
-  plan_rank0_of_2(*m, opt, batch);
-  REQUIRE(opt.master(0).numel() < m->parameters()[0].numel());  // fc1's weight: the rank's shard
-  Step again = compile_mlp(*m, opt, batch);
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  auto f = train_then_plan_rank0(batch, in);
+  Mlp16& m = *f.m;
+  optim::AdamW& opt = *f.opt;
+  REQUIRE(opt.master(0).numel() < m.parameters()[0].numel());  // fc1's weight: the rank's shard
+  Step again = compile_mlp(m, opt, batch);
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(opt.master(k), trained[k]));
+    CHECK(same_bits(opt.master(k), f.trained[k]));
   }
   // The step compiled before the plan and the one after, in turns.
   for (int step = 3; step < 9; ++step) {
     INFO("step " << step);
     const float want = train(rs, batch, in, step, step + 1);
-    const float got = train(step % 2 ? again : s, batch, in, step, step + 1);
+    const float got = train(step % 2 ? again : f.s, batch, in, step, step + 1);
     CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
   }
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(m->parameters()[k], ref->parameters()[k]));
+    CHECK(same_bits(m.parameters()[k], ref->parameters()[k]));
     CHECK(same_bits(opt.master(k), ropt.master(k)));
   }
 }
@@ -596,20 +624,15 @@ TEST_CASE("master weights: a parameter written while another ZeRO layout was pla
           "again, the others keep theirs",
           "[master][zero]") {
   const std::int64_t batch = 16, in = 15;
-  auto m = make_mlp(DType::bf16);
-  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .master_weights = true});
-  Step s = compile_mlp(*m, opt, batch);
-  train(s, batch, in, 0, 3);
-  const std::vector<Tensor> trained = masters(opt);
-  plan_rank0_of_2(*m, opt, batch);
-  Tensor written = m->parameters()[2];  // fc2's weight, overwritten as io::load_weights would
+  auto f = train_then_plan_rank0(batch, in);
+  Tensor written = f.m->parameters()[2];  // fc2's weight, overwritten as io::load_weights would
   for (std::int64_t i = 0; i < written.numel(); ++i)
     store(written, std::size_t(i), rounded(0.01f * float(i % 17) - 0.08f, DType::bf16));
-  Step again = compile_mlp(*m, opt, batch);
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  Step again = compile_mlp(*f.m, *f.opt, batch);
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    if (k == 2) CHECK(opt.master(k).to_vector<float>() == floats_of(written));
-    else CHECK(same_bits(opt.master(k), trained[k]));
+    if (k == 2) CHECK(f.opt->master(k).to_vector<float>() == floats_of(written));
+    else CHECK(same_bits(f.opt->master(k), f.trained[k]));
   }
 }
 

@@ -660,12 +660,12 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
 }
 
 namespace {
-// ZeroMlp trained at ZeRO stage 3 over one rank (dist::local(): every
-// shard is its whole parameter, and the steps run).
-Step compile_stage3_alone(ZeroMlp& m, Optimizer& opt) {
+// ZeroMlp trained at ZeRO `stage` over one rank (dist::local(): at stage
+// 3 every shard is its whole parameter), so that the steps run.
+Step compile_alone(ZeroMlp& m, Optimizer& opt, int stage = 3) {
   CompileOptions o;
   o.communicator = dist::local();
-  o.zero_stage = 3;
+  o.zero_stage = stage;
   o.threads = 1;
   return compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
 }
@@ -681,6 +681,25 @@ float run_steps(Step& s, int from, int to) {
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
+std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+// ZeroMlp of seed 3 and its AdamW, trained `steps` steps at stage 3 over
+// one rank; `trained`: copies of its parameter shards then.
+struct Stage3Run {
+  std::unique_ptr<ZeroMlp> m;
+  std::unique_ptr<optim::AdamW> opt;
+  Step s;
+  std::vector<Tensor> trained;
+};
+Stage3Run trained_stage3(int steps) {
+  nn::manual_seed(3);
+  auto m = std::make_unique<ZeroMlp>();
+  auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions{});
+  Step s = compile_alone(*m, *opt);
+  run_steps(s, 0, steps);
+  std::vector<Tensor> trained;
+  for (const auto& st : opt->parameter_shards()) trained.push_back(st.tensor.clone());
+  return {std::move(m), std::move(opt), std::move(s), std::move(trained)};
+}
 }  // namespace
 
 // At stage 3 the step trains the shards and leaves the module's tensors as
@@ -690,43 +709,33 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and training goes on as if it never had "
           "been planned",
           "[zero]") {
-  nn::manual_seed(3);
-  ZeroMlp ref;
-  optim::AdamW ropt(ref.parameters(), {});
-  Step rs = compile_stage3_alone(ref, ropt);
-  run_steps(rs, 0, 3);
-
-  nn::manual_seed(3);
-  ZeroMlp m;
-  optim::AdamW opt(m.parameters(), {});
-  Step s = compile_stage3_alone(m, opt);
-  run_steps(s, 0, 3);
-  std::vector<Tensor> trained;
-  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
-  REQUIRE(trained.size() == m.parameters().size());  // every parameter, whole over one rank
+  Stage3Run ref = trained_stage3(3);
+  Stage3Run f = trained_stage3(3);
+  ZeroMlp& m = *f.m;
+  REQUIRE(f.trained.size() == m.parameters().size());  // every parameter, whole over one rank
   // Ranks 0 and 1 of 2, as frugal-plan --ranks plans them: shards of other elements.
-  for (int rank : {0, 1}) plan_rank(m, opt, rank, 2, 3);
-  REQUIRE(opt.parameter_shards()[0].tensor.numel() < m.parameters()[0].numel());
-  Step again = compile_stage3_alone(m, opt);
-  const auto kept = opt.parameter_shards();  // what a checkpoint saves
-  REQUIRE(kept.size() == trained.size());
+  for (int rank : {0, 1}) plan_rank(m, *f.opt, rank, 2, 3);
+  REQUIRE(f.opt->parameter_shards()[0].tensor.numel() < m.parameters()[0].numel());
+  Step again = compile_alone(m, *f.opt);
+  const auto kept = f.opt->parameter_shards();  // what a checkpoint saves
+  REQUIRE(kept.size() == f.trained.size());
   for (std::size_t k = 0; k < kept.size(); ++k) {
     INFO("parameter " << k);
     CHECK_FALSE(kept[k].tensor.is_meta());
-    CHECK(same_bits(kept[k].tensor, trained[k]));
+    CHECK(same_bits(kept[k].tensor, f.trained[k]));
   }
   // The step compiled before the plan and the one after, in turns.
   for (int step = 3; step < 9; ++step) {
     INFO("step " << step);
-    const float want = run_steps(rs, step, step + 1);
-    const float got = run_steps(step % 2 ? again : s, step, step + 1);
-    CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+    const float want = run_steps(ref.s, step, step + 1);
+    const float got = run_steps(step % 2 ? again : f.s, step, step + 1);
+    CHECK(bits(got) == bits(want));
   }
-  rs.gather_parameters();
+  ref.s.gather_parameters();
   again.gather_parameters();
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(m.parameters()[k], ref.parameters()[k]));
+    CHECK(same_bits(m.parameters()[k], ref.m->parameters()[k]));
   }
 }
 
@@ -735,13 +744,9 @@ TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and t
 // of a layout planned or trained before it.
 TEST_CASE("zero: parameter_shards() are the shards of the training step prepared last, none below stage 3",
           "[zero][checkpoint]") {
-  nn::manual_seed(3);
-  ZeroMlp m;
-  optim::AdamW opt(m.parameters(), {});
-  Step s3 = compile_stage3_alone(m, opt);
-  run_steps(s3, 0, 3);
-  std::vector<Tensor> trained;
-  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
+  Stage3Run f = trained_stage3(3);
+  ZeroMlp& m = *f.m;
+  optim::AdamW& opt = *f.opt;
   // Rank 0 of 4: fc1's bias and fc2's parameters are too small to shard over 4.
   plan_rank(m, opt, 0, 4, 3);
   std::vector<std::size_t> want, got;
@@ -753,18 +758,14 @@ TEST_CASE("zero: parameter_shards() are the shards of the training step prepared
   }
   CHECK(got == want);
   // Stage 1 trains the parameters themselves, and has no shard to save.
-  s3.gather_parameters();
-  CompileOptions o;
-  o.communicator = dist::local();
-  o.zero_stage = 1;
-  o.threads = 1;
-  Step s1 = compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  f.s.gather_parameters();
+  Step s1 = compile_alone(m, opt, 1);
   CHECK(opt.parameter_shards().empty());
   run_steps(s1, 3, 5);
   std::vector<Tensor> stage1;
   for (const Tensor& p : m.parameters()) stage1.push_back(p.clone());
   const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-shards-", ::getpid(), ".safetensors");
-  io::save_gathered_checkpoint(path, m, opt, 5, *o.communicator);
+  io::save_gathered_checkpoint(path, m, opt, 5, *dist::local());
   std::filesystem::remove(path);
   for (std::size_t k = 0; k < stage1.size(); ++k) {
     INFO("parameter " << k);
@@ -772,12 +773,12 @@ TEST_CASE("zero: parameter_shards() are the shards of the training step prepared
   }
   // Stage 3 again finds its shards as its steps left them: what stage 1
   // trained since does not reach them (a gathered checkpoint carries it).
-  Step again = compile_stage3_alone(m, opt);
+  Step again = compile_alone(m, opt);
   const auto kept = opt.parameter_shards();
-  REQUIRE(kept.size() == trained.size());
+  REQUIRE(kept.size() == f.trained.size());
   for (std::size_t k = 0; k < kept.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(kept[k].tensor, trained[k]));
+    CHECK(same_bits(kept[k].tensor, f.trained[k]));
   }
 }
 
