@@ -714,8 +714,10 @@ TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and t
   ZeroMlp& m = *f.m;
   REQUIRE(f.trained.size() == m.parameters().size());  // every parameter, whole over one rank
   // Ranks 0 and 1 of 2, as frugal-plan --ranks plans them: shards of other elements.
-  for (int rank : {0, 1}) plan_rank(m, *f.opt, rank, 2, 3);
-  REQUIRE(f.opt->parameter_shards()[0].tensor.numel() < m.parameters()[0].numel());
+  for (int rank : {0, 1}) {
+    const PlannedStep ps = plan_rank(m, *f.opt, rank, 2, 3);
+    REQUIRE(kind_bytes(ps.plan, "parameters") < 4 * std::size_t(m.num_parameters()));
+  }
   Step again = compile_alone(m, *f.opt);
   const auto kept = f.opt->parameter_shards();  // what a checkpoint saves
   REQUIRE(kept.size() == f.trained.size());
@@ -740,23 +742,39 @@ TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and t
 }
 
 // What checkpoints save, and what io::save_gathered_checkpoint gathers into
-// the parameters: the shards of the training step prepared last, not those
-// of a layout planned or trained before it.
-TEST_CASE("zero: parameter_shards() are the shards of the training step prepared last, none below stage 3",
+// the parameters: the shards of the step that trains (compiled or run
+// last), not those of a layout planned or trained before it. An optimizer
+// that only plans reports the layout planned last, alone.
+TEST_CASE("zero: parameter_shards() are the shards of the step compiled or run last, none below stage 3",
           "[zero][checkpoint]") {
   Stage3Run f = trained_stage3(3);
   ZeroMlp& m = *f.m;
   optim::AdamW& opt = *f.opt;
-  // Rank 0 of 4: fc1's bias and fc2's parameters are too small to shard over 4.
+  // Rank 0 of 4 planned: the trained shards are still the ones reported.
   plan_rank(m, opt, 0, 4, 3);
-  std::vector<std::size_t> want, got;
-  for (std::size_t k = 0; k < m.parameters().size(); ++k)
-    if (ZeroShard::of(m.parameters()[k].numel(), 0, 4).every_rank_has_elements()) want.push_back(k);
-  for (const auto& st : opt.parameter_shards()) {
-    got.push_back(st.param);
-    CHECK(st.tensor.numel() == ZeroShard::of(m.parameters()[st.param].numel(), 0, 4).length);
+  {
+    const auto shards = opt.parameter_shards();
+    REQUIRE(shards.size() == f.trained.size());
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      INFO("parameter " << k);
+      CHECK(same_bits(shards[k].tensor, f.trained[k]));
+    }
   }
-  CHECK(got == want);
+  // Planned alone, ranks 0 of 2 then 0 of 4: rank 0 of 4's, where fc1's
+  // bias and fc2's parameters are too small to shard over 4.
+  {
+    optim::AdamW planner(m.parameters(), {});
+    plan_rank(m, planner, 0, 2, 3);
+    plan_rank(m, planner, 0, 4, 3);
+    std::vector<std::size_t> want, got;
+    for (std::size_t k = 0; k < m.parameters().size(); ++k)
+      if (ZeroShard::of(m.parameters()[k].numel(), 0, 4).every_rank_has_elements()) want.push_back(k);
+    for (const auto& st : planner.parameter_shards()) {
+      got.push_back(st.param);
+      CHECK(st.tensor.numel() == ZeroShard::of(m.parameters()[st.param].numel(), 0, 4).length);
+    }
+    CHECK(got == want);
+  }
   // Stage 1 trains the parameters themselves, and has no shard to save.
   f.s.gather_parameters();
   Step s1 = compile_alone(m, opt, 1);
@@ -780,6 +798,62 @@ TEST_CASE("zero: parameter_shards() are the shards of the training step prepared
     INFO("parameter " << k);
     CHECK(same_bits(kept[k].tensor, f.trained[k]));
   }
+  // The stage-1 step run after it: its layout is the one reported again.
+  run_steps(s1, 5, 6);
+  CHECK(opt.parameter_shards().empty());
+}
+
+// A checkpoint describes the layout of the step that trains: one saved
+// right after another layout was planned (dist::PlanOnly, as frugal-plan
+// --ranks does) holds the trained state and shards, loads into a fresh run
+// of the trained step, and that run goes on as if nothing had been planned.
+TEST_CASE("zero: a checkpoint saved right after planning another layout resumes the trained step bit for bit",
+          "[zero][checkpoint]") {
+  const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-planned-", ::getpid(), ".safetensors");
+  const int saved_at = 3, steps = 6;
+  for (int stage : {1, 3}) {
+    INFO("stage " << stage);
+    nn::manual_seed(3);
+    ZeroMlp ref;
+    optim::AdamW ropt(ref.parameters(), {});
+    Step rs = compile_alone(ref, ropt, stage);
+    std::vector<float> want;
+    for (int k = 0; k < steps; ++k) want.push_back(run_steps(rs, k, k + 1));
+
+    nn::manual_seed(3);
+    ZeroMlp m;
+    optim::AdamW opt(m.parameters(), {});
+    Step s = compile_alone(m, opt, stage);
+    run_steps(s, 0, saved_at);
+    plan_rank(m, opt, 0, 2, stage);  // rank 0 of 2: a shard of every parameter large enough
+    io::save_checkpoint(path, m, opt, saved_at);
+
+    nn::manual_seed(11);  // other starting values: what resumes must come from the file
+    ZeroMlp fresh;
+    optim::AdamW fopt(fresh.parameters(), {});
+    Step fs = compile_alone(fresh, fopt, stage);
+    io::TrainingState st;
+    REQUIRE_NOTHROW(st = io::load_checkpoint(path, fresh, fopt));
+    fs.set_steps_run(st.step);
+    fs.parameters_changed();
+    for (int k = saved_at; k < steps; ++k) {
+      INFO("step " << k);
+      CHECK(bits(run_steps(fs, k, k + 1)) == bits(want[std::size_t(k)]));
+    }
+    rs.gather_parameters();
+    fs.gather_parameters();
+    for (std::size_t k = 0; k < ref.parameters().size(); ++k) {
+      INFO("parameter " << k);
+      CHECK(same_bits(fresh.parameters()[k], ref.parameters()[k]));
+    }
+    const auto got_state = fopt.state(), want_state = ropt.state();
+    REQUIRE(got_state.size() == want_state.size());
+    for (std::size_t k = 0; k < want_state.size(); ++k) {
+      INFO(want_state[k].slot << " of parameter " << want_state[k].param);
+      CHECK(same_bits(got_state[k].tensor, want_state[k].tensor));
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 // The first stage-3 step of a layout cuts its shards from the parameters'
