@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <frugal/backend/cpu/isa.hpp>  // every instruction set's update loop
@@ -640,6 +641,81 @@ TEST_CASE("master weights: a parameter written while another ZeRO layout was pla
     if (k == 2) CHECK(f.opt->master(k).to_vector<float>() == floats_of(written));
     else CHECK(same_bits(f.opt->master(k), f.trained[k]));
   }
+}
+
+// Over two ranks fc3's weight (4 x 33) and bias (4) split into shards of the
+// same length on both ranks (66 and 2 elements): state planned for rank 1
+// with rank 0's optimizer has the shape of rank 0's but holds other
+// elements, and must be a tensor of its own. Were it rank 0's, rank 1's
+// master would be made from rank 1's elements over rank 0's trained one,
+// and the two would share their moments.
+TEST_CASE("master weights: rank 1 of 2 planned with rank 0's optimizer gets state of its own, and rank 0 trains on as "
+          "if it never had been planned",
+          "[master][zero]") {
+  const std::int64_t batch = 16, in = 15;
+  const int steps = 7, plan_at = 3;
+  struct Rank {
+    std::vector<float> losses;
+    std::vector<Tensor> params, state;  // after the last step: the parameters (gathered) and opt.state()
+    std::size_t planned = 0, shared = 0;  // rank 1's state and shards in the plan, and of them rank 0's
+  };
+  for (DType dt : {DType::bf16, DType::f32})
+    for (int stage : {1, 3}) {
+      INFO(dtype_name(dt) << ", stage " << stage);
+      auto run = [&](bool plan_rank1) {
+        std::array<std::unique_ptr<Mlp16>, 2> models{make_mlp(dt), make_mlp(dt)};
+        std::array<Rank, 2> out;
+        const auto errors = run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+          Mlp16& m = *models[std::size_t(r)];
+          Rank& got = out[std::size_t(r)];
+          optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
+          CompileOptions o = one_thread();
+          o.communicator = comm;
+          o.zero_stage = stage;
+          Step s = compile_mlp(m, opt, batch, {}, o);
+          for (int k = 0; k < steps; ++k) {
+            if (plan_rank1 && r == 0 && k == plan_at) {
+              std::set<const void*> trained;
+              for (const auto& st : opt.state()) trained.insert(st.tensor.raw());
+              for (const auto& st : opt.parameter_shards()) trained.insert(st.tensor.raw());
+              const PlannedStep p = plan_rank_of_2(m, opt, batch, 1, stage);
+              for (const Value& v : p.graph->values())
+                if (v.kind == ValueKind::state || (v.kind == ValueKind::parameter && v.name.ends_with(".shard"))) {
+                  ++got.planned;
+                  got.shared += trained.count(v.external.raw());
+                }
+            }
+            got.losses.push_back(train(s, batch, in, k, k + 1));
+          }
+          s.gather_parameters();
+          got.params = clone_each(m.parameters());
+          for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+        });
+        INFO(errors[0] << " | " << errors[1]);
+        REQUIRE((errors[0].empty() && errors[1].empty()));
+        return out;
+      };
+      const std::array<Rank, 2> want = run(false), got = run(true);
+      CHECK(got[0].planned > 0);
+      CHECK(got[0].shared == 0);
+      for (std::size_t r = 0; r < 2; ++r) {
+        INFO("rank " << r);
+        for (int k = 0; k < steps; ++k) {
+          INFO("step " << k);
+          CHECK(std::bit_cast<std::uint32_t>(got[r].losses[std::size_t(k)]) ==
+                std::bit_cast<std::uint32_t>(want[r].losses[std::size_t(k)]));
+        }
+        for (std::size_t k = 0; k < want[r].params.size(); ++k) {
+          INFO("parameter " << k);
+          CHECK(same_bits(got[r].params[k], want[r].params[k]));
+        }
+        REQUIRE(got[r].state.size() == want[r].state.size());
+        for (std::size_t k = 0; k < want[r].state.size(); ++k) {
+          INFO("state tensor " << k);
+          CHECK(same_bits(got[r].state[k], want[r].state[k]));
+        }
+      }
+    }
 }
 
 // ---- where the state lives -------------------------------------------------------

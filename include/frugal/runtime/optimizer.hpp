@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -194,39 +195,44 @@ class Optimizer {
   Shape state_shape(std::size_t index) const {
     return shard_ ? Shape{shard_->length} : params().at(index).shape();
   }
-  // A state tensor of params()[index]'s update, of state_shape(index): `t`
-  // itself when it already has that shape, else the tensor of that layout
-  // this slot had before, else a new zeroed one. Of the parameter's dtype
-  // unless `dtype` says otherwise (f32 state of a 16-bit parameter). `slot`
-  // names the state ("momentum", "exp_avg").
+  // A state tensor of params()[index]'s update, of state_shape(index),
+  // for the elements the update trains (the whole parameter's, or under a
+  // ShardScope the shard's, from its offset): the tensor of that layout
+  // this slot had before (`t` itself when it is that one), else a new
+  // zeroed one. Of the parameter's dtype unless `dtype` says otherwise (f32
+  // state of a 16-bit parameter). `slot` names the state ("momentum",
+  // "exp_avg"). `t` is the tensor the slot holds now: one state_tensor
+  // gave it is filed already; one the optimizer made itself is filed as
+  // the state of the elements from the parameter's first on.
   //
   // Every layout a slot was given is kept, with its values: a step prepared
   // at another ZeRO stage or rank count (a trial the planner prices, a
   // broker probing a new step) gets state of its own layout and the slot
   // points at it, but preparing at a layout seen before finds that layout's
   // tensor again, so a step re-prepared at its own stage (a re-plan, the
-  // next shape of a ShapeCache) goes on from the state it trained. The
-  // price: a kept layout's bytes stay allocated while the optimizer lives
-  // (a trial's shard is 1/N of the parameter's state). Not a resharding:
-  // a step that trains at one stage, then at another, then at the first
-  // again finds the first stage's state as it left it, not what the other
-  // trained since (to change stages mid-run, go through a gathered
-  // checkpoint, io::save_gathered_checkpoint).
+  // next shape of a ShapeCache) goes on from the state it trained. A layout
+  // is the elements held, not only their count: rank 1's shard of a
+  // parameter planned with rank 0's optimizer (dist::PlanOnly) is as long
+  // as rank 0's but gets state of its own. The price: a kept layout's bytes
+  // stay allocated while the optimizer lives (a trial's shard is 1/N of the
+  // parameter's state). Not a resharding: a step that trains at one stage,
+  // then at another, then at the first again finds the first stage's state
+  // as it left it, not what the other trained since (to change stages
+  // mid-run, go through a gathered checkpoint, io::save_gathered_checkpoint).
   Tensor state_tensor(const char* slot, const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) {
-    Shape s = state_shape(index);
+    const Shape s = state_shape(index);
     const Tensor& p = params().at(index);
     const DType dt = dtype.value_or(p.dtype());
-    auto key = [&](const Shape& shape, DType d) { return cat(slot, '#', index, '#', shape.str(), '#', dtype_name(d)); };
-    if (t.defined()) layouts_[key(t.shape(), t.dtype())] = t;
+    if (t.defined() && !filed_.count(t.raw())) file({slot, index, 0, t.shape().str(), t.dtype()}, t);
+    const StateKey key{slot, index, shard_ ? shard_->offset : 0, s.str(), dt};
+    auto it = layouts_.find(key);
     Tensor out;
-    if (t.defined() && t.shape() == s && t.dtype() == dt) {
-      out = t;
-    } else if (auto it = layouts_.find(key(s, dt)); it != layouts_.end()) {
+    if (it != layouts_.end()) {
       out = it->second;
     } else {
       MetaScope meta(p.is_meta());  // a meta parameter's state is planned, never allocated
       out = Tensor(s, dt);
-      layouts_.emplace(key(s, dt), out);
+      file(key, out);
     }
     preparing().state[{slot, index}] = out;
     return out;
@@ -292,6 +298,13 @@ class Optimizer {
   std::optional<ZeroShard> shard_;
   bool wrap_ = true;
   int sharded_applies_ = 0;
+  // state_tensor's key of a layout of a slot: slot, parameter index, offset
+  // of the first element held, shape, dtype.
+  using StateKey = std::tuple<std::string, std::size_t, std::int64_t, std::string, DType>;
+  void file(const StateKey& key, const Tensor& t) {
+    layouts_[key] = t;
+    filed_.insert(t.raw());
+  }
   Layout& preparing() {
     if (!prepared_) begin_layout();
     return *prepared_;
@@ -300,7 +313,8 @@ class Optimizer {
   std::shared_ptr<const Layout> trained_;   // the step that trains (trains())
   // parameter_shard's: every layout of every parameter, by index, offset, length
   std::map<std::tuple<std::size_t, std::int64_t, std::int64_t>, Tensor> shard_layouts_;
-  std::map<std::string, Tensor> layouts_;  // state_tensor's: every layout of every slot, by slot, index, shape, dtype
+  std::map<StateKey, Tensor> layouts_;  // state_tensor's: every layout of every slot
+  std::set<const void*> filed_;         // the storage of each tensor in layouts_
 };
 
 }  // namespace frugal
