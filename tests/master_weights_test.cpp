@@ -16,7 +16,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <frugal/backend/cpu/isa.hpp>  // every instruction set's update loop
@@ -207,6 +209,26 @@ class ThreadComm final : public Communicator {
   ThreadGroup& g_;
   int rank_;
 };
+
+// Runs rank(r, communicator) as ranks 0 and 1 of a ThreadGroup, rank 1 on a
+// thread of its own; a rank that fails aborts the other's collectives.
+// Returns each rank's error, empty where it had none.
+std::array<std::string, 2> run_two_ranks(const std::function<void(int, std::shared_ptr<Communicator>)>& rank) {
+  ThreadGroup group(2);
+  std::array<std::string, 2> errors;
+  auto run = [&](int r) {
+    try {
+      rank(r, std::make_shared<ThreadComm>(group, r));
+    } catch (const std::exception& e) {
+      errors[std::size_t(r)] = e.what();
+      group.abort();
+    }
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  return errors;
+}
 
 }  // namespace master_test
 
@@ -491,30 +513,20 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
   std::filesystem::create_directories(dir);
   for (int stage : {0, 1, 2, 3}) {
     INFO("stage " << stage);
-    ThreadGroup group(2);
     std::array<std::unique_ptr<Mlp16>, 2> models{make_mlp(DType::bf16), make_mlp(DType::bf16)};
-    std::array<std::string, 2> errors;
     std::array<std::vector<Tensor>, 2> got_w;
-    auto rank = [&](int r) {
-      try {
-        Mlp16& m = *models[std::size_t(r)];
-        optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
-        CompileOptions o = one_thread();
-        o.communicator = std::make_shared<ThreadComm>(group, r);
-        o.zero_stage = stage;
-        Step s = compile_mlp(m, opt, batch, {}, o);
-        train(s, batch, in, 0, steps);
-        s.gather_parameters();
-        got_w[std::size_t(r)] = masters(opt);
-        if (stage == 1) io::save_gathered_checkpoint(dir / "gathered.safetensors", m, opt, steps, *o.communicator);
-      } catch (const std::exception& e) {
-        errors[std::size_t(r)] = e.what();
-        group.abort();
-      }
-    };
-    std::thread other(rank, 1);
-    rank(0);
-    other.join();
+    const auto errors = run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+      Mlp16& m = *models[std::size_t(r)];
+      optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
+      CompileOptions o = one_thread();
+      o.communicator = comm;
+      o.zero_stage = stage;
+      Step s = compile_mlp(m, opt, batch, {}, o);
+      train(s, batch, in, 0, steps);
+      s.gather_parameters();
+      got_w[std::size_t(r)] = masters(opt);
+      if (stage == 1) io::save_gathered_checkpoint(dir / "gathered.safetensors", m, opt, steps, *comm);
+    });
     INFO(errors[0] << " | " << errors[1]);
     REQUIRE((errors[0].empty() && errors[1].empty()));
     for (int r = 0; r < 2; ++r) {
@@ -543,14 +555,34 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
 }
 
 namespace master_test {
-// Plans rank 0 of 2 at ZeRO stage 1 with `opt`, as a stage search's trial or
-// frugal-plan --ranks does: the masters it prepares are that rank's shards.
-void plan_rank0_of_2(Mlp16& m, Optimizer& opt, std::int64_t batch) {
+// Plans rank `rank` of 2 at ZeRO `stage` with `opt`, as a stage search's
+// trial or frugal-plan --ranks does: the state it prepares is that rank's
+// shards.
+PlannedStep plan_rank_of_2(Mlp16& m, Optimizer& opt, std::int64_t batch, int rank, int stage = 1) {
   CompileOptions o;
-  o.communicator = std::make_shared<dist::PlanOnly>(0, 2);
-  o.zero_stage = 1;
-  plan_training([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
-                {input<float>({batch, m.fc1.weight.shape()[1]}), input<std::int32_t>({batch})}, opt, {}, o);
+  o.communicator = std::make_shared<dist::PlanOnly>(rank, 2);
+  o.zero_stage = stage;
+  return plan_training([&](Var x, Var y) { return cross_entropy(m.forward(x), y); },
+                       {input<float>({batch, m.fc1.weight.shape()[1]}), input<std::int32_t>({batch})}, opt, {}, o);
+}
+
+// The bf16 MLP with master weights trained 3 steps, its masters copied
+// (`trained`), then rank 0 of 2 planned with its optimizer (`planned`).
+struct PlannedAfterTraining {
+  std::unique_ptr<Mlp16> m;
+  std::unique_ptr<optim::AdamW> opt;
+  Step s;
+  std::vector<Tensor> trained;
+  PlannedStep planned;
+};
+PlannedAfterTraining train_then_plan_rank0(std::int64_t batch, std::int64_t in) {
+  auto m = make_mlp(DType::bf16);
+  auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions{.lr = 3e-3, .master_weights = true});
+  Step s = compile_mlp(*m, *opt, batch);
+  train(s, batch, in, 0, 3);
+  std::vector<Tensor> trained = masters(*opt);
+  PlannedStep planned = plan_rank_of_2(*m, *opt, batch, 0);
+  return {std::move(m), std::move(opt), std::move(s), std::move(trained), std::move(planned)};
 }
 }  // namespace master_test
 
@@ -566,28 +598,31 @@ TEST_CASE("master weights: planning another ZeRO layout keeps the trained master
   Step rs = compile_mlp(*ref, ropt, batch);
   train(rs, batch, in, 0, 3);
 
-  auto m = make_mlp(DType::bf16);
-  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .master_weights = true});
-  Step s = compile_mlp(*m, opt, batch);
-  train(s, batch, in, 0, 3);
-  const std::vector<Tensor> trained = masters(opt);
-  plan_rank0_of_2(*m, opt, batch);
-  REQUIRE(opt.master(0).numel() < m->parameters()[0].numel());  // fc1's weight: the rank's shard
-  Step again = compile_mlp(*m, opt, batch);
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  auto f = train_then_plan_rank0(batch, in);
+  Mlp16& m = *f.m;
+  optim::AdamW& opt = *f.opt;
+  // The plan's masters and moments are rank 0's shards: 12 bytes of each element it holds.
+  std::size_t held = 0;
+  for (const Tensor& p : m.parameters()) {
+    const ZeroShard s = ZeroShard::of(p.numel(), 0, 2);
+    held += std::size_t(s.every_rank_has_elements() ? s.length : p.numel());
+  }
+  REQUIRE(kind_bytes(f.planned.plan.persistent_by_kind, "optimizer state") == 12 * held);
+  Step again = compile_mlp(m, opt, batch);
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(opt.master(k), trained[k]));
+    CHECK(same_bits(opt.master(k), f.trained[k]));
   }
   // The step compiled before the plan and the one after, in turns.
   for (int step = 3; step < 9; ++step) {
     INFO("step " << step);
     const float want = train(rs, batch, in, step, step + 1);
-    const float got = train(step % 2 ? again : s, batch, in, step, step + 1);
+    const float got = train(step % 2 ? again : f.s, batch, in, step, step + 1);
     CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
   }
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(m->parameters()[k], ref->parameters()[k]));
+    CHECK(same_bits(m.parameters()[k], ref->parameters()[k]));
     CHECK(same_bits(opt.master(k), ropt.master(k)));
   }
 }
@@ -596,21 +631,91 @@ TEST_CASE("master weights: a parameter written while another ZeRO layout was pla
           "again, the others keep theirs",
           "[master][zero]") {
   const std::int64_t batch = 16, in = 15;
-  auto m = make_mlp(DType::bf16);
-  optim::AdamW opt(m->parameters(), {.lr = 3e-3, .master_weights = true});
-  Step s = compile_mlp(*m, opt, batch);
-  train(s, batch, in, 0, 3);
-  const std::vector<Tensor> trained = masters(opt);
-  plan_rank0_of_2(*m, opt, batch);
-  Tensor written = m->parameters()[2];  // fc2's weight, overwritten as io::load_weights would
+  auto f = train_then_plan_rank0(batch, in);
+  Tensor written = f.m->parameters()[2];  // fc2's weight, overwritten as io::load_weights would
   for (std::int64_t i = 0; i < written.numel(); ++i)
     store(written, std::size_t(i), rounded(0.01f * float(i % 17) - 0.08f, DType::bf16));
-  Step again = compile_mlp(*m, opt, batch);
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  Step again = compile_mlp(*f.m, *f.opt, batch);
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    if (k == 2) CHECK(opt.master(k).to_vector<float>() == floats_of(written));
-    else CHECK(same_bits(opt.master(k), trained[k]));
+    if (k == 2) CHECK(f.opt->master(k).to_vector<float>() == floats_of(written));
+    else CHECK(same_bits(f.opt->master(k), f.trained[k]));
   }
+}
+
+// Over two ranks fc3's weight (4 x 33) and bias (4) split into shards of the
+// same length on both ranks (66 and 2 elements): state planned for rank 1
+// with rank 0's optimizer has the shape of rank 0's but holds other
+// elements, and must be a tensor of its own. Were it rank 0's, rank 1's
+// master would be made from rank 1's elements over rank 0's trained one,
+// and the two would share their moments.
+TEST_CASE("master weights: rank 1 of 2 planned with rank 0's optimizer gets state of its own, and rank 0 trains on as "
+          "if it never had been planned",
+          "[master][zero]") {
+  const std::int64_t batch = 16, in = 15;
+  const int steps = 7, plan_at = 3;
+  struct Rank {
+    std::vector<float> losses;
+    std::vector<Tensor> params, state;  // after the last step: the parameters (gathered) and opt.state()
+    std::size_t planned = 0, shared = 0;  // rank 1's state and shards in the plan, and of them rank 0's
+  };
+  for (DType dt : {DType::bf16, DType::f32})
+    for (int stage : {1, 3}) {
+      INFO(dtype_name(dt) << ", stage " << stage);
+      auto run = [&](bool plan_rank1) {
+        std::array<std::unique_ptr<Mlp16>, 2> models{make_mlp(dt), make_mlp(dt)};
+        std::array<Rank, 2> out;
+        const auto errors = run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+          Mlp16& m = *models[std::size_t(r)];
+          Rank& got = out[std::size_t(r)];
+          optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
+          CompileOptions o = one_thread();
+          o.communicator = comm;
+          o.zero_stage = stage;
+          Step s = compile_mlp(m, opt, batch, {}, o);
+          for (int k = 0; k < steps; ++k) {
+            if (plan_rank1 && r == 0 && k == plan_at) {
+              std::set<const void*> trained;
+              for (const auto& st : opt.state()) trained.insert(st.tensor.raw());
+              for (const auto& st : opt.parameter_shards()) trained.insert(st.tensor.raw());
+              const PlannedStep p = plan_rank_of_2(m, opt, batch, 1, stage);
+              for (const Value& v : p.graph->values())
+                if (v.kind == ValueKind::state || (v.kind == ValueKind::parameter && v.name.ends_with(".shard"))) {
+                  ++got.planned;
+                  got.shared += trained.count(v.external.raw());
+                }
+            }
+            got.losses.push_back(train(s, batch, in, k, k + 1));
+          }
+          s.gather_parameters();
+          got.params = clone_each(m.parameters());
+          for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+        });
+        INFO(errors[0] << " | " << errors[1]);
+        REQUIRE((errors[0].empty() && errors[1].empty()));
+        return out;
+      };
+      const std::array<Rank, 2> want = run(false), got = run(true);
+      CHECK(got[0].planned > 0);
+      CHECK(got[0].shared == 0);
+      for (std::size_t r = 0; r < 2; ++r) {
+        INFO("rank " << r);
+        for (int k = 0; k < steps; ++k) {
+          INFO("step " << k);
+          CHECK(std::bit_cast<std::uint32_t>(got[r].losses[std::size_t(k)]) ==
+                std::bit_cast<std::uint32_t>(want[r].losses[std::size_t(k)]));
+        }
+        for (std::size_t k = 0; k < want[r].params.size(); ++k) {
+          INFO("parameter " << k);
+          CHECK(same_bits(got[r].params[k], want[r].params[k]));
+        }
+        REQUIRE(got[r].state.size() == want[r].state.size());
+        for (std::size_t k = 0; k < want[r].state.size(); ++k) {
+          INFO("state tensor " << k);
+          CHECK(same_bits(got[r].state[k], want[r].state[k]));
+        }
+      }
+    }
 }
 
 // ---- where the state lives -------------------------------------------------------

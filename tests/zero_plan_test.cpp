@@ -660,12 +660,12 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
 }
 
 namespace {
-// ZeroMlp trained at ZeRO stage 3 over one rank (dist::local(): every
-// shard is its whole parameter, and the steps run).
-Step compile_stage3_alone(ZeroMlp& m, Optimizer& opt) {
+// ZeroMlp trained at ZeRO `stage` over one rank (dist::local(): at stage
+// 3 every shard is its whole parameter), so that the steps run.
+Step compile_alone(ZeroMlp& m, Optimizer& opt, int stage = 3) {
   CompileOptions o;
   o.communicator = dist::local();
-  o.zero_stage = 3;
+  o.zero_stage = stage;
   o.threads = 1;
   return compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
 }
@@ -681,6 +681,25 @@ float run_steps(Step& s, int from, int to) {
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
+std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+// ZeroMlp of seed 3 and its AdamW, trained `steps` steps at stage 3 over
+// one rank; `trained`: copies of its parameter shards then.
+struct Stage3Run {
+  std::unique_ptr<ZeroMlp> m;
+  std::unique_ptr<optim::AdamW> opt;
+  Step s;
+  std::vector<Tensor> trained;
+};
+Stage3Run trained_stage3(int steps) {
+  nn::manual_seed(3);
+  auto m = std::make_unique<ZeroMlp>();
+  auto opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions{});
+  Step s = compile_alone(*m, *opt);
+  run_steps(s, 0, steps);
+  std::vector<Tensor> trained;
+  for (const auto& st : opt->parameter_shards()) trained.push_back(st.tensor.clone());
+  return {std::move(m), std::move(opt), std::move(s), std::move(trained)};
+}
 }  // namespace
 
 // At stage 3 the step trains the shards and leaves the module's tensors as
@@ -690,81 +709,81 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and training goes on as if it never had "
           "been planned",
           "[zero]") {
-  nn::manual_seed(3);
-  ZeroMlp ref;
-  optim::AdamW ropt(ref.parameters(), {});
-  Step rs = compile_stage3_alone(ref, ropt);
-  run_steps(rs, 0, 3);
-
-  nn::manual_seed(3);
-  ZeroMlp m;
-  optim::AdamW opt(m.parameters(), {});
-  Step s = compile_stage3_alone(m, opt);
-  run_steps(s, 0, 3);
-  std::vector<Tensor> trained;
-  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
-  REQUIRE(trained.size() == m.parameters().size());  // every parameter, whole over one rank
+  Stage3Run ref = trained_stage3(3);
+  Stage3Run f = trained_stage3(3);
+  ZeroMlp& m = *f.m;
+  REQUIRE(f.trained.size() == m.parameters().size());  // every parameter, whole over one rank
   // Ranks 0 and 1 of 2, as frugal-plan --ranks plans them: shards of other elements.
-  for (int rank : {0, 1}) plan_rank(m, opt, rank, 2, 3);
-  REQUIRE(opt.parameter_shards()[0].tensor.numel() < m.parameters()[0].numel());
-  Step again = compile_stage3_alone(m, opt);
-  const auto kept = opt.parameter_shards();  // what a checkpoint saves
-  REQUIRE(kept.size() == trained.size());
+  for (int rank : {0, 1}) {
+    const PlannedStep ps = plan_rank(m, *f.opt, rank, 2, 3);
+    REQUIRE(kind_bytes(ps.plan, "parameters") < 4 * std::size_t(m.num_parameters()));
+  }
+  Step again = compile_alone(m, *f.opt);
+  const auto kept = f.opt->parameter_shards();  // what a checkpoint saves
+  REQUIRE(kept.size() == f.trained.size());
   for (std::size_t k = 0; k < kept.size(); ++k) {
     INFO("parameter " << k);
     CHECK_FALSE(kept[k].tensor.is_meta());
-    CHECK(same_bits(kept[k].tensor, trained[k]));
+    CHECK(same_bits(kept[k].tensor, f.trained[k]));
   }
   // The step compiled before the plan and the one after, in turns.
   for (int step = 3; step < 9; ++step) {
     INFO("step " << step);
-    const float want = run_steps(rs, step, step + 1);
-    const float got = run_steps(step % 2 ? again : s, step, step + 1);
-    CHECK(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+    const float want = run_steps(ref.s, step, step + 1);
+    const float got = run_steps(step % 2 ? again : f.s, step, step + 1);
+    CHECK(bits(got) == bits(want));
   }
-  rs.gather_parameters();
+  ref.s.gather_parameters();
   again.gather_parameters();
-  for (std::size_t k = 0; k < trained.size(); ++k) {
+  for (std::size_t k = 0; k < f.trained.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(m.parameters()[k], ref.parameters()[k]));
+    CHECK(same_bits(m.parameters()[k], ref.m->parameters()[k]));
   }
 }
 
 // What checkpoints save, and what io::save_gathered_checkpoint gathers into
-// the parameters: the shards of the training step prepared last, not those
-// of a layout planned or trained before it.
-TEST_CASE("zero: parameter_shards() are the shards of the training step prepared last, none below stage 3",
+// the parameters: the shards of the step that trains (compiled or run
+// last), not those of a layout planned or trained before it. An optimizer
+// that only plans reports the layout planned last, alone.
+TEST_CASE("zero: parameter_shards() are the shards of the step compiled or run last, none below stage 3",
           "[zero][checkpoint]") {
-  nn::manual_seed(3);
-  ZeroMlp m;
-  optim::AdamW opt(m.parameters(), {});
-  Step s3 = compile_stage3_alone(m, opt);
-  run_steps(s3, 0, 3);
-  std::vector<Tensor> trained;
-  for (const auto& st : opt.parameter_shards()) trained.push_back(st.tensor.clone());
-  // Rank 0 of 4: fc1's bias and fc2's parameters are too small to shard over 4.
+  Stage3Run f = trained_stage3(3);
+  ZeroMlp& m = *f.m;
+  optim::AdamW& opt = *f.opt;
+  // Rank 0 of 4 planned: the trained shards are still the ones reported.
   plan_rank(m, opt, 0, 4, 3);
-  std::vector<std::size_t> want, got;
-  for (std::size_t k = 0; k < m.parameters().size(); ++k)
-    if (ZeroShard::of(m.parameters()[k].numel(), 0, 4).every_rank_has_elements()) want.push_back(k);
-  for (const auto& st : opt.parameter_shards()) {
-    got.push_back(st.param);
-    CHECK(st.tensor.numel() == ZeroShard::of(m.parameters()[st.param].numel(), 0, 4).length);
+  {
+    const auto shards = opt.parameter_shards();
+    REQUIRE(shards.size() == f.trained.size());
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      INFO("parameter " << k);
+      CHECK(same_bits(shards[k].tensor, f.trained[k]));
+    }
   }
-  CHECK(got == want);
+  // Planned alone, ranks 0 of 2 then 0 of 4: rank 0 of 4's, where fc1's
+  // bias and fc2's parameters are too small to shard over 4.
+  {
+    optim::AdamW planner(m.parameters(), {});
+    plan_rank(m, planner, 0, 2, 3);
+    plan_rank(m, planner, 0, 4, 3);
+    std::vector<std::size_t> want, got;
+    for (std::size_t k = 0; k < m.parameters().size(); ++k)
+      if (ZeroShard::of(m.parameters()[k].numel(), 0, 4).every_rank_has_elements()) want.push_back(k);
+    for (const auto& st : planner.parameter_shards()) {
+      got.push_back(st.param);
+      CHECK(st.tensor.numel() == ZeroShard::of(m.parameters()[st.param].numel(), 0, 4).length);
+    }
+    CHECK(got == want);
+  }
   // Stage 1 trains the parameters themselves, and has no shard to save.
-  s3.gather_parameters();
-  CompileOptions o;
-  o.communicator = dist::local();
-  o.zero_stage = 1;
-  o.threads = 1;
-  Step s1 = compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  f.s.gather_parameters();
+  Step s1 = compile_alone(m, opt, 1);
   CHECK(opt.parameter_shards().empty());
   run_steps(s1, 3, 5);
   std::vector<Tensor> stage1;
   for (const Tensor& p : m.parameters()) stage1.push_back(p.clone());
   const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-shards-", ::getpid(), ".safetensors");
-  io::save_gathered_checkpoint(path, m, opt, 5, *o.communicator);
+  io::save_gathered_checkpoint(path, m, opt, 5, *dist::local());
   std::filesystem::remove(path);
   for (std::size_t k = 0; k < stage1.size(); ++k) {
     INFO("parameter " << k);
@@ -772,11 +791,104 @@ TEST_CASE("zero: parameter_shards() are the shards of the training step prepared
   }
   // Stage 3 again finds its shards as its steps left them: what stage 1
   // trained since does not reach them (a gathered checkpoint carries it).
-  Step again = compile_stage3_alone(m, opt);
+  Step again = compile_alone(m, opt);
   const auto kept = opt.parameter_shards();
-  REQUIRE(kept.size() == trained.size());
+  REQUIRE(kept.size() == f.trained.size());
   for (std::size_t k = 0; k < kept.size(); ++k) {
     INFO("parameter " << k);
-    CHECK(same_bits(kept[k].tensor, trained[k]));
+    CHECK(same_bits(kept[k].tensor, f.trained[k]));
   }
+  // The stage-1 step run after it: its layout is the one reported again.
+  run_steps(s1, 5, 6);
+  CHECK(opt.parameter_shards().empty());
+}
+
+// A checkpoint describes the layout of the step that trains: one saved
+// right after another layout was planned (dist::PlanOnly, as frugal-plan
+// --ranks does) holds the trained state and shards, loads into a fresh run
+// of the trained step, and that run goes on as if nothing had been planned.
+TEST_CASE("zero: a checkpoint saved right after planning another layout resumes the trained step bit for bit",
+          "[zero][checkpoint]") {
+  const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-planned-", ::getpid(), ".safetensors");
+  const int saved_at = 3, steps = 6;
+  for (int stage : {1, 3}) {
+    INFO("stage " << stage);
+    nn::manual_seed(3);
+    ZeroMlp ref;
+    optim::AdamW ropt(ref.parameters(), {});
+    Step rs = compile_alone(ref, ropt, stage);
+    std::vector<float> want;
+    for (int k = 0; k < steps; ++k) want.push_back(run_steps(rs, k, k + 1));
+
+    nn::manual_seed(3);
+    ZeroMlp m;
+    optim::AdamW opt(m.parameters(), {});
+    Step s = compile_alone(m, opt, stage);
+    run_steps(s, 0, saved_at);
+    plan_rank(m, opt, 0, 2, stage);  // rank 0 of 2: a shard of every parameter large enough
+    io::save_checkpoint(path, m, opt, saved_at);
+
+    nn::manual_seed(11);  // other starting values: what resumes must come from the file
+    ZeroMlp fresh;
+    optim::AdamW fopt(fresh.parameters(), {});
+    Step fs = compile_alone(fresh, fopt, stage);
+    io::TrainingState st;
+    REQUIRE_NOTHROW(st = io::load_checkpoint(path, fresh, fopt));
+    fs.set_steps_run(st.step);
+    fs.parameters_changed();
+    for (int k = saved_at; k < steps; ++k) {
+      INFO("step " << k);
+      CHECK(bits(run_steps(fs, k, k + 1)) == bits(want[std::size_t(k)]));
+    }
+    rs.gather_parameters();
+    fs.gather_parameters();
+    for (std::size_t k = 0; k < ref.parameters().size(); ++k) {
+      INFO("parameter " << k);
+      CHECK(same_bits(fresh.parameters()[k], ref.parameters()[k]));
+    }
+    const auto got_state = fopt.state(), want_state = ropt.state();
+    REQUIRE(got_state.size() == want_state.size());
+    for (std::size_t k = 0; k < want_state.size(); ++k) {
+      INFO(want_state[k].slot << " of parameter " << want_state[k].param);
+      CHECK(same_bits(got_state[k].tensor, want_state[k].tensor));
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+// The first stage-3 step of a layout cuts its shards from the parameters'
+// values. A parameter another step keeps on NVMe has them in that step's
+// file until asked for (runtime/nvme_homes.hpp), not in its storage.
+TEST_CASE("zero: a stage-3 shard cut from a parameter that a step keeps on NVMe holds the parameter's values",
+          "[zero][nvme]") {
+  const auto dir = std::filesystem::temp_directory_path() / cat("frugal-zero-nvme-", ::getpid());
+  std::filesystem::create_directories(dir);
+  nn::manual_seed(3);
+  nn::Linear m{64, 64};  // a weight of 16 KiB: whole pages, which a step keeping it on NVMe gives back between steps
+  const std::vector<Tensor> ps = m.parameters();  // taken now: parameters() brings them back from NVMe
+  optim::AdamW opt(ps, {});
+  auto fn = [&](Var x) { return mean(m(x)); };
+  CompileOptions nvme;
+  nvme.threads = 1;
+  nvme.plan.nvme_offload.parameters = true;
+  Step s0 = compile(fn, {input<float>({4, 64})}, opt, Budget{.nvme_dir = dir.string()}, nvme);
+  Tensor x({4, 64});
+  for (int k = 0; k < 2; ++k) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.3f * float(i) + float(k));
+    s0.run(x);
+  }
+  REQUIRE(NvmeHomes::registry().held() > 0);  // the parameters live in s0's file between its steps
+  CompileOptions o;
+  o.communicator = dist::local();
+  o.zero_stage = 3;
+  o.threads = 1;
+  Step s3 = compile(fn, {input<float>({4, 64})}, opt, {}, o);
+  const auto shards = opt.parameter_shards();
+  REQUIRE(shards.size() == ps.size());
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    INFO("parameter " << k << " (" << ps[k].numel() << " elements)");
+    NvmeHomes::registry().bring_back(ps[k].raw());
+    CHECK(same_bits(shards[k].tensor, ps[k]));
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -137,30 +137,32 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   }
   std::string kind() const override { return "adamw"; }
   // Per parameter "exp_avg" and "exp_avg_sq", and "master" where it has
-  // master weights; "steps_taken" under loss scaling.
+  // master weights; "steps_taken" under loss scaling. Those of the step
+  // that trains (Optimizer::trains), not of a layout planned since.
   std::vector<StateTensor> state() const override {
-    for (std::size_t i = 0; i < params_.size(); ++i)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
-      for (const Tensor* t : {&m_[i], &v_[i], &master_[i]})
-        if (t->defined()) NvmeHomes::registry().bring_back(t->raw());
     std::vector<StateTensor> out;
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (m_[i].defined()) {
-        out.push_back({i, "exp_avg", m_[i]});
-        out.push_back({i, "exp_avg_sq", v_[i]});
-        if (master_[i].defined()) out.push_back({i, "master", master_[i]});
+      if (const Tensor m = exp_avg(i); m.defined()) {
+        out.push_back({i, "exp_avg", m});
+        out.push_back({i, "exp_avg_sq", exp_avg_sq(i)});
+        if (const Tensor w = master(i); w.defined()) out.push_back({i, "master", w});
       }
+    for (const StateTensor& s : out)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
+      NvmeHomes::registry().bring_back(s.tensor.raw());
     if (taken_.defined()) out.push_back({kNoParam, "steps_taken", taken_});
     return out;
   }
   // Steps whose update was applied: steps() unless loss scaling skipped some.
   std::int64_t steps_taken() const { return taken_.defined() ? taken_.data<std::int64_t>()[0] : h_->step; }
-  const Tensor& exp_avg(std::size_t i) const { return m_.at(i); }
-  const Tensor& exp_avg_sq(std::size_t i) const { return v_.at(i); }
-  // The f32 master copy of params()[i] (its ZeRO shard's elements under
-  // ZeRO) that the step compiled or planned last uses, as exp_avg(i) is;
-  // undefined where it has none (master_weights off, an f32/f64 parameter,
-  // or no step compiled yet).
-  const Tensor& master(std::size_t i) const { return master_.at(i); }
+  // The moments of params()[i] (its ZeRO shard's elements under ZeRO) that
+  // the step that trains uses (Optimizer::trains: the step made or run
+  // last; before any, the step planned last).
+  Tensor exp_avg(std::size_t i) const { return trained_state("exp_avg", i, m_.at(i)); }
+  Tensor exp_avg_sq(std::size_t i) const { return trained_state("exp_avg_sq", i, v_.at(i)); }
+  // The f32 master copy of params()[i] that that step uses, as exp_avg(i)
+  // is; undefined where it has none (master_weights off, an f32/f64
+  // parameter, or no step compiled yet).
+  Tensor master(std::size_t i) const { return trained_state("master", i, master_.at(i)); }
   // Copies the parameters' values into their master copies, for a program
   // that wrote bf16/f16 parameters itself after compiling (io::load_weights,
   // its own initialisation): otherwise the next step would start from the
@@ -170,7 +172,7 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   // tensors: there, write the parameters before compiling instead.
   void master_from_params() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      Tensor& w = master_[i];
+      Tensor w = master(i);
       if (!w.defined()) continue;
       if (w.numel() != params_[i].numel())
         fail("optim::AdamW::master_from_params: parameter ", i, "'s master copy holds a ZeRO shard (", w.numel(), " of ",
@@ -250,6 +252,8 @@ class AdamW final : public Optimizer, public SkippableOptimizer, public Schedule
   // Parameter groups (empty without): groups_[0] is h_; group_of_[i] is params()[i]'s.
   std::vector<std::shared_ptr<ops::AdamWHyper>> groups_;
   std::vector<std::size_t> group_of_;
+  // What state_tensor gave each slot last (the step prepared last): see
+  // exp_avg(i) and master(i) for the state of the step that trains.
   std::vector<Tensor> m_, v_;
   std::vector<Tensor> master_;     // f32 master copies, by parameter (undefined without)
   std::vector<char> wants_master_;  // master_weights of each parameter's group

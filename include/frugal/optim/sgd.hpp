@@ -111,19 +111,23 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   }
   std::string kind() const override { return "sgd"; }
   // Per parameter "momentum_buffer"; "steps_taken" under loss scaling.
+  // Those of the step that trains (Optimizer::trains), not of a layout
+  // planned since.
   std::vector<StateTensor> state() const override {
-    for (const Tensor& t : momentum_)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
-      if (t.defined()) NvmeHomes::registry().bring_back(t.raw());
     std::vector<StateTensor> out;
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (momentum_[i].defined()) out.push_back({i, "momentum_buffer", momentum_[i]});
+      if (const Tensor m = momentum_buffer(i); m.defined()) {
+        NvmeHomes::registry().bring_back(m.raw());  // from NVMe, where a step keeps them (nn::Module::named_parameters)
+        out.push_back({i, "momentum_buffer", m});
+      }
     if (taken_.defined()) out.push_back({kNoParam, "steps_taken", taken_});
     return out;
   }
   // Steps whose update was applied: steps() unless loss scaling skipped some.
   std::int64_t steps_taken() const { return taken_.defined() ? taken_.data<std::int64_t>()[0] : h_->step; }
-  // Momentum buffers, by parameter index (undefined until compiled).
-  const Tensor& momentum_buffer(std::size_t i) const { return momentum_.at(i); }
+  // Momentum buffers, by parameter index (undefined until compiled), of the
+  // step that trains (Optimizer::trains).
+  Tensor momentum_buffer(std::size_t i) const { return trained_state("momentum", i, momentum_.at(i)); }
 
  private:
   // Without momentum the buffer is never read back; it still gives the
@@ -146,7 +150,7 @@ class SGD final : public Optimizer, public SkippableOptimizer, public ScheduledO
   // Parameter groups (empty without): groups_[0] is h_; group_of_[i] is params()[i]'s.
   std::vector<std::shared_ptr<ops::SgdHyper>> groups_;
   std::vector<std::size_t> group_of_;
-  std::vector<Tensor> momentum_;
+  std::vector<Tensor> momentum_;  // what state_tensor gave each last (the step prepared last)
   Tensor taken_;
 };
 

@@ -242,6 +242,7 @@ struct Prepared {
   ValueId grad_norm = kNoValue;             // CompileOptions::clip_grad_norm's total norm
   Tensor skip_stats;                        // CompileOptions::skip_non_finite's counts
   std::function<void()> gather_parameters;  // stage 3: the shards into the module's tensors
+  std::shared_ptr<const Optimizer::Layout> optimizer_layout;  // the state and shards a training step trains
 };
 
 // Only calling the user's function is compiled where compile() is called:
@@ -355,6 +356,9 @@ struct PlannedStep {
   std::vector<ValueId> inputs;   // the step's inputs, in the order it takes them
   ValueId loss = kNoValue;       // a training step's loss
   std::vector<ValueId> outputs;  // an inference step's outputs
+  // A training step's optimizer state and stage-3 shards (a step made from
+  // this plan, PagedStep, hands them to Optimizer::trains).
+  std::shared_ptr<const Optimizer::Layout> optimizer_layout;
 };
 
 // Arguments in compile()'s order: function, inputs, [optimizer,] budget, options.

@@ -6,8 +6,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../graph/var.hpp"
@@ -75,8 +77,56 @@ class Optimizer {
     std::string slot;
     Tensor tensor;
   };
-  // Only tensors that exist: optimizers create their state when a step is compiled.
+  // Only tensors that exist: optimizers create their state when a step is
+  // compiled. The state of the step that trains (see trains()): an
+  // optimizer reports it with trained_state().
   virtual std::vector<StateTensor> state() const { return {}; }
+
+  // What one prepared training step trains, its layout: the tensor each
+  // state_tensor call gave a slot of a parameter's update, by slot name and
+  // parameter index, and its stage-3 parameter shards, by parameter index
+  // (undefined where it has none).
+  struct Layout {
+    std::map<std::pair<std::string, std::size_t>, Tensor> state;
+    std::vector<Tensor> shards;
+  };
+  // Compile calls it as it starts preparing a training step: what
+  // state_tensor and parameter_shard give from then on is that step's
+  // layout, prepared_layout().
+  void begin_layout() { prepared_ = std::make_shared<Layout>(); }
+  std::shared_ptr<const Layout> prepared_layout() {
+    preparing();
+    return prepared_;
+  }
+  // The step of layout `l` trains: a Step calls it when it is made and
+  // before each run (and, if the run fails, gives back the layout before).
+  // Planning alone (plan_training, dist::PlanOnly, frugal-plan --ranks, a
+  // stage search's trials) never does. state() and parameter_shards(), and
+  // so checkpoints, describe this layout: a checkpoint taken after another
+  // layout was planned is the trained step's, and one loaded after a step
+  // was compiled at another stage or rank count (io::load_gathered_checkpoint
+  // resharding a run) loads into that step's. Until a step is made, they
+  // describe the layout prepared last.
+  void trains(std::shared_ptr<const Layout> l) { trained_ = std::move(l); }
+  std::shared_ptr<const Layout> trained_layout() const { return trained_; }
+  // A step's run begins: its layout `l` trains (if it has one) and the
+  // step count advances (begin_step()). Returns what undo_run gives back
+  // if the run fails, which then counts for nothing.
+  struct RunStart {
+    std::int64_t steps = 0;
+    std::shared_ptr<const Layout> trained;
+  };
+  RunStart start_run(std::shared_ptr<const Layout> l) {
+    RunStart before{steps(), trained_};
+    if (l) trains(std::move(l));
+    begin_step();
+    return before;
+  }
+  void undo_run(const RunStart& before) {
+    set_steps(before.steps);
+    trains(before.trained);
+  }
+
   // ZeRO stage 3: this rank's shard of params()[index], the parameter the
   // step trains in its place. One per layout (the elements it holds), kept
   // while the optimizer lives, as state_tensor keeps the state: steps
@@ -94,7 +144,7 @@ class Optimizer {
   // as with state_tensor, a layout found again is as its steps left it:
   // what trained at another layout or stage since, or was written into the
   // parameter (io::load_weights), does not reach it. Checkpoints load into
-  // the shards of the step prepared last (parameter_shards); to move
+  // the shards of the step that trains (parameter_shards); to move
   // training to another layout, io::load_gathered_checkpoint cuts them from
   // the loaded parameters.
   Tensor parameter_shard(std::size_t index, const ZeroShard& s) {
@@ -104,29 +154,31 @@ class Optimizer {
       MetaScope meta(p.is_meta());  // planned, not run: a shard of shapes
       t = Tensor(Shape{s.length}, p.dtype());
       if (!p.is_meta()) {
+        NvmeHomes::registry().bring_back(p.raw());  // a parameter another step keeps on NVMe
         const std::size_t es = dtype_size(p.dtype());
         std::memcpy(t.raw(), static_cast<const char*>(p.raw()) + std::size_t(s.offset) * es,
                     std::size_t(s.length) * es);
       }
     }
-    if (shards_.size() < params().size()) shards_.resize(params().size());
-    shards_[index] = t;
+    Layout& l = preparing();
+    if (l.shards.size() < params().size()) l.shards.resize(params().size());
+    l.shards[index] = t;
     return t;
   }
-  // Compile calls it as it starts preparing a training step, whose shards
-  // (none below stage 3, none for a parameter too small to shard) are then
-  // all that parameter_shards() reports: a checkpoint must not save, nor
-  // io::save_gathered_checkpoint gather into the parameters, the shards of
-  // a layout the step does not train.
-  void forget_current_shards() { shards_.clear(); }
-  // The stage-3 shards of the training step prepared last, as checkpoint
-  // state ("parameter_shard" of each), as state() is that step's state.
+  // The stage-3 shards of the step that trains (trains()), as checkpoint
+  // state ("parameter_shard" of each), as state() is that step's state:
+  // none below stage 3 or for a parameter too small to shard, so a
+  // checkpoint does not save, nor io::save_gathered_checkpoint gather into
+  // the parameters, the shards of a layout that step does not train.
   std::vector<StateTensor> parameter_shards() const {
-    for (const Tensor& t : shards_)  // from NVMe, where a step keeps them (nn::Module::named_parameters)
-      if (t.defined()) NvmeHomes::registry().bring_back(t.raw());
+    const Layout* l = trained_ ? trained_.get() : prepared_.get();
     std::vector<StateTensor> out;
-    for (std::size_t i = 0; i < shards_.size(); ++i)
-      if (shards_[i].defined()) out.push_back({i, "parameter_shard", shards_[i]});
+    if (!l) return out;
+    for (std::size_t i = 0; i < l->shards.size(); ++i)
+      if (l->shards[i].defined()) {
+        NvmeHomes::registry().bring_back(l->shards[i].raw());  // from NVMe, where a step keeps them (nn::Module::named_parameters)
+        out.push_back({i, "parameter_shard", l->shards[i]});
+      }
     return out;
   }
 
@@ -143,37 +195,47 @@ class Optimizer {
   Shape state_shape(std::size_t index) const {
     return shard_ ? Shape{shard_->length} : params().at(index).shape();
   }
-  // A state tensor of params()[index]'s update, of state_shape(index): `t`
-  // itself when it already has that shape, else the tensor of that layout
-  // this slot had before, else a new zeroed one. Of the parameter's dtype
-  // unless `dtype` says otherwise (f32 state of a 16-bit parameter). `slot`
-  // names the state ("momentum", "exp_avg").
+  // A state tensor of params()[index]'s update, of state_shape(index),
+  // for the elements the update trains (the whole parameter's, or under a
+  // ShardScope the shard's, from its offset): the tensor of that layout
+  // this slot had before (`t` itself when it is that one), else a new
+  // zeroed one. Of the parameter's dtype unless `dtype` says otherwise (f32
+  // state of a 16-bit parameter). `slot` names the state ("momentum",
+  // "exp_avg"). `t` is the tensor the slot holds now: one state_tensor
+  // gave it is filed already; one the optimizer made itself is filed as
+  // the state of the elements from the parameter's first on.
   //
   // Every layout a slot was given is kept, with its values: a step prepared
   // at another ZeRO stage or rank count (a trial the planner prices, a
   // broker probing a new step) gets state of its own layout and the slot
   // points at it, but preparing at a layout seen before finds that layout's
   // tensor again, so a step re-prepared at its own stage (a re-plan, the
-  // next shape of a ShapeCache) goes on from the state it trained. The
-  // price: a kept layout's bytes stay allocated while the optimizer lives
-  // (a trial's shard is 1/N of the parameter's state). Not a resharding:
-  // a step that trains at one stage, then at another, then at the first
-  // again finds the first stage's state as it left it, not what the other
-  // trained since (to change stages mid-run, go through a gathered
-  // checkpoint, io::save_gathered_checkpoint).
+  // next shape of a ShapeCache) goes on from the state it trained. A layout
+  // is the elements held, not only their count: rank 1's shard of a
+  // parameter planned with rank 0's optimizer (dist::PlanOnly) is as long
+  // as rank 0's but gets state of its own. The price: a kept layout's bytes
+  // stay allocated while the optimizer lives (a trial's shard is 1/N of the
+  // parameter's state). Not a resharding: a step that trains at one stage,
+  // then at another, then at the first again finds the first stage's state
+  // as it left it, not what the other trained since (to change stages
+  // mid-run, go through a gathered checkpoint, io::save_gathered_checkpoint).
   Tensor state_tensor(const char* slot, const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) {
-    Shape s = state_shape(index);
+    const Shape s = state_shape(index);
     const Tensor& p = params().at(index);
     const DType dt = dtype.value_or(p.dtype());
-    auto key = [&](const Shape& shape, DType d) { return cat(slot, '#', index, '#', shape.str(), '#', dtype_name(d)); };
-    if (t.defined()) layouts_[key(t.shape(), t.dtype())] = t;
-    if (t.defined() && t.shape() == s && t.dtype() == dt) return t;
-    auto it = layouts_.find(key(s, dt));
-    if (it != layouts_.end()) return it->second;
-    MetaScope meta(p.is_meta());  // a meta parameter's state is planned, never allocated
-    Tensor fresh(s, dt);
-    layouts_.emplace(key(s, dt), fresh);
-    return fresh;
+    if (t.defined() && !filed_.count(t.raw())) file({slot, index, 0, t.shape().str(), t.dtype()}, t);
+    const StateKey key{slot, index, shard_ ? shard_->offset : 0, s.str(), dt};
+    auto it = layouts_.find(key);
+    Tensor out;
+    if (it != layouts_.end()) {
+      out = it->second;
+    } else {
+      MetaScope meta(p.is_meta());  // a meta parameter's state is planned, never allocated
+      out = Tensor(s, dt);
+      file(key, out);
+    }
+    preparing().state[{slot, index}] = out;
+    return out;
   }
   // The same, for a slot known by where `t` lives (the optimizer's own
   // member, e.g. m_[i], whose address stays put): for optimizers written
@@ -208,6 +270,18 @@ class Optimizer {
     std::memcpy(out.raw(), static_cast<const char*>(p.raw()) + from, out.nbytes());
     return out;
   }
+  // The tensor of `slot` (as state_tensor was given it) of params()[index]'s
+  // update in the layout of the step that trains (trains()), for state()
+  // and the like to report; `latest`, the tensor the slot holds now (what
+  // state_tensor gave it last), where that step has none (no step has been
+  // made, or it does not update the parameter).
+  Tensor trained_state(const char* slot, std::size_t index, const Tensor& latest) const {
+    if (trained_) {
+      auto it = trained_->state.find({slot, index});
+      if (it != trained_->state.end()) return it->second;
+    }
+    return latest;
+  }
   // Appends an update op whose input 0 is the parameter it writes; under a
   // ShardScope it runs on the shard (ops::ShardedUpdate).
   std::vector<Var> apply_update(std::shared_ptr<Op> op, std::vector<Var> inputs) {
@@ -224,10 +298,23 @@ class Optimizer {
   std::optional<ZeroShard> shard_;
   bool wrap_ = true;
   int sharded_applies_ = 0;
-  std::vector<Tensor> shards_;  // the shards of the training step prepared last, by index
+  // state_tensor's key of a layout of a slot: slot, parameter index, offset
+  // of the first element held, shape, dtype.
+  using StateKey = std::tuple<std::string, std::size_t, std::int64_t, std::string, DType>;
+  void file(const StateKey& key, const Tensor& t) {
+    layouts_[key] = t;
+    filed_.insert(t.raw());
+  }
+  Layout& preparing() {
+    if (!prepared_) begin_layout();
+    return *prepared_;
+  }
+  std::shared_ptr<Layout> prepared_;        // the training step prepared last (or being prepared)
+  std::shared_ptr<const Layout> trained_;   // the step that trains (trains())
   // parameter_shard's: every layout of every parameter, by index, offset, length
   std::map<std::tuple<std::size_t, std::int64_t, std::int64_t>, Tensor> shard_layouts_;
-  std::map<std::string, Tensor> layouts_;  // state_tensor's: every layout of every slot, by slot, index, shape, dtype
+  std::map<StateKey, Tensor> layouts_;  // state_tensor's: every layout of every slot
+  std::set<const void*> filed_;         // the storage of each tensor in layouts_
 };
 
 }  // namespace frugal

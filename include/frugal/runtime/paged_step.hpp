@@ -71,8 +71,8 @@ class PagedStep {
   // naming the op and the bytes.
   PagedStep(const PlannedStep& planned, Optimizer* opt, std::size_t capacity, CompileOptions o = {})
       : graph_(planned.graph), schedule_(planned.plan.schedule), inputs_(planned.inputs), loss_(planned.loss),
-        outputs_(planned.outputs), opt_(opt), capacity_(capacity), threads_(o.threads), trace_(trace_of(planned)),
-        next_(trace_), slots_(trace_.tensors.size()) {
+        outputs_(planned.outputs), opt_(opt), layout_(planned.optimizer_layout), capacity_(capacity),
+        threads_(o.threads), trace_(trace_of(planned)), next_(trace_), slots_(trace_.tensors.size()) {
     backend_ = detail::backend_for(o);
     if (!backend_->host_addressable())
       fail<BudgetError>("PagedStep: backend '", backend_->name(), "' keeps its tensors in memory of its own; the run-time "
@@ -157,6 +157,7 @@ class PagedStep {
   ValueId loss_ = kNoValue;
   std::vector<ValueId> outputs_;
   Optimizer* opt_ = nullptr;
+  std::shared_ptr<const Optimizer::Layout> layout_;  // the state and shards it trains (Optimizer::trains)
   std::size_t capacity_ = 0;
   int threads_ = 0;
   std::shared_ptr<Backend> backend_;
@@ -329,8 +330,8 @@ inline float PagedStep::run_inputs(std::span<const Tensor* const> inputs) {
   }
   for (std::size_t k = 0; k < inputs.size(); ++k) slots_[std::size_t(inputs_[k])].host = inputs[k]->raw();
   last_.peak_bytes = used_;
-  const std::int64_t optimizer_steps = opt_ ? opt_->steps() : 0;
-  if (opt_) opt_->begin_step();
+  Optimizer::RunStart before;
+  if (opt_) before = opt_->start_run(layout_);
   try {
     const std::size_t N = schedule_.size();
     std::vector<TensorRef> in, out;
@@ -380,7 +381,7 @@ inline float PagedStep::run_inputs(std::span<const Tensor* const> inputs) {
     backend_->synchronize();
     finish_run();
   } catch (...) {
-    if (opt_) opt_->set_steps(optimizer_steps);
+    if (opt_) opt_->undo_run(before);
     drop_all();  // the user's tensors were never written: the pool's copies go
     throw;
   }

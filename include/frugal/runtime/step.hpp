@@ -43,6 +43,8 @@ class Step {
     Tensor skip_stats;             // CompileOptions::skip_non_finite's i64[2] {skipped, last skipped}
     std::function<void()> gather_parameters;  // ZeRO stage 3: the shards into the module's tensors
     std::vector<ModeRead> modes;  // train/eval flags the step was captured under, checked before each run
+    // The optimizer's state and stage-3 shards this step trains (Optimizer::trains).
+    std::shared_ptr<const Optimizer::Layout> optimizer_layout;
   };
 
   explicit Step(Parts p);

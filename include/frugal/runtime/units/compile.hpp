@@ -134,7 +134,7 @@ static int zero_stage_of(const CompileOptions& o) {
 static std::pair<bool, std::string> overlap_choice(const CompileOptions& o, const std::string& backend);
 
 void gather_parameters_from_shards(Captured& c, Optimizer& opt, const CompileOptions& o, const std::string& backend) {
-  opt.forget_current_shards();
+  opt.begin_layout();  // the state and shards this step trains, from here on
   if (!o.communicator || o.zero_stage.value_or(0) != 3) return;
   auto gathered = std::make_shared<std::vector<GatheredParameter>>();
   c.gathered = gathered;
@@ -458,6 +458,7 @@ Prepared prepare_training(std::shared_ptr<Backend> backend, Captured c, Optimize
     p.roots.push_back(p.c.results[i].id);
   }
   g.set_phase(previous);
+  p.optimizer_layout = opt.prepared_layout();
   return p;
 }
 
@@ -633,7 +634,7 @@ static PlannedStep planned_step(PlannedPrepared pp, const std::vector<InputSpec>
   for (auto& s : specs) in += s.meta.nbytes();
   const bool copies = !pp.p.backend->host_addressable();
   return {std::move(pp.p.c.graph), std::move(pp.plan), std::move(pp.p.roots), in, copies, std::move(pp.p.c.inputs),
-          pp.p.loss, std::move(pp.p.outputs)};
+          pp.p.loss, std::move(pp.p.outputs), std::move(pp.p.optimizer_layout)};
 }
 
 PlannedStep planned(Prepared p, const std::vector<InputSpec>& specs, const Budget& budget, const CompileOptions& o) {
@@ -896,6 +897,7 @@ static Step build_step(PlannedPrepared pp, const Budget& budget, const CompileOp
   parts.plan = std::move(pp.plan);
   parts.backend = p.backend;
   parts.optimizer = p.opt;
+  parts.optimizer_layout = p.optimizer_layout;
   parts.modes = std::move(p.c.modes);
   parts.inputs = std::move(p.c.inputs);
   parts.loss = p.loss;

@@ -21,6 +21,9 @@ Step::Step(Parts p) : p_(std::move(p)) {
   }
   executor_ = std::make_unique<Executor>(p_.graph, p_.plan, *p_.backend, p_.nvme_dir);
   for (ValueId o : p_.outputs) outputs_.emplace_back(p_.graph->value(o).meta.shape, p_.graph->value(o).meta.dtype);
+  // A step made trains: checkpoints describe its state until another is
+  // made or runs (a checkpoint loaded now, resharding a run, loads into it).
+  if (p_.optimizer && p_.optimizer_layout) p_.optimizer->trains(p_.optimizer_layout);
 }
 Step::Step(Step&&) noexcept = default;
 Step& Step::operator=(Step&&) noexcept = default;
@@ -75,8 +78,8 @@ void Step::stage(std::span<const Tensor* const> inputs) {
 
 float Step::execute() {
   ScopedThreads threads(p_.threads);  // this thread's OpenMP (and so BLAS) count, for this run only
-  const std::int64_t optimizer_steps = p_.optimizer ? p_.optimizer->steps() : 0;
-  if (p_.optimizer) p_.optimizer->begin_step();
+  Optimizer::RunStart before;
+  if (p_.optimizer) before = p_.optimizer->start_run(p_.optimizer_layout);
   const bool timed = p_.replanner && !replanned_ && !replan_due_ && timed_steps_ >= 0 && steps_ > 0;
   if (timed && !recorder_) recorder_ = std::make_unique<plan::OpTimeRecorder>(p_.graph->num_nodes());
   auto t0 = std::chrono::steady_clock::now();
@@ -87,7 +90,7 @@ float Step::execute() {
     // (the step's own is advanced only after a run that finished), so the
     // next step's bias correction and random streams are the ones it would
     // have had without the failure.
-    if (p_.optimizer) p_.optimizer->set_steps(optimizer_steps);
+    if (p_.optimizer) p_.optimizer->undo_run(before);
     throw;
   }
   if (timed) {
