@@ -30,6 +30,7 @@
 #include <frugal/backend/cpu/blas.hpp>  // the BLAS thread count, restored after a one-thread step
 
 #include "bytes_of.hpp"
+#include "cpu_isa_scope.hpp"
 #include "mixed_helpers.hpp"
 #include "reference_mixed.hpp"
 #include "reference_xfmr.hpp"
@@ -401,6 +402,163 @@ TEST_CASE("bf16/f16 AdamW and SGD update in f32 and round parameter and state on
   }
 }
 
+// ---- batch norm (the bf16 ResNet) ----------------------------------------------
+
+namespace {
+
+// x [2, 3, 17, 19]: 323 values a plane, more than one conversion block
+// (bulk::kBlock = 256) and not a whole number of the kernels' 8 lanes, so
+// the blocks, the lanes and the tail are all exercised; N H W = 646 per
+// channel.
+const Shape kBnX{2, 3, 17, 19};
+constexpr std::int64_t kBnC = 3;
+
+// The running statistics of an eval-mode batch norm, in the compute dtype
+// of dt (f32 for bf16/f16), as state.
+std::vector<Var> bn_running(DType dt) {
+  const DType st = compute_dtype(dt);
+  return {persistent_var(tensor_of({0.25, -0.5, 0.125}, Shape{kBnC}, st), ValueKind::state, "running_mean"),
+          persistent_var(tensor_of({0.5, 1.5, 2.0}, Shape{kBnC}, st), ValueKind::state, "running_var")};
+}
+
+// The instruction sets this CPU runs, narrowest first: the kernels'
+// run_widest copies must give the bits of the plain x86-64 build.
+std::vector<cpu::CpuIsa> isas_here() {
+  std::vector<cpu::CpuIsa> out;
+  for (cpu::CpuIsa i : {cpu::CpuIsa::base, cpu::CpuIsa::avx2, cpu::CpuIsa::avx512})
+    if (i <= cpu::widest_cpu_isa()) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16/f16 batch_norm2d and its backward compute in f32 with f32 statistics, rounded once",
+          "[bf16gpt][bn]") {
+  for (const Format16& h : kFormats) {
+    for (bool relu : {false, true}) {
+      INFO(dtype_name(h.dtype) << (relu ? " with a ReLU epilogue" : ""));
+      std::vector<double> x = draw(61, kBnX.numel(), 0.1, 2, h.fmt), w = draw(62, kBnC, 0.5, 1.5, h.fmt),
+                          b = draw(63, kBnC, 0.1, 1, h.fmt), r = draw(64, kBnX.numel(), 0.1, 1, h.fmt);
+      auto ins = [&](DType dt) {
+        return std::vector<Tensor>{tensor_of(x, kBnX, dt), tensor_of(w, {kBnC}, dt), tensor_of(b, {kBnC}, dt)};
+      };
+      // Training mode: y and the batch statistics.
+      BuildAll train = [relu](const std::vector<Var>& v) {
+        return frugal::apply(std::make_shared<ops::BatchNorm2dTrain>(1e-5, relu), {v[0], v[1], v[2]});
+      };
+      std::vector<Tensor> o16 = run_all(train, ins(h.dtype)), o32 = run_all(train, ins(DType::f32)),
+                          o64 = run_all(train, ins(DType::f64));
+      REQUIRE(o16[0].dtype() == h.dtype);
+      REQUIRE(o16[1].dtype() == DType::f32);  // the batch mean and variance stay f32
+      REQUIRE(o16[2].dtype() == DType::f32);
+      expect_rounded_once("batch_norm2d y vs f32", values(o16[0]), values(o32[0]), h.fmt);
+      CHECK(bytes_of(o16[1]) == bytes_of(o32[1]));  // the statistics are the f32 kernel's own
+      CHECK(bytes_of(o16[2]) == bytes_of(o32[2]));
+      // f64: a lane sums at most 646 / 8 < 81 values of size <= 2 in f32, so
+      // the sums are within 81 * 2^-24 of their magnitude (<= 1292): the
+      // mean within 2^-16, the variance (about 1.3) within 2^-16 relative.
+      // With sigma >= 1 and |xhat| <= 3 that moves xhat by under 2^-15 and
+      // y (gamma <= 1.5) by under 2^-14; the normalisation's own f32
+      // roundings add 2^-22 |y|. So u |y| + 2^-14 (1 + max |y|) holds, and a
+      // second rounding to 16 bits (another u |y| >= 2^-9 |y|) would not.
+      std::vector<double> want = values(o64[0]);
+      expect_within("batch_norm2d y vs f64", values(o16[0]), want, bound_of(want, h.fmt, 0x1p-14 * (1 + max_abs(want))));
+
+      // Backward (dx, dweight, dbias) for dy = R.
+      Build y = [relu](const std::vector<Var>& v) {
+        return frugal::apply(std::make_shared<ops::BatchNorm2dTrain>(1e-5, relu), {v[0], v[1], v[2]}).at(0);
+      };
+      std::vector<Tensor> g16 = grads_of(y, ins(h.dtype), tensor_of(r, kBnX, h.dtype)),
+                          g32 = grads_of(y, ins(DType::f32), tensor_of(r, kBnX, DType::f32)),
+                          g64 = grads_of(y, ins(DType::f64), tensor_of(r, kBnX, DType::f64));
+      const char* names[] = {"dx", "dweight", "dbias"};
+      for (std::size_t i = 0; i < 3; ++i) {
+        INFO(names[i]);
+        REQUIRE(g16[i].dtype() == h.dtype);
+        expect_rounded_once(std::string("batch_norm2d ") + names[i] + " vs f32", values(g16[i]), values(g32[i]), h.fmt);
+        // dx = gamma/sigma (dy - mean(dy) - xhat mean(dy xhat)) cancels, so
+        // its f32 error is relative to the largest term (|dy| <= 1, the
+        // means' sums as above within 2^-16 of it); dweight and dbias are
+        // sums of 646 terms in f32 lanes (2^-17 of their magnitude) rounded
+        // once from double. 2^-12 of the largest gradient covers both with
+        // room; a second 16-bit rounding of the terms would not fit.
+        std::vector<double> want64 = values(g64[i]);
+        expect_within(std::string("batch_norm2d ") + names[i] + " vs f64", values(g16[i]), want64,
+                      bound_of(want64, h.fmt, 0x1p-12 * max_abs(want64)));
+      }
+
+      // Eval mode, with f32 running statistics: forward and backward.
+      Build eval = [relu](const std::vector<Var>& v) {
+        std::vector<Var> rs = bn_running(v[0].dtype());
+        return frugal::apply(std::make_shared<ops::BatchNorm2dEval>(1e-5, relu), {v[0], v[1], v[2], rs[0], rs[1]}).at(0);
+      };
+      const Tensor e16 = run(eval, ins(h.dtype)), e32 = run(eval, ins(DType::f32)), e64 = run(eval, ins(DType::f64));
+      expect_rounded_once("batch_norm2d_eval y vs f32", values(e16), values(e32), h.fmt);
+      want = values(e64);  // an affine map per channel: two f32 roundings of |y| and one of the mean
+      expect_within("batch_norm2d_eval y vs f64", values(e16), want, bound_of(want, h.fmt, 0x1p-20 * (1 + max_abs(want))));
+      std::vector<Tensor> ge16 = grads_of(eval, ins(h.dtype), tensor_of(r, kBnX, h.dtype)),
+                          ge32 = grads_of(eval, ins(DType::f32), tensor_of(r, kBnX, DType::f32));
+      for (std::size_t i = 0; i < 3; ++i)
+        expect_rounded_once(std::string("batch_norm2d_eval ") + names[i] + " vs f32", values(ge16[i]), values(ge32[i]),
+                            h.fmt);
+    }
+  }
+}
+
+TEST_CASE("batch norm's 16-bit and f32 kernels give the same bits in every instruction set", "[bf16gpt][bn][isa]") {
+  test_support::KeepCpuIsa keep;
+  std::vector<double> x = draw(71, kBnX.numel(), 0.1, 2, ref::kBf16), w = draw(72, kBnC, 0.5, 1.5, ref::kBf16),
+                      b = draw(73, kBnC, 0.1, 1, ref::kBf16), r = draw(74, kBnX.numel(), 0.1, 1, ref::kBf16);
+  Build y = [](const std::vector<Var>& v) { return batch_norm2d_train(v[0], v[1], v[2]).y; };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<Tensor> ins{tensor_of(x, kBnX, dt), tensor_of(w, {kBnC}, dt), tensor_of(b, {kBnC}, dt)};
+    std::vector<std::vector<char>> first;
+    for (cpu::CpuIsa isa : isas_here()) {
+      INFO(dtype_name(dt) << " on " << cpu::isa_name(isa));
+      cpu::forced_cpu_isa = int(isa);
+      std::vector<std::vector<char>> got{bytes_of(run(y, ins))};
+      for (const Tensor& g : grads_of(y, ins, tensor_of(r, kBnX, dt))) got.push_back(bytes_of(g));
+      if (first.empty()) first = got;
+      else CHECK(got == first);
+    }
+  }
+}
+
+TEST_CASE("batch norm refuses 16-bit running statistics, and nn::BatchNorm2d keeps them in f32", "[bf16gpt][bn][errors]") {
+  {
+    Graph g;
+    CaptureScope scope(g);
+    Var x{&g, g.add_input({DType::bf16, Shape{2, 3, 4, 4}}, "x")};
+    Var p{&g, g.add_input({DType::bf16, Shape{3}}, "p")};
+    const std::string m = shape_error([&] { batch_norm2d_eval(x, p, p, p, p); });
+    CHECK_THAT(m, Contains("batch_norm2d_eval") && Contains("running_mean bf16[3]") && Contains("must be f32") &&
+                      Contains("statistics in f32"));
+    Var w32{&g, g.add_input({DType::f32, Shape{3}}, "w")};
+    CHECK_THAT(shape_error([&] { batch_norm2d_train(x, w32, p); }),
+               Contains("batch_norm2d") && Contains("weight f32[3]") && Contains("must be bf16"));
+  }
+  for (const Format16& h : kFormats) {
+    INFO(dtype_name(h.dtype));
+    for (bool one_d : {false, true}) {
+      std::unique_ptr<nn::Layer> bn;
+      if (one_d) bn = std::make_unique<nn::BatchNorm1d>(3, nn::BatchNormOptions{.dtype = h.dtype});
+      else bn = std::make_unique<nn::BatchNorm2d>(3, nn::BatchNormOptions{.dtype = h.dtype});
+      std::map<std::string, Tensor> t;
+      for (auto& [name, tensor] : bn->named_parameters()) t[name] = tensor;
+      for (auto& [name, tensor] : bn->named_buffers()) t[name] = tensor;
+      CHECK(t.at("weight").dtype() == h.dtype);
+      CHECK(t.at("bias").dtype() == h.dtype);
+      CHECK(values(t.at("weight")) == std::vector<double>{1, 1, 1});
+      CHECK(values(t.at("bias")) == std::vector<double>{0, 0, 0});
+      CHECK(t.at("running_mean").dtype() == DType::f32);
+      CHECK(t.at("running_var").dtype() == DType::f32);
+      CHECK(values(t.at("running_var")) == std::vector<double>{1, 1, 1});
+      CHECK(t.at("num_batches_tracked").dtype() == DType::i64);
+    }
+  }
+  CHECK_THROWS_WITH(nn::BatchNorm2d(3, {.dtype = DType::i32}), Contains("nn::BatchNorm2d") && Contains("i32"));
+}
+
 // ---- ops without 16-bit kernels ----------------------------------------------
 
 TEST_CASE("an op without bf16/f16 kernels still refuses them at capture, naming the op and the dtype",
@@ -604,3 +762,4 @@ TEST_CASE("an f16 GPT trains under dynamic loss scaling: its loss falls and trac
   CHECK(f32.back() < 0.05f * f32.front());
   CHECK(f16.back() < 0.05f * f16.front());
 }
+

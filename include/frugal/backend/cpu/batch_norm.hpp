@@ -1,13 +1,25 @@
 #pragma once
 // Batch normalisation kernels. Channels are split over threads; a channel's
 // values (N rows of H*W) are summed row by row in a fixed order, each row in
-// eight lanes of T (so the compiler can vectorise without reassociating),
-// the rows in double. The mean is rounded to T once, and the forward, the
-// variance and the backward all use that rounded mean, so they agree.
+// eight lanes of the compute type C (so the compiler can vectorise without
+// reassociating), the rows in double. The mean is rounded to C once, and
+// the forward, the variance and the backward all use that rounded mean, so
+// they agree.
+//
+// bf16/f16 (storage S) are read into f32 (C) a block at a time, through the
+// bulk conversions (convert.hpp), and every 16-bit output rounded once on
+// store; the statistics stay f32 (ops/batch_norm.hpp). Each element sees
+// the f32 kernel's operations in the f32 kernel's order, so a 16-bit
+// result is the f32 kernel's result on the same values, rounded once. The
+// loops run in the widest instruction set the CPU has (run_widest: the
+// same bits, wider vectors).
 #include <cmath>
+#include <type_traits>
 
 #include "../../ops/batch_norm.hpp"
 #include "../../runtime/backend.hpp"
+#include "convert.hpp"
+#include "isa.hpp"
 #include "parallel.hpp"
 
 #include "abi.hpp"
@@ -17,57 +29,114 @@ namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 namespace bn_detail {
 
 constexpr int kLanes = 8;
+static_assert(bulk::kBlock % kLanes == 0, "a row's lanes must not depend on where its blocks start");
 
-template <class T>
-inline double row_sum(const T* __restrict x, std::int64_t n) {
-  T acc[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
-  double s = 0;
-  for (int j = 0; j < kLanes; ++j) s += double(acc[j]);
-  for (; i < n; ++i) s += double(x[i]);
-  return s;
+// body(v, m) over x[0, n) read as C: the row itself where S is C, else
+// blocks of it widened into a buffer.
+template <class C, class S, class Body>
+inline void in_blocks(const S* __restrict x, std::int64_t n, Body&& body) {
+  if constexpr (std::is_same_v<S, C>) {
+    body(x, n);
+  } else {
+    C buf[bulk::kBlock];
+    for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
+      const int m = int(std::min<std::int64_t>(bulk::kBlock, n - i));
+      convert_block(x + i, buf, m);
+      body(static_cast<const C*>(buf), std::int64_t(m));
+    }
+  }
+}
+
+// The same over two rows of equal length.
+template <class C, class S, class Body>
+inline void in_blocks2(const S* __restrict x, const S* __restrict z, std::int64_t n, Body&& body) {
+  if constexpr (std::is_same_v<S, C>) {
+    body(x, z, n);
+  } else {
+    C bx[bulk::kBlock], bz[bulk::kBlock];
+    for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
+      const int m = int(std::min<std::int64_t>(bulk::kBlock, n - i));
+      convert_block(x + i, bx, m);
+      convert_block(z + i, bz, m);
+      body(static_cast<const C*>(bx), static_cast<const C*>(bz), std::int64_t(m));
+    }
+  }
+}
+
+// y[0, n) = f(v) for v = x[0, n) read as C, stored as S (y may be x).
+template <class C, class S, class F>
+inline void map_row(const S* x, S* y, std::int64_t n, F&& f) {
+  if constexpr (std::is_same_v<S, C>) {
+    for (std::int64_t q = 0; q < n; ++q) y[q] = f(x[q]);
+  } else {
+    C buf[bulk::kBlock];
+    for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
+      const int m = int(std::min<std::int64_t>(bulk::kBlock, n - i));
+      convert_block(x + i, buf, m);
+      for (int q = 0; q < m; ++q) buf[q] = f(buf[q]);
+      convert_block(static_cast<const C*>(buf), y + i, m);
+    }
+  }
+}
+
+// Sums of terms over a row: whole groups of kLanes in kLanes accumulators
+// of C, summed in double, then the last n % kLanes terms in double. Every
+// block but the last is a whole number of groups, so the lanes see the
+// same terms in the same order however the row was cut into blocks.
+template <class C, int K>
+struct LaneSums {
+  C acc[K][kLanes] = {};
+  C rest[K][kLanes] = {};
+  int nrest = 0;
+  template <class Term>
+  void add(std::int64_t m, Term&& term) {  // term(i, k): term k of element i of the block
+    std::int64_t i = 0;
+    for (; i + kLanes <= m; i += kLanes)
+      for (int k = 0; k < K; ++k)
+        for (int j = 0; j < kLanes; ++j) acc[k][j] += term(i + j, k);
+    for (; i < m; ++i, ++nrest)
+      for (int k = 0; k < K; ++k) rest[k][nrest] = term(i, k);
+  }
+  void into(double (&s)[K]) const {
+    for (int k = 0; k < K; ++k) {
+      for (int j = 0; j < kLanes; ++j) s[k] += double(acc[k][j]);
+      for (int r = 0; r < nrest; ++r) s[k] += double(rest[k][r]);
+    }
+  }
+};
+
+template <class C, class S>
+inline double row_sum(const S* __restrict x, std::int64_t n) {
+  LaneSums<C, 1> l;
+  in_blocks<C>(x, n, [&](const C* v, std::int64_t m) { l.add(m, [v](std::int64_t i, int) { return v[i]; }); });
+  double s[1] = {0};
+  l.into(s);
+  return s[0];
 }
 
 // sum (x - m)^2
-template <class T>
-inline double row_sq_dev(const T* __restrict x, std::int64_t n, T m) {
-  T acc[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      T d = x[i + j] - m;
-      acc[j] += d * d;
-    }
-  double s = 0;
-  for (int j = 0; j < kLanes; ++j) s += double(acc[j]);
-  for (; i < n; ++i) {
-    T d = x[i] - m;
-    s += double(d * d);
-  }
-  return s;
+template <class C, class S>
+inline double row_sq_dev(const S* __restrict x, std::int64_t n, C mean) {
+  LaneSums<C, 1> l;
+  in_blocks<C>(x, n, [&](const C* v, std::int64_t m) {
+    l.add(m, [v, mean](std::int64_t i, int) {
+      C d = v[i] - mean;
+      return d * d;
+    });
+  });
+  double s[1] = {0};
+  l.into(s);
+  return s[0];
 }
 
-// sum dy and sum dy * (x - m)
-template <class T>
-inline void row_grad_sums(const T* __restrict x, const T* __restrict dy, std::int64_t n, T m, double& sdy,
-                          double& sdyx) {
-  T a[kLanes] = {}, b[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      a[j] += dy[i + j];
-      b[j] += dy[i + j] * (x[i + j] - m);
-    }
-  for (int j = 0; j < kLanes; ++j) {
-    sdy += double(a[j]);
-    sdyx += double(b[j]);
-  }
-  for (; i < n; ++i) {
-    sdy += double(dy[i]);
-    sdyx += double(dy[i] * (x[i] - m));
-  }
+// sums[0] += sum dy, sums[1] += sum dy * (x - m)
+template <class C, class S>
+inline void row_grad_sums(const S* __restrict x, const S* __restrict dy, std::int64_t n, C mean, double (&sums)[2]) {
+  LaneSums<C, 2> l;
+  in_blocks2<C>(x, dy, n, [&](const C* xv, const C* gv, std::int64_t m) {
+    l.add(m, [xv, gv, mean](std::int64_t i, int k) { return k == 0 ? gv[i] : gv[i] * (xv[i] - mean); });
+  });
+  l.into(sums);
 }
 
 struct Dims {
@@ -83,59 +152,68 @@ inline T inv_std(T var, double eps) {
 
 // y[q] = (x[q] - mean) * scale + shift over one row, then math::Relu with
 // a fused ReLU epilogue: the bits the unfused relu kernel makes of what
-// the normalisation would have stored.
-template <class T>
-inline void normalise_row(const T* __restrict x, T* __restrict y, std::int64_t n, T mean, T scale, T shift, bool relu) {
+// the normalisation would have stored (relu commutes with the rounding to
+// 16 bits).
+template <class C, class S>
+inline void normalise_row(const S* __restrict x, S* __restrict y, std::int64_t n, C mean, C scale, C shift, bool relu) {
   if (relu) {
     const math::Relu f;
-    for (std::int64_t q = 0; q < n; ++q) y[q] = f((x[q] - mean) * scale + shift);
+    map_row<C>(x, y, n, [=](C v) { return f((v - mean) * scale + shift); });
   } else {
-    for (std::int64_t q = 0; q < n; ++q) y[q] = (x[q] - mean) * scale + shift;
+    map_row<C>(x, y, n, [=](C v) { return (v - mean) * scale + shift; });
   }
 }
 
 }  // namespace bn_detail
 
 inline void batch_norm2d_train_kernel(const ops::BatchNorm2dTrain& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "batch_norm2d", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, "batch_norm2d", [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
     using namespace bn_detail;
     const Dims d = dims_of(*a.in[0].shape);
-    const T *x = a.in[0].as<T>(), *gamma = a.in[1].as<T>(), *beta = a.in[2].as<T>();
-    T *y = a.out[0].as<T>(), *mean_out = a.out[1].as<T>(), *var_out = a.out[2].as<T>();
+    const S *x = a.in[0].as<S>(), *gamma = a.in[1].as<S>(), *beta = a.in[2].as<S>();
+    S* y = a.out[0].as<S>();
+    C *mean_out = a.out[1].as<C>(), *var_out = a.out[2].as<C>();
     const double eps = op.eps(), inv_count = 1.0 / double(d.count());
     parallel_for(d.c, 4 * d.count(), [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t c = b; c < e; ++c) {
-        double s = 0;
-        for (std::int64_t i = 0; i < d.n; ++i) s += bn_detail::row_sum(x + (i * d.c + c) * d.hw, d.hw);
-        const T mean = T(s * inv_count);
-        double ss = 0;
-        for (std::int64_t i = 0; i < d.n; ++i) ss += row_sq_dev(x + (i * d.c + c) * d.hw, d.hw, mean);
-        const T var = T(ss * inv_count);
-        const T scale = inv_std(var, eps) * gamma[c], shift = beta[c];
-        for (std::int64_t i = 0; i < d.n; ++i)
-          normalise_row(x + (i * d.c + c) * d.hw, y + (i * d.c + c) * d.hw, d.hw, mean, scale, shift, op.relu());
-        mean_out[c] = mean;
-        var_out[c] = var;
-      }
+      run_widest([&] {
+        for (std::int64_t c = b; c < e; ++c) {
+          double s = 0;
+          for (std::int64_t i = 0; i < d.n; ++i) s += row_sum<C>(x + (i * d.c + c) * d.hw, d.hw);
+          const C mean = C(s * inv_count);
+          double ss = 0;
+          for (std::int64_t i = 0; i < d.n; ++i) ss += row_sq_dev<C>(x + (i * d.c + c) * d.hw, d.hw, mean);
+          const C var = C(ss * inv_count);
+          const C scale = inv_std(var, eps) * math::convert<C>(gamma[c]), shift = math::convert<C>(beta[c]);
+          for (std::int64_t i = 0; i < d.n; ++i)
+            normalise_row(x + (i * d.c + c) * d.hw, y + (i * d.c + c) * d.hw, d.hw, mean, scale, shift, op.relu());
+          mean_out[c] = mean;
+          var_out[c] = var;
+        }
+      });
     });
   });
 }
 
 inline void batch_norm2d_eval_kernel(const ops::BatchNorm2dEval& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "batch_norm2d_eval", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, "batch_norm2d_eval", [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
     using namespace bn_detail;
     const Dims d = dims_of(*a.in[0].shape);
-    const T *x = a.in[0].as<T>(), *gamma = a.in[1].as<T>(), *beta = a.in[2].as<T>();
-    const T *rm = a.in[3].as<T>(), *rv = a.in[4].as<T>();
-    T* y = a.out[0].as<T>();
+    const S *x = a.in[0].as<S>(), *gamma = a.in[1].as<S>(), *beta = a.in[2].as<S>();
+    const C *rm = a.in[3].as<C>(), *rv = a.in[4].as<C>();
+    S* y = a.out[0].as<S>();
     parallel_for(d.n * d.c, d.hw, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t row = b; row < e; ++row) {
-        const std::int64_t c = row % d.c;
-        const T mean = rm[c], scale = inv_std(rv[c], op.eps()) * gamma[c], shift = beta[c];
-        normalise_row(x + row * d.hw, y + row * d.hw, d.hw, mean, scale, shift, op.relu());
-      }
+      run_widest([&] {
+        for (std::int64_t row = b; row < e; ++row) {
+          const std::int64_t c = row % d.c;
+          const C mean = rm[c], scale = inv_std(rv[c], op.eps()) * math::convert<C>(gamma[c]),
+                  shift = math::convert<C>(beta[c]);
+          normalise_row(x + row * d.hw, y + row * d.hw, d.hw, mean, scale, shift, op.relu());
+        }
+      });
     });
   });
 }
@@ -143,34 +221,51 @@ inline void batch_norm2d_eval_kernel(const ops::BatchNorm2dEval& op, const Kerne
 // Training: dx = gamma/sigma * (dy - mean(dy) - (x - mean) / sigma^2 * mean(dy * (x - mean)))
 // Eval:     dx = gamma/sigma * dy
 // Both:     dgamma = sum(dy * (x - mean)) / sigma, dbeta = sum(dy)
+// (dgamma and dbeta are rounded once from double, also to 16 bits).
 inline void batch_norm2d_backward_kernel(const ops::BatchNorm2dBackward& op, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, op.training() ? "batch_norm2d_backward" : "batch_norm2d_eval_backward", [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_precision(a.in[0].dtype, op.training() ? "batch_norm2d_backward" : "batch_norm2d_eval_backward", [&](auto p) {
+    using S = typename decltype(p)::Storage;
+    using C = typename decltype(p)::Compute;
     using namespace bn_detail;
     const Dims d = dims_of(*a.in[0].shape);
-    const T *x = a.in[0].as<T>(), *dy = a.in[1].as<T>(), *gamma = a.in[2].as<T>();
-    const T *mean_in = a.in[3].as<T>(), *var_in = a.in[4].as<T>();
-    T *dx = a.out[0].as<T>(), *dgamma = a.out[1].as<T>(), *dbeta = a.out[2].as<T>();
+    const S *x = a.in[0].as<S>(), *dy = a.in[1].as<S>(), *gamma = a.in[2].as<S>();
+    const C *mean_in = a.in[3].as<C>(), *var_in = a.in[4].as<C>();
+    S *dx = a.out[0].as<S>(), *dgamma = a.out[1].as<S>(), *dbeta = a.out[2].as<S>();
     const double inv_count = 1.0 / double(std::max<std::int64_t>(d.count(), 1));
     const bool training = op.training();
     parallel_for(d.c, 5 * d.count(), [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t c = b; c < e; ++c) {
-        const T mean = mean_in[c], istd = inv_std(var_in[c], op.eps());
-        double sdy = 0, sdyx = 0;
-        for (std::int64_t i = 0; i < d.n; ++i)
-          row_grad_sums(x + (i * d.c + c) * d.hw, dy + (i * d.c + c) * d.hw, d.hw, mean, sdy, sdyx);
-        const T scale = gamma[c] * istd;
-        const T mdy = training ? T(sdy * inv_count) : T(0);
-        const T k = training ? T(double(istd) * double(istd) * sdyx * inv_count) : T(0);
-        for (std::int64_t i = 0; i < d.n; ++i) {
-          const T* __restrict xr = x + (i * d.c + c) * d.hw;
-          const T* __restrict gr = dy + (i * d.c + c) * d.hw;
-          T* __restrict dr = dx + (i * d.c + c) * d.hw;
-          for (std::int64_t q = 0; q < d.hw; ++q) dr[q] = scale * (gr[q] - mdy - (xr[q] - mean) * k);
+      run_widest([&] {
+        for (std::int64_t c = b; c < e; ++c) {
+          const C mean = mean_in[c], istd = inv_std(var_in[c], op.eps());
+          double sums[2] = {0, 0};  // sum dy, sum dy (x - mean)
+          for (std::int64_t i = 0; i < d.n; ++i)
+            row_grad_sums(x + (i * d.c + c) * d.hw, dy + (i * d.c + c) * d.hw, d.hw, mean, sums);
+          const double sdy = sums[0], sdyx = sums[1];
+          const C scale = math::convert<C>(gamma[c]) * istd;
+          const C mdy = training ? C(sdy * inv_count) : C(0);
+          const C k = training ? C(double(istd) * double(istd) * sdyx * inv_count) : C(0);
+          for (std::int64_t i = 0; i < d.n; ++i) {
+            const std::int64_t row = (i * d.c + c) * d.hw;
+            if constexpr (std::is_same_v<S, C>) {
+              const C* __restrict xr = x + row;
+              const C* __restrict gr = dy + row;
+              C* __restrict dr = dx + row;
+              for (std::int64_t q = 0; q < d.hw; ++q) dr[q] = scale * (gr[q] - mdy - (xr[q] - mean) * k);
+            } else {
+              C bx[bulk::kBlock], bg[bulk::kBlock];
+              for (std::int64_t q0 = 0; q0 < d.hw; q0 += bulk::kBlock) {
+                const int m = int(std::min<std::int64_t>(bulk::kBlock, d.hw - q0));
+                convert_block(x + row + q0, bx, m);
+                convert_block(dy + row + q0, bg, m);
+                for (int q = 0; q < m; ++q) bg[q] = scale * (bg[q] - mdy - (bx[q] - mean) * k);
+                convert_block(static_cast<const C*>(bg), dx + row + q0, m);
+              }
+            }
+          }
+          dgamma[c] = math::convert<S>(sdyx * double(istd));
+          dbeta[c] = math::convert<S>(sdy);
         }
-        dgamma[c] = T(sdyx * double(istd));
-        dbeta[c] = T(sdy);
-      }
+      });
     });
   });
 }
