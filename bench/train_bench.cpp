@@ -5,7 +5,7 @@
 // `RESULT {json}` with the same keys the peer prints; bench/train-vs-peer
 // runs both, alternately, one process per run, and tabulates the ratios.
 //
-//   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
+//   train_bench --workload mlp|resnet|resnet-bf16|gpt|gpt-bf16|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
 //               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse] [--ab]
 //               [--show-live] [--least-saved]
