@@ -6,13 +6,13 @@
 // the forward, the variance and the backward all use that rounded mean, so
 // they agree.
 //
-// bf16/f16 (storage S) are read into f32 (C) a block at a time, through the
-// bulk conversions (convert.hpp), and every 16-bit output rounded once on
-// store; the statistics stay f32 (ops/batch_norm.hpp). Each element sees
-// the f32 kernel's operations in the f32 kernel's order, so a 16-bit
-// result is the f32 kernel's result on the same values, rounded once. The
-// loops run in the widest instruction set the CPU has (run_widest: the
-// same bits, wider vectors).
+// bf16/f16 (storage S) are widened to f32 (C) as they are read and every
+// 16-bit output is rounded once as it is stored, in registers; the
+// statistics stay f32 (ops/batch_norm.hpp). Each element sees the f32
+// kernel's operations in the f32 kernel's order, so a 16-bit result is the
+// f32 kernel's result on the same values, rounded once. The loops run in
+// the widest instruction set the CPU has (run_widest: the same bits, wider
+// vectors).
 #include <cmath>
 #include <type_traits>
 
@@ -29,114 +29,67 @@ namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 namespace bn_detail {
 
 constexpr int kLanes = 8;
-static_assert(bulk::kBlock % kLanes == 0, "a row's lanes must not depend on where its blocks start");
 
-// body(v, m) over x[0, n) read as C: the row itself where S is C, else
-// blocks of it widened into a buffer.
-template <class C, class S, class Body>
-inline void in_blocks(const S* __restrict x, std::int64_t n, Body&& body) {
-  if constexpr (std::is_same_v<S, C>) {
-    body(x, n);
-  } else {
-    C buf[bulk::kBlock];
-    for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
-      const int m = int(std::min<std::int64_t>(bulk::kBlock, n - i));
-      convert_block(x + i, buf, m);
-      body(static_cast<const C*>(buf), std::int64_t(m));
-    }
-  }
+// Element i of a row in the compute type C, and a value of C stored as S:
+// the f32/f64 kernels read and write their type itself; bf16/f16 are
+// widened exactly and rounded once (bulk::widen_one, narrow_one: integer
+// operations that vectorise inside run_widest's copies, in registers).
+template <class C, class S>
+inline C ld(const S* x, std::int64_t i) {
+  if constexpr (std::is_same_v<S, C>) return x[i];
+  else return bulk::widen_one(x[i]);
+}
+template <class S, class C>
+inline void st(S* y, std::int64_t i, C v) {
+  if constexpr (std::is_same_v<S, C>) y[i] = v;
+  else y[i] = bulk::narrow_one<S>(v);
 }
 
-// The same over two rows of equal length.
-template <class C, class S, class Body>
-inline void in_blocks2(const S* __restrict x, const S* __restrict z, std::int64_t n, Body&& body) {
-  if constexpr (std::is_same_v<S, C>) {
-    body(x, z, n);
-  } else {
-    C bx[bulk::kBlock], bz[bulk::kBlock];
-    for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
-      const int m = int(std::min<std::int64_t>(bulk::kBlock, n - i));
-      convert_block(x + i, bx, m);
-      convert_block(z + i, bz, m);
-      body(static_cast<const C*>(bx), static_cast<const C*>(bz), std::int64_t(m));
-    }
-  }
-}
-
-// y[0, n) = f(v) for v = x[0, n) read as C, stored as S (y may be x).
-template <class C, class S, class F>
-inline void map_row(const S* x, S* y, std::int64_t n, F&& f) {
-  if constexpr (std::is_same_v<S, C>) {
-    for (std::int64_t q = 0; q < n; ++q) y[q] = f(x[q]);
-  } else {
-    C buf[bulk::kBlock];
-    for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
-      const int m = int(std::min<std::int64_t>(bulk::kBlock, n - i));
-      convert_block(x + i, buf, m);
-      for (int q = 0; q < m; ++q) buf[q] = f(buf[q]);
-      convert_block(static_cast<const C*>(buf), y + i, m);
-    }
-  }
-}
-
-// Sums of terms over a row: whole groups of kLanes in kLanes accumulators
-// of C, summed in double, then the last n % kLanes terms in double. Every
-// block but the last is a whole number of groups, so the lanes see the
-// same terms in the same order however the row was cut into blocks.
-template <class C, int K>
-struct LaneSums {
+// Sums of term(i) over a row: whole groups of kLanes in kLanes
+// accumulators of C, summed in double, then the last n % kLanes terms in
+// double. K sums at once (term(i, k)).
+template <class C, int K, class Term>
+inline void lane_sums(std::int64_t n, Term&& term, double (&s)[K]) {
   C acc[K][kLanes] = {};
-  C rest[K][kLanes] = {};
-  int nrest = 0;
-  template <class Term>
-  void add(std::int64_t m, Term&& term) {  // term(i, k): term k of element i of the block
-    std::int64_t i = 0;
-    for (; i + kLanes <= m; i += kLanes)
-      for (int k = 0; k < K; ++k)
-        for (int j = 0; j < kLanes; ++j) acc[k][j] += term(i + j, k);
-    for (; i < m; ++i, ++nrest)
-      for (int k = 0; k < K; ++k) rest[k][nrest] = term(i, k);
-  }
-  void into(double (&s)[K]) const {
-    for (int k = 0; k < K; ++k) {
-      for (int j = 0; j < kLanes; ++j) s[k] += double(acc[k][j]);
-      for (int r = 0; r < nrest; ++r) s[k] += double(rest[k][r]);
-    }
-  }
-};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < K; ++k)
+      for (int j = 0; j < kLanes; ++j) acc[k][j] += term(i + j, k);
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < kLanes; ++j) s[k] += double(acc[k][j]);
+  for (; i < n; ++i)
+    for (int k = 0; k < K; ++k) s[k] += double(term(i, k));
+}
 
 template <class C, class S>
 inline double row_sum(const S* __restrict x, std::int64_t n) {
-  LaneSums<C, 1> l;
-  in_blocks<C>(x, n, [&](const C* v, std::int64_t m) { l.add(m, [v](std::int64_t i, int) { return v[i]; }); });
   double s[1] = {0};
-  l.into(s);
+  lane_sums<C, 1>(n, [x](std::int64_t i, int) { return ld<C>(x, i); }, s);
   return s[0];
 }
 
 // sum (x - m)^2
 template <class C, class S>
 inline double row_sq_dev(const S* __restrict x, std::int64_t n, C mean) {
-  LaneSums<C, 1> l;
-  in_blocks<C>(x, n, [&](const C* v, std::int64_t m) {
-    l.add(m, [v, mean](std::int64_t i, int) {
-      C d = v[i] - mean;
-      return d * d;
-    });
-  });
   double s[1] = {0};
-  l.into(s);
+  lane_sums<C, 1>(n,
+                  [x, mean](std::int64_t i, int) {
+                    C d = ld<C>(x, i) - mean;
+                    return d * d;
+                  },
+                  s);
   return s[0];
 }
 
 // sums[0] += sum dy, sums[1] += sum dy * (x - m)
 template <class C, class S>
 inline void row_grad_sums(const S* __restrict x, const S* __restrict dy, std::int64_t n, C mean, double (&sums)[2]) {
-  LaneSums<C, 2> l;
-  in_blocks2<C>(x, dy, n, [&](const C* xv, const C* gv, std::int64_t m) {
-    l.add(m, [xv, gv, mean](std::int64_t i, int k) { return k == 0 ? gv[i] : gv[i] * (xv[i] - mean); });
-  });
-  l.into(sums);
+  lane_sums<C, 2>(n,
+                  [x, dy, mean](std::int64_t i, int k) {
+                    const C g = ld<C>(dy, i);
+                    return k == 0 ? g : g * (ld<C>(x, i) - mean);
+                  },
+                  sums);
 }
 
 struct Dims {
@@ -158,9 +111,9 @@ template <class C, class S>
 inline void normalise_row(const S* __restrict x, S* __restrict y, std::int64_t n, C mean, C scale, C shift, bool relu) {
   if (relu) {
     const math::Relu f;
-    map_row<C>(x, y, n, [=](C v) { return f((v - mean) * scale + shift); });
+    for (std::int64_t q = 0; q < n; ++q) st(y, q, f((ld<C>(x, q) - mean) * scale + shift));
   } else {
-    map_row<C>(x, y, n, [=](C v) { return (v - mean) * scale + shift; });
+    for (std::int64_t q = 0; q < n; ++q) st(y, q, (ld<C>(x, q) - mean) * scale + shift);
   }
 }
 
@@ -246,21 +199,10 @@ inline void batch_norm2d_backward_kernel(const ops::BatchNorm2dBackward& op, con
           const C k = training ? C(double(istd) * double(istd) * sdyx * inv_count) : C(0);
           for (std::int64_t i = 0; i < d.n; ++i) {
             const std::int64_t row = (i * d.c + c) * d.hw;
-            if constexpr (std::is_same_v<S, C>) {
-              const C* __restrict xr = x + row;
-              const C* __restrict gr = dy + row;
-              C* __restrict dr = dx + row;
-              for (std::int64_t q = 0; q < d.hw; ++q) dr[q] = scale * (gr[q] - mdy - (xr[q] - mean) * k);
-            } else {
-              C bx[bulk::kBlock], bg[bulk::kBlock];
-              for (std::int64_t q0 = 0; q0 < d.hw; q0 += bulk::kBlock) {
-                const int m = int(std::min<std::int64_t>(bulk::kBlock, d.hw - q0));
-                convert_block(x + row + q0, bx, m);
-                convert_block(dy + row + q0, bg, m);
-                for (int q = 0; q < m; ++q) bg[q] = scale * (bg[q] - mdy - (bx[q] - mean) * k);
-                convert_block(static_cast<const C*>(bg), dx + row + q0, m);
-              }
-            }
+            const S* __restrict xr = x + row;
+            const S* __restrict gr = dy + row;
+            S* __restrict dr = dx + row;
+            for (std::int64_t q = 0; q < d.hw; ++q) st(dr, q, scale * (ld<C>(gr, q) - mdy - (ld<C>(xr, q) - mean) * k));
           }
           dgamma[c] = math::convert<S>(sdyx * double(istd));
           dbeta[c] = math::convert<S>(sdy);
