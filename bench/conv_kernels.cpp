@@ -6,7 +6,10 @@
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/conv_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/conv_kernels
 //   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]
+//                     [--dtype f32|bf16]
 //
+// --dtype bf16 times the kernels on bf16 tensors (widened to f32 inside,
+// rounded once on store), as a bf16 ResNet runs them.
 // --images N forces N images per GEMM chunk, or for Winograd about N tiles
 // per chunk (default: frugal's policies; the "imgs" column shows which).
 // --algo direct runs every layer direct (im2col), --algo winograd every
@@ -166,6 +169,7 @@ int main(int argc, char** argv) {
   bool compare = false;
   std::string engine_name = "auto";
   cpu::ConvAlgorithm algo = cpu::ConvAlgorithm::by_shape;
+  DType dtype = DType::f32;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -185,16 +189,28 @@ int main(int argc, char** argv) {
     else if (a == "--engine" && i + 1 < argc) {
       engine_name = argv[++i];
     }
+    else if (a == "--dtype" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "f32" && v != "bf16") {
+        std::fprintf(stderr, "conv_kernels: --dtype takes f32 or bf16\n");
+        return 2;
+      }
+      dtype = v == "bf16" ? DType::bf16 : DType::f32;
+    }
     else {
-      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]\n");
+      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare] [--dtype f32|bf16]\n");
       return 2;
     }
+  }
+  if (compare && dtype != DType::f32) {
+    std::fprintf(stderr, "conv_kernels: --compare times the f32 kernels only\n");
+    return 2;
   }
   const cpu::ConvEngine engine = cpu::conv_engine_from(engine_name);
   omp_set_num_threads(threads);
   cpu::set_blas_threads(threads);
-  std::printf("ResNet-18 CIFAR convolutions, batch %lld, %d threads, %s engine, fastest of %d; ms per call\n",
-              (long long)batch, threads, engine == cpu::ConvEngine::avx512 ? "avx512" : "blas", reps);
+  std::printf("ResNet-18 CIFAR convolutions, %s, batch %lld, %d threads, %s engine, fastest of %d; ms per call\n",
+              dtype_name(dtype), (long long)batch, threads, engine == cpu::ConvEngine::avx512 ? "avx512" : "blas", reps);
   std::printf("%-24s %5s %7s %7s %7s %7s | %7s %7s %7s\n", "layer", "count", "imgs", "fwd", "bwd-dat", "bwd-wt",
               "GF/s f", "GF/s d", "GF/s w");
   double sum_f = 0, sum_d = 0, sum_w = 0, alt_f = 0, alt_d = 0, alt_w = 0, flops_total = 0;
@@ -205,9 +221,9 @@ int main(int argc, char** argv) {
     auto x = random_vec(xs.numel(), 1), w = random_vec(ws.numel(), 2);
     auto dy = random_vec(g.n * g.cout * g.hw_out(), 3);
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
-    auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images, algo);
-    auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images, algo);
-    auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images, algo);
+    auto sf = cpu::conv_scratch(g, dtype, cpu::ConvPass::forward, images, algo);
+    auto sd = cpu::conv_scratch(g, dtype, cpu::ConvPass::backward_data, images, algo);
+    auto sw = cpu::conv_scratch(g, dtype, cpu::ConvPass::backward_weight, images, algo);
     Buf bf(sf.bytes()), bd(sd.bytes()), bw(sw.bytes());
     auto carve = [](const cpu::ConvScratch& s, Buf& b) {
       KernelArgs a;
@@ -216,9 +232,22 @@ int main(int argc, char** argv) {
       return cpu::conv_detail::carve<float>(s, a, "bench");
     };
     auto wf = carve(sf, bf), wd = carve(sd, bd), ww = carve(sw, bw);
-    double tf = time_ms(reps, [&] { cpu::conv2d_forward<float>(engine, g, sf, wf, x.data(), w.data(), nullptr, y.data()); });
-    double td = L.needs_dx ? time_ms(reps, [&] { cpu::conv2d_backward_data<float>(engine, g, sd, wd, dy.data(), w.data(), dx.data()); }) : 0;
-    double tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<float>(engine, g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); });
+    double tf = 0, td = 0, tw = 0;
+    auto time_all = [&](auto tag, auto&& of) {  // of(v): v's values in tag's type
+      using T = decltype(tag);
+      auto xt = of(x), wt = of(w), dyt = of(dy), yt = of(y), dxt = of(dx), dwt = of(dw);
+      tf = time_ms(reps, [&] { cpu::conv2d_forward<T>(engine, g, sf, wf, xt.data(), wt.data(), nullptr, yt.data()); });
+      td = L.needs_dx ? time_ms(reps, [&] { cpu::conv2d_backward_data<T>(engine, g, sd, wd, dyt.data(), wt.data(), dxt.data()); }) : 0;
+      tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<T>(engine, g, sw, ww, xt.data(), dyt.data(), dwt.data(), nullptr); });
+    };
+    if (dtype == DType::bf16)
+      time_all(BFloat16{}, [](const std::vector<float>& v) {
+        std::vector<BFloat16> b(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) b[i] = BFloat16(v[i]);
+        return b;
+      });
+    else
+      time_all(float{}, [](const std::vector<float>& v) { return v; });
     double gf = g.flops() / 1e6;
     std::printf("%-24s %5lld %7lld %7.2f %7.2f %7.2f | %7.1f %7.1f %7.1f\n", L.name, (long long)L.count,
                 (long long)(sf.winograd ? sf.tiles.chunk_tiles() : sf.images), tf, td, tw, gf / tf, td > 0 ? gf / td : 0.0, gf / tw);

@@ -96,6 +96,25 @@ std::vector<double> bound_of(const std::vector<double>& want, ref::Format fmt, d
   return b;
 }
 
+// The gradients (dx, dweight, dbias) of a normalisation op for dy = r, in
+// h's 16-bit format: the f32 kernel's rounded once, bitwise, and within
+// u |g| + rel max |g| of the f64 kernel's (rel: the f32 arithmetic's error,
+// stated by the caller).
+void check_norm_grads(const std::string& what, const Build& op, const std::function<std::vector<Tensor>(DType)>& ins,
+                      const std::vector<double>& r, const Shape& shape, const Format16& h, double rel) {
+  std::vector<Tensor> g16 = grads_of(op, ins(h.dtype), tensor_of(r, shape, h.dtype)),
+                      g32 = grads_of(op, ins(DType::f32), tensor_of(r, shape, DType::f32)),
+                      g64 = grads_of(op, ins(DType::f64), tensor_of(r, shape, DType::f64));
+  const char* names[] = {"dx", "dweight", "dbias"};
+  for (std::size_t i = 0; i < 3; ++i) {
+    INFO(names[i]);
+    REQUIRE(g16[i].dtype() == h.dtype);
+    expect_rounded_once(what + " " + names[i] + " vs f32", values(g16[i]), values(g32[i]), h.fmt);
+    std::vector<double> want64 = values(g64[i]);
+    expect_within(what + " " + names[i] + " vs f64", values(g16[i]), want64, bound_of(want64, h.fmt, rel * max_abs(want64)));
+  }
+}
+
 // The workspaces the planner gave the step's ops, by op name.
 std::map<std::string, std::size_t> workspaces(const Step& step) {
   std::map<std::string, std::size_t> ws;
@@ -200,23 +219,12 @@ TEST_CASE("bf16/f16 layer_norm and its backward compute in f32 with f32 statisti
     std::vector<double> want = ref::layer_norm({xs.dims(), x}, &wa, &ba).v;
     expect_within("layer_norm y vs f64", values(o16[0]), want, bound_of(want, h.fmt, 0x1p-14 * (1 + max_abs(want))));
 
-    // Backward (dx, dweight, dbias) for dy = R.
+    // Backward (dx, dweight, dbias) for dy = R. dx = rstd (g - mean(g) -
+    // xhat mean(g xhat)) cancels: the f32 error is relative to the largest
+    // term, not to dx; dweight and dbias sum 6 rows in f64. 2^-12 of the
+    // largest gradient covers both with room.
     Build y = [](const std::vector<Var>& v) { return layer_norm(v[0], v[1], v[2]); };
-    std::vector<Tensor> g16 = grads_of(y, ins(h.dtype), tensor_of(r, xs, h.dtype)),
-                        g32 = grads_of(y, ins(DType::f32), tensor_of(r, xs, DType::f32)),
-                        g64 = grads_of(y, ins(DType::f64), tensor_of(r, xs, DType::f64));
-    const char* names[] = {"dx", "dweight", "dbias"};
-    for (std::size_t i = 0; i < 3; ++i) {
-      INFO(names[i]);
-      REQUIRE(g16[i].dtype() == h.dtype);
-      expect_rounded_once(std::string("layer_norm ") + names[i] + " vs f32", values(g16[i]), values(g32[i]), h.fmt);
-      // dx = rstd (g - mean(g) - xhat mean(g xhat)) cancels: the f32 error
-      // is relative to the largest term, not to dx; dweight and dbias sum 6
-      // rows in f64. 2^-12 of the largest gradient covers both with room.
-      std::vector<double> want64 = values(g64[i]);
-      expect_within(std::string("layer_norm ") + names[i] + " vs f64", values(g16[i]), want64,
-                    bound_of(want64, h.fmt, 0x1p-12 * max_abs(want64)));
-    }
+    check_norm_grads("layer_norm", y, ins, r, xs, h, 0x1p-12);
   }
 }
 
@@ -467,28 +475,17 @@ TEST_CASE("bf16/f16 batch_norm2d and its backward compute in f32 with f32 statis
       std::vector<double> want = values(o64[0]);
       expect_within("batch_norm2d y vs f64", values(o16[0]), want, bound_of(want, h.fmt, 0x1p-14 * (1 + max_abs(want))));
 
-      // Backward (dx, dweight, dbias) for dy = R.
+      // Backward (dx, dweight, dbias) for dy = R. dx = gamma/sigma (dy -
+      // mean(dy) - xhat mean(dy xhat)) cancels, so its f32 error is relative
+      // to the largest term (|dy| <= 1, the means' sums as above within
+      // 2^-16 of it); dweight and dbias are sums of 646 terms in f32 lanes
+      // (2^-17 of their magnitude) rounded once from double. 2^-12 of the
+      // largest gradient covers both with room; a second 16-bit rounding of
+      // the terms would not fit.
       Build y = [relu](const std::vector<Var>& v) {
         return frugal::apply(std::make_shared<ops::BatchNorm2dTrain>(1e-5, relu), {v[0], v[1], v[2]}).at(0);
       };
-      std::vector<Tensor> g16 = grads_of(y, ins(h.dtype), tensor_of(r, kBnX, h.dtype)),
-                          g32 = grads_of(y, ins(DType::f32), tensor_of(r, kBnX, DType::f32)),
-                          g64 = grads_of(y, ins(DType::f64), tensor_of(r, kBnX, DType::f64));
-      const char* names[] = {"dx", "dweight", "dbias"};
-      for (std::size_t i = 0; i < 3; ++i) {
-        INFO(names[i]);
-        REQUIRE(g16[i].dtype() == h.dtype);
-        expect_rounded_once(std::string("batch_norm2d ") + names[i] + " vs f32", values(g16[i]), values(g32[i]), h.fmt);
-        // dx = gamma/sigma (dy - mean(dy) - xhat mean(dy xhat)) cancels, so
-        // its f32 error is relative to the largest term (|dy| <= 1, the
-        // means' sums as above within 2^-16 of it); dweight and dbias are
-        // sums of 646 terms in f32 lanes (2^-17 of their magnitude) rounded
-        // once from double. 2^-12 of the largest gradient covers both with
-        // room; a second 16-bit rounding of the terms would not fit.
-        std::vector<double> want64 = values(g64[i]);
-        expect_within(std::string("batch_norm2d ") + names[i] + " vs f64", values(g16[i]), want64,
-                      bound_of(want64, h.fmt, 0x1p-12 * max_abs(want64)));
-      }
+      check_norm_grads("batch_norm2d", y, ins, r, kBnX, h, 0x1p-12);
 
       // Eval mode, with f32 running statistics: forward and backward.
       Build eval = [relu](const std::vector<Var>& v) {
@@ -499,11 +496,7 @@ TEST_CASE("bf16/f16 batch_norm2d and its backward compute in f32 with f32 statis
       expect_rounded_once("batch_norm2d_eval y vs f32", values(e16), values(e32), h.fmt);
       want = values(e64);  // an affine map per channel: two f32 roundings of |y| and one of the mean
       expect_within("batch_norm2d_eval y vs f64", values(e16), want, bound_of(want, h.fmt, 0x1p-20 * (1 + max_abs(want))));
-      std::vector<Tensor> ge16 = grads_of(eval, ins(h.dtype), tensor_of(r, kBnX, h.dtype)),
-                          ge32 = grads_of(eval, ins(DType::f32), tensor_of(r, kBnX, DType::f32));
-      for (std::size_t i = 0; i < 3; ++i)
-        expect_rounded_once(std::string("batch_norm2d_eval ") + names[i] + " vs f32", values(ge16[i]), values(ge32[i]),
-                            h.fmt);
+      check_norm_grads("batch_norm2d_eval", eval, ins, r, kBnX, h, 0x1p-12);
     }
   }
 }

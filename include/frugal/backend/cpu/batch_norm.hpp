@@ -32,17 +32,15 @@ constexpr int kLanes = 8;
 
 // Element i of a row in the compute type C, and a value of C stored as S:
 // the f32/f64 kernels read and write their type itself; bf16/f16 are
-// widened exactly and rounded once (bulk::widen_one, narrow_one: integer
-// operations that vectorise inside run_widest's copies, in registers).
+// widened exactly and rounded once, in registers (convert.hpp's widen_as,
+// narrow_as: integer operations that vectorise inside run_widest's copies).
 template <class C, class S>
 inline C ld(const S* x, std::int64_t i) {
-  if constexpr (std::is_same_v<S, C>) return x[i];
-  else return bulk::widen_one(x[i]);
+  return widen_as<C>(x[i]);
 }
 template <class S, class C>
 inline void st(S* y, std::int64_t i, C v) {
-  if constexpr (std::is_same_v<S, C>) y[i] = v;
-  else y[i] = bulk::narrow_one<S>(v);
+  y[i] = narrow_as<S>(v);
 }
 
 // Sums of term(i) over a row: whole groups of kLanes in kLanes

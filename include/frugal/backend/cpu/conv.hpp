@@ -32,6 +32,7 @@
 #include "isa.hpp"
 #include "conv_scratch.hpp"
 #include "conv_winograd.hpp"
+#include "convert.hpp"
 #include "parallel.hpp"
 
 #include "abi.hpp"
@@ -58,9 +59,16 @@ void dispatch_storage(DType t, const char* op, Fn&& fn) {
   }
 }
 
+// A value read into the compute type, and one rounded once to the storage
+// type: convert.hpp's widen_as and narrow_as (branch-free for bf16/f16, so
+// the packing and storing loops vectorise).
 template <class C, class T>
 inline C widen(T v) {
-  return static_cast<C>(v);
+  return widen_as<C>(v);
+}
+template <class T, class C>
+inline T narrow(C v) {
+  return narrow_as<T>(v);
 }
 
 // The scratch regions of one op, carved out of KernelArgs::workspace.
@@ -214,7 +222,7 @@ void col2im_into_dx(const C* col, C* acc, const ops::ConvGeometry& g, std::int64
     for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
       const C* src = acc + pl * g.hw();
       T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
-      for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = T(src[e]);
+      for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = narrow<T>(src[e]);
     }
   } else {
     col2im(col, g, p, q.begin, q.end, [&](std::int64_t img, std::int64_t ci) {
@@ -250,7 +258,7 @@ void scatter_rows(const C* rows, T* y, const T* bias, const ops::ConvGeometry& g
       const std::int64_t img = u / g.ho, oh = u % g.ho;
       const C* __restrict s = rows + co * p + img * hwo + oh * g.wo;
       T* __restrict d = y + ((b0 + img) * g.cout + gi * cg + co) * hwo + oh * g.wo;
-      for (std::int64_t c = 0; c < g.wo; ++c) d[c] = T(s[c] + bv);
+      for (std::int64_t c = 0; c < g.wo; ++c) d[c] = narrow<T>(s[c] + bv);
     }
   }
 }
@@ -265,7 +273,7 @@ void widen_all(const T* src, C* dst, std::int64_t n) {
 template <class C, class T>
 void narrow_all(const C* src, T* dst, std::int64_t n) {
   parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) dst[i] = T(src[i]);
+    for (std::int64_t i = b; i < e; ++i) dst[i] = narrow<T>(src[i]);
   });
 }
 
@@ -603,7 +611,7 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
               for (int q = 0; q < np; ++q) {
                 T* __restrict d = y + ((b0 + pc[q].img) * g.cout + co) * hwo + pc[q].q;
                 const float* __restrict src = tile + i * NR + pc[q].c;
-                for (std::int64_t e = 0; e < pc[q].len; ++e) d[e] = T(src[e] + bv);
+                for (std::int64_t e = 0; e < pc[q].len; ++e) d[e] = conv_detail::narrow<T>(src[e] + bv);
               }
             }
           }

@@ -32,6 +32,7 @@
 #include "../../ops/conv.hpp"
 #include "blas.hpp"
 #include "conv_scratch.hpp"
+#include "convert.hpp"
 #include "isa.hpp"
 #include "parallel.hpp"
 
@@ -41,9 +42,15 @@ namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::winograd {
 
 inline constexpr int kPositions = 16;  // ξ = 4 * i + j of the 4x4 transformed tile
 
+// A value read as f32 and one rounded once to T (bf16/f16: branch-free,
+// convert.hpp, so the transforms' gathers and stores vectorise).
 template <class T>
 inline float to_f32(T v) {
-  return static_cast<float>(v);
+  return widen_as<float>(v);
+}
+template <class T>
+inline T from_f32(float v) {
+  return narrow_as<T>(v);
 }
 
 // U[ξ][o][i] = (G g_oi Gᵀ)[ξ] (plane ξ at U + ξ * winograd_plane(O * I)) for the O x I kernels of a convolution. Its
@@ -232,10 +239,10 @@ void output_tiles(const float* M, std::int64_t ld, std::int64_t col, const ops::
     const float* out1 = a == 0 ? L.ev[1] : L.od[1];  // columns 2 tx + 1
     T* line = y + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
     for (std::int64_t q = 0; q < full; ++q) {
-      line[2 * q] = T(out0[q]);
-      line[2 * q + 1] = T(out1[q]);
+      line[2 * q] = from_f32<T>(out0[q]);
+      line[2 * q + 1] = from_f32<T>(out1[q]);
     }
-    if (full < n) line[2 * full] = T(out0[full]);
+    if (full < n) line[2 * full] = from_f32<T>(out0[full]);
   }
 }
 
@@ -453,9 +460,9 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
       }
       T* d = dw + k * 9;
       for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
-        d[r * 3 + 0] = T(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
-        d[r * 3 + 1] = T(0.5f * (tt[r][1] - tt[r][2]));
-        d[r * 3 + 2] = T(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
+        d[r * 3 + 0] = from_f32<T>(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
+        d[r * 3 + 1] = from_f32<T>(0.5f * (tt[r][1] - tt[r][2]));
+        d[r * 3 + 2] = from_f32<T>(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
       }
     }
     });

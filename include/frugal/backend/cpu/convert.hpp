@@ -97,54 +97,42 @@ template <class S>
   for (std::int64_t i = 0; i < n; ++i) x[i] = widen_one(narrow_one<S>(x[i]));
 }
 
-// Each loop compiled for plain x86-64, AVX2 and AVX-512 and chosen at run
-// time (isa.hpp), as the optimizer updates are: every 16-bit tensor a
-// kernel reads or writes passes through them, and at x86-64's width they
-// cost as much as the arithmetic they feed (bf16 steps of the ResNet ran
-// slower than f32 ones). Integer operations only: the same bits everywhere.
-#define FRUGAL_BULK_LOOPS(suffix, attr)                                               \
-  template <class From, class To>                                                     \
-  attr void convert_##suffix(const From* x, To* y, std::int64_t n) {                  \
-    convert_loop(x, y, n);                                                            \
-  }                                                                                   \
-  template <class S>                                                                  \
-  attr void round_##suffix(float* x, std::int64_t n) {                                \
-    round_loop<S>(x, n);                                                              \
-  }
-FRUGAL_BULK_LOOPS(base, )
-#if FRUGAL_CPU_ISA_DISPATCH
-FRUGAL_BULK_LOOPS(avx2, [[gnu::target("avx2")]])
-#endif
-#if FRUGAL_CPU_ISA_AVX512
-FRUGAL_BULK_LOOPS(avx512, [[gnu::target("avx512f")]])
-#endif
-#undef FRUGAL_BULK_LOOPS
-
-// y[0, n) = x[0, n) between f32 and bf16/f16, in the widest instruction set.
+// y[0, n) = x[0, n) between f32 and bf16/f16, and the rounding in place,
+// compiled for the widest instruction set the CPU runs (run_widest): every
+// 16-bit tensor a kernel reads or writes passes through these, and at
+// x86-64's width they cost as much as the arithmetic they feed (bf16 steps
+// of the ResNet ran slower than f32 ones). Integer operations only: the
+// same bits everywhere.
 template <class From, class To>
 void convert_span(const From* x, To* y, std::int64_t n) {
-  [[maybe_unused]] const CpuIsa isa = cpu_isa();
-#if FRUGAL_CPU_ISA_AVX512
-  if (isa >= CpuIsa::avx512) return convert_avx512(x, y, n);
-#endif
-#if FRUGAL_CPU_ISA_DISPATCH
-  if (isa >= CpuIsa::avx2) return convert_avx2(x, y, n);
-#endif
-  convert_base(x, y, n);
+  run_widest([&] { convert_loop(x, y, n); });
 }
 template <class S>
 void round_span(float* x, std::int64_t n) {
-  [[maybe_unused]] const CpuIsa isa = cpu_isa();
-#if FRUGAL_CPU_ISA_AVX512
-  if (isa >= CpuIsa::avx512) return round_avx512<S>(x, n);
-#endif
-#if FRUGAL_CPU_ISA_DISPATCH
-  if (isa >= CpuIsa::avx2) return round_avx2<S>(x, n);
-#endif
-  round_base<S>(x, n);
+  run_widest([&] { round_loop<S>(x, n); });
 }
 
 }  // namespace bulk
+
+// One value read into the compute type C (a 16-bit value widened exactly),
+// and one value of C rounded once to the storage type S: math::convert's
+// results, with the 16-bit conversions branch-free (bulk::widen_one,
+// narrow_one), so the loops of kernels that widen while they pack and round
+// as they store vectorise, in registers.
+template <class C, class S>
+inline C widen_as(S v) {
+  if constexpr (std::is_same_v<C, float> && (std::is_same_v<S, BFloat16> || std::is_same_v<S, Half>))
+    return bulk::widen_one(v);
+  else
+    return math::convert<C>(v);
+}
+template <class S, class C>
+inline S narrow_as(C v) {
+  if constexpr (std::is_same_v<C, float> && (std::is_same_v<S, BFloat16> || std::is_same_v<S, Half>))
+    return bulk::narrow_one<S>(v);
+  else
+    return math::convert<S>(v);
+}
 
 // y[0, n) = x[0, n) converted, rounding as math::convert: f32 <-> bf16/f16
 // through the vectorised span loops above, anything else element by
