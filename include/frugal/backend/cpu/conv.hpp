@@ -217,9 +217,10 @@ void col2im_into_dx(const C* col, C* acc, const ops::ConvGeometry& g, std::int64
                     std::int64_t gi, T* dx) {
   const std::int64_t cin_g = g.cin_g();
   if constexpr (is_half_v<T>) {
-    col2im(col, g, p, q.begin, q.end,
-           [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
+    // Plane by plane, each rounded while its sums are still in cache.
     for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
+      col2im(col, g, p, pl, pl + 1,
+             [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
       const C* src = acc + pl * g.hw();
       T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
       for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = narrow<T>(src[e]);

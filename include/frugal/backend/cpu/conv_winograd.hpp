@@ -52,6 +52,8 @@ template <class T>
 inline T from_f32(float v) {
   return narrow_as<T>(v);
 }
+template <class T>
+inline constexpr bool is_16bit_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
 
 // U[ξ][o][i] = (G g_oi Gᵀ)[ξ] (plane ξ at U + ξ * winograd_plane(O * I)) for the O x I kernels of a convolution. Its
 // kernel g_oi is w[o][i] (flipped false), or for the data gradient's
@@ -132,6 +134,11 @@ inline constexpr std::int64_t kSegment = 64;
 struct Lines {
   static constexpr std::int64_t kWidth = kSegment + kLanes;
   alignas(64) float ev[4][kWidth], od[4][kWidth], out[16][kWidth];
+  // A 16-bit row segment widened (or an output segment before it is
+  // rounded), contiguous: split into even and odd columns, or interleaved
+  // from them, in f32, where the 16-bit form of those loops does not
+  // vectorise.
+  alignas(64) float wide[2 * kWidth];
 };
 
 // Item k of a chunk's transform: channel c, tile row `row`, and the
@@ -175,9 +182,19 @@ void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t,
       od[q] = ie + 1 >= 0 && ie + 1 < g.w ? to_f32(src[2 * q + 1]) : 0.f;
     };
     for (std::int64_t q = 0; q < lo; ++q) edge(q);
-    for (std::int64_t q = lo; q < hi; ++q) {
-      ev[q] = to_f32(src[2 * q]);
-      od[q] = to_f32(src[2 * q + 1]);
+    if constexpr (is_16bit_v<T>) {
+      const T* in = src + 2 * lo;
+      float* __restrict w = L.wide;
+      for (std::int64_t e = 0; e < 2 * (hi - lo); ++e) w[e] = to_f32(in[e]);
+      for (std::int64_t q = lo; q < hi; ++q) {
+        ev[q] = w[2 * (q - lo)];
+        od[q] = w[2 * (q - lo) + 1];
+      }
+    } else {
+      for (std::int64_t q = lo; q < hi; ++q) {
+        ev[q] = to_f32(src[2 * q]);
+        od[q] = to_f32(src[2 * q + 1]);
+      }
     }
     for (std::int64_t q = hi; q < n1; ++q) edge(q);
   }
@@ -238,9 +255,18 @@ void output_tiles(const float* M, std::int64_t ld, std::int64_t col, const ops::
     const float* out0 = a == 0 ? L.ev[0] : L.od[0];  // columns 2 tx
     const float* out1 = a == 0 ? L.ev[1] : L.od[1];  // columns 2 tx + 1
     T* line = y + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
-    for (std::int64_t q = 0; q < full; ++q) {
-      line[2 * q] = from_f32<T>(out0[q]);
-      line[2 * q + 1] = from_f32<T>(out1[q]);
+    if constexpr (is_16bit_v<T>) {
+      float* __restrict w = L.wide;
+      for (std::int64_t q = 0; q < full; ++q) {
+        w[2 * q] = out0[q];
+        w[2 * q + 1] = out1[q];
+      }
+      for (std::int64_t e = 0; e < 2 * full; ++e) line[e] = from_f32<T>(w[e]);
+    } else {
+      for (std::int64_t q = 0; q < full; ++q) {
+        line[2 * q] = from_f32<T>(out0[q]);
+        line[2 * q + 1] = from_f32<T>(out1[q]);
+      }
     }
     if (full < n) line[2 * full] = from_f32<T>(out0[full]);
   }
@@ -263,9 +289,18 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
       continue;
     }
     const T* line = dy + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
-    for (std::int64_t q = 0; q < full; ++q) {
-      y0[q] = to_f32(line[2 * q]);
-      y1[q] = to_f32(line[2 * q + 1]);
+    if constexpr (is_16bit_v<T>) {
+      float* __restrict w = L.wide;
+      for (std::int64_t e = 0; e < 2 * full; ++e) w[e] = to_f32(line[e]);
+      for (std::int64_t q = 0; q < full; ++q) {
+        y0[q] = w[2 * q];
+        y1[q] = w[2 * q + 1];
+      }
+    } else {
+      for (std::int64_t q = 0; q < full; ++q) {
+        y0[q] = to_f32(line[2 * q]);
+        y1[q] = to_f32(line[2 * q + 1]);
+      }
     }
     if (full < n) y0[full] = to_f32(line[2 * full]), y1[full] = 0.f;
   }
