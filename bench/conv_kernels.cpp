@@ -121,22 +121,20 @@ struct LayerRun {
   void weight() { cpu::conv2d_backward_weight<T>(engine, g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); }
 };
 
-// The fastest of `reps` runs of a and of b, run alternately (a shared
-// machine's noise hits both alike).
+// The fastest of `reps` runs of a and of b, run alternately, which goes
+// first alternating too (a shared machine's noise hits both alike).
 template <class A, class B>
 std::pair<double, double> time_pair(int reps, A&& a, B&& b) {
   a(), b();  // warm up
-  double ta = 1e300, tb = 1e300;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    a();
-    auto t1 = Clock::now();
-    b();
-    auto t2 = Clock::now();
-    ta = std::min(ta, std::chrono::duration<double, std::milli>(t1 - t0).count());
-    tb = std::min(tb, std::chrono::duration<double, std::milli>(t2 - t1).count());
-  }
-  return {ta, tb};
+  double t[2] = {1e300, 1e300};
+  for (int r = 0; r < reps; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const int which = (r + k) % 2;
+      auto t0 = Clock::now();
+      which == 0 ? a() : b();
+      t[which] = std::min(t[which], std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+  return {t[0], t[1]};
 }
 
 // The alternative split: images over threads, one private column buffer per

@@ -485,11 +485,28 @@ inline int pieces(const ops::ConvGeometry& g, std::int64_t n0, std::int64_t coun
   return np;
 }
 
+// A panel's element type D: f32 ([k][32], widened), or bf16 bits in
+// pairs ([k/2][32] 32-bit words, rows 2q and 2q + 1 of a column side by side,
+// for micro_kernel_bf16). Where row r's column c lies, and a value as D.
+template <class D>
+constexpr std::int64_t panel_at(std::int64_t r, std::int64_t c) {
+  if constexpr (std::is_same_v<D, float>) return r * NR + c;
+  else return (r >> 1) * 2 * NR + 2 * c + (r & 1);
+}
+template <class D>
+inline constexpr std::int64_t kPanelStride = std::is_same_v<D, float> ? 1 : 2;  // between columns
+template <class D, class T>
+inline D panel_value(T v) {
+  if constexpr (std::is_same_v<D, float>) return widen<float>(v);
+  else return v.bits;
+}
+
 // The im2col columns [n0, n0 + count) of the chunk from image b0, group gi,
-// packed as a panel [k][32], zero past count.
-template <class T>
-void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& g, std::int64_t b0, std::int64_t gi,
+// packed as a panel of D (above), zero past count.
+template <class T, class D = float>
+void pack_columns(const T* x, D* __restrict panel, const ops::ConvGeometry& g, std::int64_t b0, std::int64_t gi,
                   std::int64_t n0, std::int64_t count) {
+  constexpr std::int64_t S = kPanelStride<D>;
   Piece pc[NR];
   const int np = pieces(g, n0, count, true, pc);
   // Per piece: its output row and first column, and its image's planes.
@@ -504,37 +521,38 @@ void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& 
   constexpr std::int64_t kTaps = 16;
   std::int64_t lo_of[kTaps], hi_of[kTaps];
   for (std::int64_t j = 0; j < std::min(g.kw, kTaps); ++j) tap_range(j * g.dw - g.pw, g.sw, g.w, g.wo, lo_of[j], hi_of[j]);
-  float* d = panel;
+  std::int64_t r = 0;  // the panel row: tap (ci, i, j)
   for (std::int64_t ci = 0; ci < g.cin_g(); ++ci)
     for (std::int64_t i = 0; i < g.kh; ++i) {
       const std::int64_t offh = i * g.dh - g.ph;
-      for (std::int64_t j = 0; j < g.kw; ++j, d += NR) {
+      for (std::int64_t j = 0; j < g.kw; ++j, ++r) {
+        D* d = panel + panel_at<D>(r, 0);  // d[c * S] is column c
         const std::int64_t offw = j * g.dw - g.pw;
         std::int64_t lo, hi;
         if (j < kTaps) lo = lo_of[j], hi = hi_of[j];
         else tap_range(offw, g.sw, g.w, g.wo, lo, hi);
         for (int t = 0; t < np; ++t) {
           const Piece& p = pc[t];
-          float* dd = d + p.c;  // dd[e] is output column ow0 + e
+          D* dd = d + p.c * S;  // dd[e * S] is output column ow0 + e
           const std::int64_t iy = oh[t] * g.sh + offh;
           if (iy < 0 || iy >= g.h) {
-            for (std::int64_t e = 0; e < p.len; ++e) dd[e] = 0.f;
+            for (std::int64_t e = 0; e < p.len; ++e) dd[e * S] = D(0);
             continue;
           }
           // Input positions exist for columns [a, b) of the piece; the rest is padding.
           const std::int64_t a = std::clamp(lo - ow0[t], std::int64_t(0), p.len);
           const std::int64_t b = std::clamp(hi - ow0[t], a, p.len);
           const T* row = planes[t] + (ci * g.h + iy) * g.w;
-          for (std::int64_t e = 0; e < a; ++e) dd[e] = 0.f;
+          for (std::int64_t e = 0; e < a; ++e) dd[e * S] = D(0);
           if (g.sw == 1) {
             const T* src = row + (ow0[t] + offw);
-            for (std::int64_t e = a; e < b; ++e) dd[e] = widen<float>(src[e]);
+            for (std::int64_t e = a; e < b; ++e) dd[e * S] = panel_value<D>(src[e]);
           } else {
-            for (std::int64_t e = a; e < b; ++e) dd[e] = widen<float>(row[(ow0[t] + e) * g.sw + offw]);
+            for (std::int64_t e = a; e < b; ++e) dd[e * S] = panel_value<D>(row[(ow0[t] + e) * g.sw + offw]);
           }
-          for (std::int64_t e = b; e < p.len; ++e) dd[e] = 0.f;
+          for (std::int64_t e = b; e < p.len; ++e) dd[e * S] = D(0);
         }
-        for (std::int64_t c = count; c < NR; ++c) d[c] = 0.f;
+        for (std::int64_t c = count; c < NR; ++c) d[c * S] = D(0);
       }
     }
 }
@@ -580,13 +598,14 @@ void pack_dy_transposed(const T* dy, float* panels_base, const ops::ConvGeometry
 
 }  // namespace conv_detail
 
-// The forward pass over f32 weights wc [Cout, k] (also the data gradient
-// of a stride-1 convolution, run as a convolution of dy). Each chunk owns a
-// share of the images' column panels: it packs a panel's im2col columns and
-// multiplies every 8-row block of the weight by it, storing straight into y.
-// Nothing is shared between chunks.
-template <class T>
-void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const float* wc,
+// The forward pass over weights wc [Cout, k] (also the data gradient of a
+// stride-1 convolution, run as a convolution of dy): f32 (W = float), or,
+// on the bf16 micro-kernel, the bf16 tensors' own bits (W = std::uint16_t;
+// k even). Each chunk owns a share of the images' column panels: it packs a
+// panel's im2col columns and multiplies every 8-row block of the weight by
+// it, storing straight into y. Nothing is shared between chunks.
+template <class T, class W = float>
+void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const W* wc,
                          const T* bias, T* y) {
   using namespace conv_detail;
   const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
@@ -600,12 +619,17 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
       for (std::int64_t gi = 0; gi < g.groups; ++gi)
         for (std::int64_t jp = sh.begin; jp < sh.end; ++jp) {
           const std::int64_t n0 = jp * NR, count = std::min<std::int64_t>(NR, p - n0);
-          float* panel = col + jp * k * NR;
-          pack_columns(x, panel, g, b0, gi, n0, count);
+          float* panel = col + jp * k * NR;  // pairs take the first half of it
+          if constexpr (std::is_same_v<W, float>) pack_columns(x, panel, g, b0, gi, n0, count);
+          else pack_columns(x, reinterpret_cast<std::uint16_t*>(panel), g, b0, gi, n0, count);
           const int np = pieces(g, n0, count, false, pc);
           for (std::int64_t m0 = 0; m0 < cg; m0 += MR) {
             const int mr = int(std::min<std::int64_t>(MR, cg - m0));
-            conv_fast::micro_kernel(k, wc + (gi * cg + m0) * k, k, 1, mr, panel, tile);
+            if constexpr (std::is_same_v<W, float>)
+              conv_fast::micro_kernel(k, wc + (gi * cg + m0) * k, k, 1, mr, panel, tile);
+            else
+              conv_fast::micro_kernel_bf16(k / 2, wc + (gi * cg + m0) * k, k, mr,
+                                           reinterpret_cast<const std::uint32_t*>(panel), tile);
             for (int i = 0; i < mr; ++i) {
               const std::int64_t co = gi * cg + m0 + i;
               const float bv = bias ? widen<float>(bias[co]) : 0.f;
@@ -621,10 +645,24 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
   }
 }
 
+// Whether a bf16 pass of depth k runs on the bf16 micro-kernel: the CPU
+// has AVX512-BF16 (and FRUGAL_CPU_ISA does not cap it below), and k is
+// even (its weight rows are read in place as pairs).
+template <class T>
+bool bf16_panels(std::int64_t k) {
+  return std::is_same_v<T, BFloat16> && k % 2 == 0 && cpu_isa() >= CpuIsa::avx512bf16 && bf16gemm512::available();
+}
+template <class T>
+const std::uint16_t* bits_of(const T* p) {
+  return reinterpret_cast<const std::uint16_t*>(p);
+}
+
 template <class T>
 void conv2d_forward_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                            const conv_detail::Scratch<float>& ws, const T* x, const T* w, const T* bias, T* y) {
   if constexpr (conv_detail::is_half_v<T>) {
+    if constexpr (std::is_same_v<T, BFloat16>)
+      if (bf16_panels<T>(g.k())) return conv_forward_panels(g, s.images, ws.col, x, bits_of(w), bias, y);
     conv_detail::widen_all(w, ws.weight, g.cout * g.k());
     conv_forward_panels(g, s.images, ws.col, x, ws.weight, bias, y);
   } else {
@@ -640,18 +678,31 @@ void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ConvScratch&
                                   const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
   const ops::ConvGeometry f = conv_data_grad_geometry(g);
   const std::int64_t k = g.k(), kf = f.k(), khw = g.kh * g.kw, cg = g.cout_g(), cin_g = g.cin_g();
-  float* wf = ws.weight;
-  parallel_for(g.groups * cin_g, kf, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t row = b; row < e; ++row) {
-      const std::int64_t gi = row / cin_g, ci = row % cin_g;
-      float* __restrict d = wf + row * kf;
-      for (std::int64_t co = 0; co < cg; ++co) {
-        const T* src = w + (gi * cg + co) * k + ci * khw;
-        for (std::int64_t t = 0; t < khw; ++t) d[co * khw + t] = conv_detail::widen<float>(src[khw - 1 - t]);
+  // The flipped weight: f32, or on the bf16 micro-kernel bf16 bits (in the
+  // same scratch, which holds the f32 form).
+  auto flip = [&](auto* wf, auto value) {
+    parallel_for(g.groups * cin_g, kf, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t row = b; row < e; ++row) {
+        const std::int64_t gi = row / cin_g, ci = row % cin_g;
+        auto* __restrict d = wf + row * kf;
+        for (std::int64_t co = 0; co < cg; ++co) {
+          const T* src = w + (gi * cg + co) * k + ci * khw;
+          for (std::int64_t t = 0; t < khw; ++t) d[co * khw + t] = value(src[khw - 1 - t]);
+        }
       }
+    });
+  };
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (bf16_panels<T>(kf)) {
+      auto* wf = reinterpret_cast<std::uint16_t*>(ws.weight);
+      flip(wf, [](T v) { return conv_detail::panel_value<std::uint16_t>(v); });
+      return conv_forward_panels(f, s.images, ws.col, dy, static_cast<const std::uint16_t*>(wf),
+                                 static_cast<const T*>(nullptr), dx);
     }
-  });
-  conv_forward_panels(f, s.images, ws.col, dy, wf, static_cast<const T*>(nullptr), dx);
+  }
+  float* wf = ws.weight;
+  flip(wf, [](T v) { return conv_detail::widen<float>(v); });
+  conv_forward_panels(f, s.images, ws.col, dy, static_cast<const float*>(wf), static_cast<const T*>(nullptr), dx);
 }
 
 // Each chunk packs its share of dy's column panels and multiplies wᵀ by
