@@ -70,6 +70,13 @@ template <class T, class C>
 inline T narrow(C v) {
   return narrow_as<T>(v);
 }
+// fn() in the widest instruction set for 16-bit storage T (its packing and
+// storing loops convert every element), as compiled for f32 and f64.
+template <class T, class Fn>
+inline void widest_if_half(Fn&& fn) {
+  if constexpr (is_half_v<T>) run_widest(fn);
+  else fn();
+}
 
 // The scratch regions of one op, carved out of KernelArgs::workspace.
 template <class C>
@@ -309,7 +316,7 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         const C* cols = ws.col;
         std::int64_t ldc = p;
         if (!(s.one && g.pointwise())) {
-          im2col(x, ws.col, g, b0, p, gi, 0, k, u.begin, u.end);
+          widest_if_half<T>([&] { im2col(x, ws.col, g, b0, p, gi, 0, k, u.begin, u.end); });
         } else if constexpr (std::is_same_v<T, C>) {  // pointwise, one image: the planes are the columns
           cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
           ldc = hwo;
@@ -317,7 +324,7 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         const C* wg = wc + gi * cg * k;
         if (!s.one) {
           gemm(false, false, cg, nc, k, C(1), wg, k, cols + c0, ldc, C(0), ws.rows + c0, p);
-          scatter_rows(ws.rows, y, bias, g, b0, p, gi, u.begin, u.end);
+          widest_if_half<T>([&] { scatter_rows(ws.rows, y, bias, g, b0, p, gi, u.begin, u.end); });
         } else if constexpr (std::is_same_v<T, C>) {  // one image: straight into y
           C* yg = y + (b0 * g.cout + gi * cg) * hwo + c0;
           C beta = C(0);
@@ -359,7 +366,7 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         const C* dyg = ws.rows;
         std::int64_t lddy = p;
         if (!s.one) {
-          gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
+          widest_if_half<T>([&] { gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end); });
         } else if constexpr (std::is_same_v<T, C>) {
           dyg = dy + (b0 * g.cout + gi * cg) * hwo;
           lddy = hwo;
@@ -377,7 +384,9 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         if (nc > 0) gemm(true, false, k, nc, cg, C(1), wg, k, dyg + c0, lddy, C(0), ws.col + c0, p);
       });
       if (!ws.col) continue;
-      each_chunk(nt, [&](std::int64_t t) { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      each_chunk(nt, [&](std::int64_t t) {
+        widest_if_half<T>([&] { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      });
     }
   }
 }
@@ -411,7 +420,7 @@ void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& 
       if (!s.one) {
         each_chunk(nt, [&](std::int64_t t) {
           const Share u = share(nb * g.ho, t, nt);
-          gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
+          widest_if_half<T>([&] { gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end); });
         });
       } else if constexpr (std::is_same_v<T, C>) {
         dyg = dy + (b0 * g.cout + gi * cg) * hwo;
@@ -422,7 +431,7 @@ void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& 
         const C* cols = ws.col;
         std::int64_t ldc = p;
         if (ws.col) {
-          im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+          widest_if_half<T>([&] { im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho); });
         } else if constexpr (std::is_same_v<T, C>) {
           cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
           ldc = hwo;
@@ -620,8 +629,10 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
         for (std::int64_t jp = sh.begin; jp < sh.end; ++jp) {
           const std::int64_t n0 = jp * NR, count = std::min<std::int64_t>(NR, p - n0);
           float* panel = col + jp * k * NR;  // pairs take the first half of it
-          if constexpr (std::is_same_v<W, float>) pack_columns(x, panel, g, b0, gi, n0, count);
-          else pack_columns(x, reinterpret_cast<std::uint16_t*>(panel), g, b0, gi, n0, count);
+          widest_if_half<T>([&] {
+            if constexpr (std::is_same_v<W, float>) pack_columns(x, panel, g, b0, gi, n0, count);
+            else pack_columns(x, reinterpret_cast<std::uint16_t*>(panel), g, b0, gi, n0, count);
+          });
           const int np = pieces(g, n0, count, false, pc);
           for (std::int64_t m0 = 0; m0 < cg; m0 += MR) {
             const int mr = int(std::min<std::int64_t>(MR, cg - m0));
@@ -738,8 +749,10 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& 
             ldo = hwo;
           }
         }
-        for (std::int64_t jp = sh.begin; jp < sh.end; ++jp)
-          pack_dy(dy, ws.rows + jp * cg * NR, g, b0, gi, jp * NR, std::min<std::int64_t>(NR, p - jp * NR));
+        widest_if_half<T>([&] {
+          for (std::int64_t jp = sh.begin; jp < sh.end; ++jp)
+            pack_dy(dy, ws.rows + jp * cg * NR, g, b0, gi, jp * NR, std::min<std::int64_t>(NR, p - jp * NR));
+        });
         // Rows m0.. of wᵀ (A(i, c) = w[gi * Cout/g + c, m0 + i]) are gathered
         // once into `ablock` and multiplied by every panel this thread owns.
         for (std::int64_t m0 = 0; m0 < k; m0 += MR) {
@@ -765,7 +778,9 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& 
         }
       });
       if (!ws.col) continue;
-      each_chunk(nt, [&](std::int64_t t) { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      each_chunk(nt, [&](std::int64_t t) {
+        widest_if_half<T>([&] { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      });
     }
   }
 }
@@ -798,9 +813,11 @@ void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ConvScratch
     for (std::int64_t gi = 0; gi < g.groups; ++gi) {
       each_chunk(nt, [&](std::int64_t t) {
         const Share slots = share(cpanels * NR, t, nt);
-        pack_dy_transposed(dy, ws.rows, g, b0, nb, gi, slots.begin, slots.end);
         const Share r = rows_of(t);
-        if (ws.col) im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+        widest_if_half<T>([&] {
+          pack_dy_transposed(dy, ws.rows, g, b0, nb, gi, slots.begin, slots.end);
+          if (ws.col) im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+        });
       });
       const float* cols = ws.col;
       std::int64_t ldc = p;
