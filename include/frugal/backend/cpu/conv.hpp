@@ -271,18 +271,16 @@ void scatter_rows(const C* rows, T* y, const T* bias, const ops::ConvGeometry& g
   }
 }
 
+// A 16-bit tensor widened into f32 scratch, and f32 scratch rounded into
+// one: the bulk conversions (convert.hpp, the widest instruction set).
 template <class T, class C>
 void widen_all(const T* src, C* dst, std::int64_t n) {
-  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) dst[i] = widen<C>(src[i]);
-  });
+  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) { bulk::convert_span(src + b, dst + b, e - b); });
 }
 
 template <class C, class T>
 void narrow_all(const C* src, T* dst, std::int64_t n) {
-  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) dst[i] = narrow<T>(src[i]);
-  });
+  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) { bulk::convert_span(src + b, dst + b, e - b); });
 }
 
 }  // namespace conv_detail
