@@ -21,7 +21,11 @@
 // image order.
 //
 // bf16/f16 are storage only: widened to f32 while packing, multiplied in
-// f32, rounded once on the final store.
+// f32, rounded once on the final store. Where the CPU has AVX512-BF16, a
+// bf16 forward (or stride-1 data gradient) of even depth on the AVX-512
+// engine packs bf16 pairs instead and multiplies them with VDPBF16PS
+// (conv_avx512.hpp, micro_kernel_bf16): the same exact products, summed in
+// f32 in another order.
 #include <cstring>
 #include <type_traits>
 
