@@ -117,6 +117,8 @@ inline void normalise_row(const S* __restrict x, S* __restrict y, std::int64_t n
 
 }  // namespace bn_detail
 
+// (bn_detail's functions are called qualified: a unity build puts
+// row_math.hpp's row_sum beside them.)
 inline void batch_norm2d_train_kernel(const ops::BatchNorm2dTrain& op, const KernelArgs& a) {
   dispatch_precision(a.in[0].dtype, "batch_norm2d", [&](auto p) {
     using S = typename decltype(p)::Storage;
@@ -131,14 +133,14 @@ inline void batch_norm2d_train_kernel(const ops::BatchNorm2dTrain& op, const Ker
       run_widest([&] {
         for (std::int64_t c = b; c < e; ++c) {
           double s = 0;
-          for (std::int64_t i = 0; i < d.n; ++i) s += row_sum<C>(x + (i * d.c + c) * d.hw, d.hw);
+          for (std::int64_t i = 0; i < d.n; ++i) s += bn_detail::row_sum<C>(x + (i * d.c + c) * d.hw, d.hw);
           const C mean = C(s * inv_count);
           double ss = 0;
-          for (std::int64_t i = 0; i < d.n; ++i) ss += row_sq_dev<C>(x + (i * d.c + c) * d.hw, d.hw, mean);
+          for (std::int64_t i = 0; i < d.n; ++i) ss += bn_detail::row_sq_dev<C>(x + (i * d.c + c) * d.hw, d.hw, mean);
           const C var = C(ss * inv_count);
-          const C scale = inv_std(var, eps) * math::convert<C>(gamma[c]), shift = math::convert<C>(beta[c]);
+          const C scale = bn_detail::inv_std(var, eps) * math::convert<C>(gamma[c]), shift = math::convert<C>(beta[c]);
           for (std::int64_t i = 0; i < d.n; ++i)
-            normalise_row(x + (i * d.c + c) * d.hw, y + (i * d.c + c) * d.hw, d.hw, mean, scale, shift, op.relu());
+            bn_detail::normalise_row(x + (i * d.c + c) * d.hw, y + (i * d.c + c) * d.hw, d.hw, mean, scale, shift, op.relu());
           mean_out[c] = mean;
           var_out[c] = var;
         }
@@ -160,9 +162,9 @@ inline void batch_norm2d_eval_kernel(const ops::BatchNorm2dEval& op, const Kerne
       run_widest([&] {
         for (std::int64_t row = b; row < e; ++row) {
           const std::int64_t c = row % d.c;
-          const C mean = rm[c], scale = inv_std(rv[c], op.eps()) * math::convert<C>(gamma[c]),
+          const C mean = rm[c], scale = bn_detail::inv_std(rv[c], op.eps()) * math::convert<C>(gamma[c]),
                   shift = math::convert<C>(beta[c]);
-          normalise_row(x + row * d.hw, y + row * d.hw, d.hw, mean, scale, shift, op.relu());
+          bn_detail::normalise_row(x + row * d.hw, y + row * d.hw, d.hw, mean, scale, shift, op.relu());
         }
       });
     });
@@ -187,10 +189,10 @@ inline void batch_norm2d_backward_kernel(const ops::BatchNorm2dBackward& op, con
     parallel_for(d.c, 5 * d.count(), [&](std::int64_t b, std::int64_t e) {
       run_widest([&] {
         for (std::int64_t c = b; c < e; ++c) {
-          const C mean = mean_in[c], istd = inv_std(var_in[c], op.eps());
+          const C mean = mean_in[c], istd = bn_detail::inv_std(var_in[c], op.eps());
           double sums[2] = {0, 0};  // sum dy, sum dy (x - mean)
           for (std::int64_t i = 0; i < d.n; ++i)
-            row_grad_sums(x + (i * d.c + c) * d.hw, dy + (i * d.c + c) * d.hw, d.hw, mean, sums);
+            bn_detail::row_grad_sums(x + (i * d.c + c) * d.hw, dy + (i * d.c + c) * d.hw, d.hw, mean, sums);
           const double sdy = sums[0], sdyx = sums[1];
           const C scale = math::convert<C>(gamma[c]) * istd;
           const C mdy = training ? C(sdy * inv_count) : C(0);
