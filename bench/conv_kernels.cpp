@@ -6,7 +6,11 @@
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/conv_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/conv_kernels
 //   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]
+//                     [--dtype f32|bf16|both]
 //
+// --dtype bf16 times the kernels on bf16 tensors (widened to f32 inside,
+// rounded once on store), as a bf16 ResNet runs them; both times f32 and
+// bf16 alternately, call by call, and prints their ratios.
 // --images N forces N images per GEMM chunk, or for Winograd about N tiles
 // per chunk (default: frugal's policies; the "imgs" column shows which).
 // --algo direct runs every layer direct (im2col), --algo winograd every
@@ -83,6 +87,55 @@ struct Buf {
   }
   ~Buf() { std::free(p); }
 };
+
+// One layer's tensors (T: float or BFloat16, the same values) and planned
+// scratch, and its three passes as frugal's kernels run them.
+template <class T>
+struct LayerRun {
+  const ops::ConvGeometry& g;
+  cpu::ConvEngine engine;
+  std::vector<T> x, w, dy, y, dx, dw;
+  cpu::ConvScratch sf, sd, sw;
+  Buf bf, bd, bw;
+  cpu::conv_detail::Scratch<float> wf, wd, ww;
+  static std::vector<T> of(const std::vector<float>& v) {
+    std::vector<T> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = T(v[i]);
+    return out;
+  }
+  static cpu::conv_detail::Scratch<float> carve(const cpu::ConvScratch& s, Buf& b) {
+    KernelArgs a;
+    a.workspace = b.p;
+    a.workspace_bytes = s.bytes();
+    return cpu::conv_detail::carve<float>(s, a, "bench");
+  }
+  LayerRun(const ops::ConvGeometry& geo, cpu::ConvEngine e, std::int64_t images, cpu::ConvAlgorithm algo,
+           const std::vector<float>& xv, const std::vector<float>& wv, const std::vector<float>& dyv)
+      : g(geo), engine(e), x(of(xv)), w(of(wv)), dy(of(dyv)), y(dy.size()), dx(x.size()), dw(w.size()),
+        sf(cpu::conv_scratch(g, dtype_of<T>(), cpu::ConvPass::forward, images, algo)),
+        sd(cpu::conv_scratch(g, dtype_of<T>(), cpu::ConvPass::backward_data, images, algo)),
+        sw(cpu::conv_scratch(g, dtype_of<T>(), cpu::ConvPass::backward_weight, images, algo)),
+        bf(sf.bytes()), bd(sd.bytes()), bw(sw.bytes()), wf(carve(sf, bf)), wd(carve(sd, bd)), ww(carve(sw, bw)) {}
+  void forward() { cpu::conv2d_forward<T>(engine, g, sf, wf, x.data(), w.data(), nullptr, y.data()); }
+  void data() { cpu::conv2d_backward_data<T>(engine, g, sd, wd, dy.data(), w.data(), dx.data()); }
+  void weight() { cpu::conv2d_backward_weight<T>(engine, g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); }
+};
+
+// The fastest of `reps` runs of a and of b, run alternately, which goes
+// first alternating too (a shared machine's noise hits both alike).
+template <class A, class B>
+std::pair<double, double> time_pair(int reps, A&& a, B&& b) {
+  a(), b();  // warm up
+  double t[2] = {1e300, 1e300};
+  for (int r = 0; r < reps; ++r)
+    for (int k = 0; k < 2; ++k) {
+      const int which = (r + k) % 2;
+      auto t0 = Clock::now();
+      which == 0 ? a() : b();
+      t[which] = std::min(t[which], std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+  return {t[0], t[1]};
+}
 
 // The alternative split: images over threads, one private column buffer per
 // thread, BLAS single-threaded inside the parallel region.
@@ -166,6 +219,9 @@ int main(int argc, char** argv) {
   bool compare = false;
   std::string engine_name = "auto";
   cpu::ConvAlgorithm algo = cpu::ConvAlgorithm::by_shape;
+  DType dtype = DType::f32;
+  bool both = false;
+  double pair_sum[2][3] = {};  // --dtype both: f32 and bf16 forward, data, weight sums
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
@@ -185,18 +241,35 @@ int main(int argc, char** argv) {
     else if (a == "--engine" && i + 1 < argc) {
       engine_name = argv[++i];
     }
+    else if (a == "--dtype" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "f32" && v != "bf16" && v != "both") {
+        std::fprintf(stderr, "conv_kernels: --dtype takes f32, bf16 or both\n");
+        return 2;
+      }
+      dtype = v == "bf16" ? DType::bf16 : DType::f32;
+      both = v == "both";
+    }
     else {
-      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]\n");
+      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare] [--dtype f32|bf16|both]\n");
       return 2;
     }
+  }
+  if (compare && (dtype != DType::f32 || both)) {
+    std::fprintf(stderr, "conv_kernels: --compare times the f32 kernels only\n");
+    return 2;
   }
   const cpu::ConvEngine engine = cpu::conv_engine_from(engine_name);
   omp_set_num_threads(threads);
   cpu::set_blas_threads(threads);
-  std::printf("ResNet-18 CIFAR convolutions, batch %lld, %d threads, %s engine, fastest of %d; ms per call\n",
-              (long long)batch, threads, engine == cpu::ConvEngine::avx512 ? "avx512" : "blas", reps);
-  std::printf("%-24s %5s %7s %7s %7s %7s | %7s %7s %7s\n", "layer", "count", "imgs", "fwd", "bwd-dat", "bwd-wt",
-              "GF/s f", "GF/s d", "GF/s w");
+  std::printf("ResNet-18 CIFAR convolutions, %s, batch %lld, %d threads, %s engine, fastest of %d; ms per call\n",
+              both ? "f32 and bf16 alternately" : dtype_name(dtype), (long long)batch, threads, engine == cpu::ConvEngine::avx512 ? "avx512" : "blas", reps);
+  if (both)
+    std::printf("%-24s %5s  f32 %7s %7s %7s | bf16 %7s %7s %7s | bf16/f32\n", "layer", "count", "fwd", "bwd-dat", "bwd-wt",
+                "fwd", "bwd-dat", "bwd-wt");
+  else
+    std::printf("%-24s %5s %7s %7s %7s %7s | %7s %7s %7s\n", "layer", "count", "imgs", "fwd", "bwd-dat", "bwd-wt",
+                "GF/s f", "GF/s d", "GF/s w");
   double sum_f = 0, sum_d = 0, sum_w = 0, alt_f = 0, alt_d = 0, alt_w = 0, flops_total = 0;
   for (const Layer& L : kLayers) {
     Shape xs{batch, L.cin, L.h, L.h}, ws{L.cout, L.cin, L.k, L.k};
@@ -204,21 +277,34 @@ int main(int argc, char** argv) {
     auto g = ops::conv_geometry("bench", xs, ws, o);
     auto x = random_vec(xs.numel(), 1), w = random_vec(ws.numel(), 2);
     auto dy = random_vec(g.n * g.cout * g.hw_out(), 3);
-    std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
-    auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, images, algo);
-    auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, images, algo);
-    auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, images, algo);
-    Buf bf(sf.bytes()), bd(sd.bytes()), bw(sw.bytes());
-    auto carve = [](const cpu::ConvScratch& s, Buf& b) {
-      KernelArgs a;
-      a.workspace = b.p;
-      a.workspace_bytes = s.bytes();
-      return cpu::conv_detail::carve<float>(s, a, "bench");
+    std::vector<float> y, dx, dw;
+    double tf = 0, td = 0, tw = 0;
+    if (both) {
+      LayerRun<float> a(g, engine, images, algo, x, w, dy);
+      LayerRun<BFloat16> b(g, engine, images, algo, x, w, dy);
+      auto [af, bf] = time_pair(reps, [&] { a.forward(); }, [&] { b.forward(); });
+      auto [ad, bd] = L.needs_dx ? time_pair(reps, [&] { a.data(); }, [&] { b.data(); }) : std::pair<double, double>{0, 0};
+      auto [aw, bw] = time_pair(reps, [&] { a.weight(); }, [&] { b.weight(); });
+      std::printf("%-24s %5lld  f32 %7.2f %7.2f %7.2f | bf16 %7.2f %7.2f %7.2f | bf16/f32 %5.2f %5.2f %5.2f\n", L.name,
+                  (long long)L.count, af, ad, aw, bf, bd, bw, bf / af, ad > 0 ? bd / ad : 0.0, bw / aw);
+      for (int k = 0; k < 2; ++k) {
+        const double c = double(L.count);
+        pair_sum[k][0] += c * (k ? bf : af), pair_sum[k][1] += c * (k ? bd : ad), pair_sum[k][2] += c * (k ? bw : aw);
+      }
+      continue;
+    }
+    const auto time_all = [&](auto tag) {
+      LayerRun<decltype(tag)> r(g, engine, images, algo, x, w, dy);
+      tf = time_ms(reps, [&] { r.forward(); });
+      td = L.needs_dx ? time_ms(reps, [&] { r.data(); }) : 0;
+      tw = time_ms(reps, [&] { r.weight(); });
+      y = std::vector<float>(r.y.size()), dx = std::vector<float>(r.dx.size()), dw = std::vector<float>(r.dw.size());
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = float(r.y[i]);
+      for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = float(r.dx[i]);
+      for (std::size_t i = 0; i < dw.size(); ++i) dw[i] = float(r.dw[i]);
+      return r.sf;
     };
-    auto wf = carve(sf, bf), wd = carve(sd, bd), ww = carve(sw, bw);
-    double tf = time_ms(reps, [&] { cpu::conv2d_forward<float>(engine, g, sf, wf, x.data(), w.data(), nullptr, y.data()); });
-    double td = L.needs_dx ? time_ms(reps, [&] { cpu::conv2d_backward_data<float>(engine, g, sd, wd, dy.data(), w.data(), dx.data()); }) : 0;
-    double tw = time_ms(reps, [&] { cpu::conv2d_backward_weight<float>(engine, g, sw, ww, x.data(), dy.data(), dw.data(), nullptr); });
+    const cpu::ConvScratch sf = dtype == DType::bf16 ? time_all(BFloat16{}) : time_all(float{});
     double gf = g.flops() / 1e6;
     std::printf("%-24s %5lld %7lld %7.2f %7.2f %7.2f | %7.1f %7.1f %7.1f\n", L.name, (long long)L.count,
                 (long long)(sf.winograd ? sf.tiles.chunk_tiles() : sf.images), tf, td, tw, gf / tf, td > 0 ? gf / td : 0.0, gf / tw);
@@ -242,6 +328,14 @@ int main(int argc, char** argv) {
       alt_d += ad * double(L.count);
       alt_w += aw * double(L.count);
     }
+  }
+  if (both) {
+    const double* a = pair_sum[0];
+    const double* b = pair_sum[1];
+    std::printf("\nwhole network: f32 %.1f + %.1f + %.1f = %.1f ms; bf16 %.1f + %.1f + %.1f = %.1f ms; bf16/f32 %.3f\n",
+                a[0], a[1], a[2], a[0] + a[1] + a[2], b[0], b[1], b[2], b[0] + b[1] + b[2],
+                (b[0] + b[1] + b[2]) / (a[0] + a[1] + a[2]));
+    return 0;
   }
   double total = sum_f + sum_d + sum_w;
   std::printf("\nwhole network: forward %.1f ms, backward-data %.1f ms, backward-weight %.1f ms; total %.1f ms "

@@ -6,6 +6,10 @@
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/resnet_step.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/resnet_step
 //   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3] [--engine blas|avx512] [--algo auto|direct|winograd]
+//                    [--dtype f32|bf16|f16]
+//
+// --dtype builds the whole model, its input and its SGD state in that dtype
+// (nn::resnet18_cifar's dtype; BatchNorm's running statistics stay f32).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -81,7 +85,7 @@ int main(int argc, char** argv) {
   int threads = 2, steps = 10, warmup = 2, reps = 3;
   std::int64_t batch = 32;
   std::string model_name = "resnet18";
-  std::string engine_name = "auto", algo_name = "auto";
+  std::string engine_name = "auto", algo_name = "auto", dtype_name_arg = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "%s needs a value\n", a.c_str()), std::exit(2), ""); };
@@ -95,25 +99,34 @@ int main(int argc, char** argv) {
       engine_name = next();
     }
     else if (a == "--algo") algo_name = next();
+    else if (a == "--dtype") dtype_name_arg = next();
     else {
-      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512] [--algo auto|direct|winograd]\n");
+      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512] [--algo auto|direct|winograd] [--dtype f32|bf16|f16]\n");
       return 2;
     }
   }
+  const DType dtype = dtype_name_arg == "bf16" ? DType::bf16 : dtype_name_arg == "f16" ? DType::f16 : DType::f32;
+  if (dtype == DType::f32 && dtype_name_arg != "f32")
+    return std::fprintf(stderr, "unknown dtype %s (f32, bf16 or f16)\n", dtype_name_arg.c_str()), 2;
   nn::manual_seed(0);
   std::unique_ptr<nn::Layer> model;
-  if (model_name == "resnet18") model = nn::resnet18_cifar(10);
-  else if (model_name == "resnet20") model = nn::resnet20_cifar(10);
-  else if (model_name == "resnet50") model = nn::resnet50_cifar(10);
+  if (model_name == "resnet18") model = nn::resnet18_cifar(10, 3, dtype);
+  else if (model_name == "resnet20") model = nn::resnet20_cifar(10, 3, dtype);
+  else if (model_name == "resnet50") model = nn::resnet50_cifar(10, 3, dtype);
   else return std::fprintf(stderr, "unknown model %s\n", model_name.c_str()), 2;
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
   const BackendOptions backend_options{.conv_engine = engine_name, .conv_algorithm = algo_name};
   Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
-                      {input<float>({batch, 3, 32, 32}), input<std::int32_t>({batch})}, opt, {},
+                      {InputSpec{{dtype, Shape{batch, 3, 32, 32}}, "x"}, input<std::int32_t>({batch})}, opt, {},
                       {.backend_options = backend_options, .threads = threads});
-  Tensor x({batch, 3, 32, 32}), y({batch}, DType::i32);
+  Tensor x({batch, 3, 32, 32}, dtype), y({batch}, DType::i32);
   Rng r(1);
-  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(r.normal());
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const float v = float(r.normal());
+    if (dtype == DType::bf16) x.data<BFloat16>()[i] = BFloat16(v);
+    else if (dtype == DType::f16) x.data<Half>()[i] = Half(v);
+    else x.data<float>()[i] = v;
+  }
   for (std::int64_t i = 0; i < batch; ++i) y.data<std::int32_t>()[i] = std::int32_t(r.below(10));
 
   float first = 0, last = 0;
@@ -128,8 +141,8 @@ int main(int argc, char** argv) {
     t.push_back(ms_since(t0));
   }
   std::sort(t.begin(), t.end());
-  std::printf("%s batch %lld, %d threads, %s convolutions (%s): median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
-              model_name.c_str(), (long long)batch, threads, cpu::conv_engine_from(engine_name) == cpu::ConvEngine::avx512 ? "avx512" : "blas", algo_name.c_str(), t[t.size() / 2], t.front(), t.back(), steps, first, last);
+  std::printf("%s %s batch %lld, %d threads, %s convolutions (%s): median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
+              model_name.c_str(), dtype_name(dtype), (long long)batch, threads, cpu::conv_engine_from(engine_name) == cpu::ConvEngine::avx512 ? "avx512" : "blas", algo_name.c_str(), t[t.size() / 2], t.front(), t.back(), steps, first, last);
   std::printf("arena %.1f MiB (peak %.1f MiB), parameters and state %.1f MiB\n", step.plan().arena_bytes / 1048576.0,
               step.plan().peak_bytes / 1048576.0, step.plan().persistent_bytes / 1048576.0);
 

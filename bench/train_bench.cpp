@@ -5,9 +5,9 @@
 // `RESULT {json}` with the same keys the peer prints; bench/train-vs-peer
 // runs both, alternately, one process per run, and tabulates the ratios.
 //
-//   train_bench --workload mlp|resnet|gpt|gcn [--threads 2] [--steps N]
+//   train_bench --workload mlp|resnet|resnet-bf16|gpt|gpt-bf16|gcn [--threads 2] [--steps N]
 //               [--warmup N] [--seed N] [--budget BYTES|N%|min]
-//               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse] [--ab]
+//               [--host BYTES] [--nvme-dir DIR] [--audit] [--fuse|--no-fuse] [--ab] [--vs WORKLOAD]
 //               [--show-live] [--least-saved]
 //
 // --budget runs the step within a device byte budget (bytes such as 48MiB,
@@ -24,6 +24,10 @@
 // step alternately in one process (so machine noise hits both alike),
 // printing `AB {json}` with both medians and whether every loss was
 // bitwise the same.
+// --vs OTHER compiles this workload and OTHER and runs them step by step
+// alternately in one process, printing `VS {json}` with both medians and
+// the median of the per-step ratios OTHER / this (resnet --vs resnet-bf16:
+// what bf16 costs against f32 on a shared, noisy machine).
 // --show-live prints to stderr the arena values live where the backward
 // starts and at the plan's peak, and every decision's reason: where the
 // memory goes, to compare with what the peer saves for its backward.
@@ -56,6 +60,30 @@ double median_of(std::vector<double> v) {
   return v.empty() ? 0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
 }
 
+// Steps of two compiled workloads, alternately in one process (so machine
+// noise hits both alike; which goes first alternates too): the step times
+// after warmup, and whether every pair of losses was bitwise the same.
+struct Alternated {
+  std::vector<double> ms[2];
+  bool same = true;
+};
+Alternated alternate(std::unique_ptr<bench::Workload> (&w)[2], int steps, int warmup) {
+  if (warmup < 0) warmup = w[0]->default_warmup;
+  if (steps < 0) steps = w[0]->default_steps;
+  Alternated r;
+  for (int s = 0; s < warmup + steps; ++s) {
+    float loss[2];
+    for (int k = 0; k < 2; ++k) {
+      const int f = (s + k) % 2;
+      auto t0 = std::chrono::steady_clock::now();
+      loss[f] = w[f]->step();
+      if (s >= warmup) r.ms[f].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    r.same = r.same && std::memcmp(&loss[0], &loss[1], sizeof(float)) == 0;
+  }
+  return r;
+}
+
 // Fused and unfused steps of one workload, alternately in one process.
 int run_ab(const std::string& workload, int threads, int steps, int warmup, std::uint64_t seed) {
   std::unique_ptr<bench::Workload> w[2];
@@ -65,27 +93,37 @@ int run_ab(const std::string& workload, int threads, int steps, int warmup, std:
     w[f]->plan_options().plan.fuse = f == 0;
     w[f]->compile(Budget{});
   }
-  if (warmup < 0) warmup = w[0]->default_warmup;
-  if (steps < 0) steps = w[0]->default_steps;
-  std::vector<double> ms[2];
-  bool same = true;
-  for (int s = 0; s < warmup + steps; ++s) {
-    float loss[2];
-    for (int k = 0; k < 2; ++k) {
-      const int f = (s + k) % 2;  // which goes first alternates too
-      auto t0 = std::chrono::steady_clock::now();
-      loss[f] = w[f]->step();
-      if (s >= warmup) ms[f].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    same = same && std::memcmp(&loss[0], &loss[1], sizeof(float)) == 0;
-  }
+  const Alternated r = alternate(w, steps, warmup);
   const Plan &pf = w[0]->compiled().plan(), &pu = w[1]->compiled().plan();
-  std::printf("AB {\"workload\":\"%s\",\"threads\":%d,\"steps\":%d,\"ms_fused_median\":%.3f,\"ms_unfused_median\":%.3f,"
+  std::printf("AB {\"workload\":\"%s\",\"threads\":%d,\"steps\":%zu,\"ms_fused_median\":%.3f,\"ms_unfused_median\":%.3f,"
               "\"fused_over_unfused\":%.3f,\"losses_bitwise_equal\":%s,\"fused_chains\":%d,\"fused_away_bytes\":%zu,"
               "\"peak_fused\":%zu,\"peak_unfused\":%zu}\n",
-              workload.c_str(), threads, steps, median_of(ms[0]), median_of(ms[1]), median_of(ms[0]) / median_of(ms[1]),
-              same ? "true" : "false", pf.fused_chains, pf.fused_away_bytes, pf.peak_bytes, pu.peak_bytes);
-  return same ? 0 : 1;
+              workload.c_str(), threads, r.ms[0].size(), median_of(r.ms[0]), median_of(r.ms[1]),
+              median_of(r.ms[0]) / median_of(r.ms[1]), r.same ? "true" : "false", pf.fused_chains, pf.fused_away_bytes,
+              pf.peak_bytes, pu.peak_bytes);
+  return r.same ? 0 : 1;
+}
+
+// Two workloads (resnet and resnet-bf16, say), alternately in one process:
+// both medians, and the median over steps of the ratio of each second
+// workload's step to the first's taken beside it.
+int run_vs(const std::string& a, const std::string& b, int threads, int steps, int warmup, std::uint64_t seed) {
+  std::unique_ptr<bench::Workload> w[2];
+  const std::string names[2] = {a, b};
+  for (int f = 0; f < 2; ++f) {
+    nn::manual_seed(seed);
+    w[f] = bench::make_workload(names[f], threads);
+    w[f]->compile(Budget{});
+  }
+  const Alternated r = alternate(w, steps, warmup);
+  std::vector<double> ratio;
+  for (std::size_t i = 0; i < r.ms[0].size(); ++i) ratio.push_back(r.ms[1][i] / r.ms[0][i]);
+  std::printf("VS {\"workload\":\"%s\",\"vs\":\"%s\",\"threads\":%d,\"steps\":%zu,\"ms_median\":%.3f,"
+              "\"ms_vs_median\":%.3f,\"ms_min\":%.3f,\"ms_vs_min\":%.3f,\"vs_over_workload_median_ratio\":%.3f}\n",
+              a.c_str(), b.c_str(), threads, r.ms[0].size(), median_of(r.ms[0]), median_of(r.ms[1]),
+              *std::min_element(r.ms[0].begin(), r.ms[0].end()), *std::min_element(r.ms[1].begin(), r.ms[1].end()),
+              median_of(ratio));
+  return 0;
 }
 
 }  // namespace
@@ -97,6 +135,7 @@ int main(int argc, char** argv) {
   std::string budget_arg;
   Budget budget;
   bool audit = false, show_live = false, fuse = CompileOptions{}.plan.fuse, ab = false, least_saved = false;
+  std::string vs;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -116,6 +155,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-fuse") fuse = false;
     else if (a == "--fuse") fuse = true;
     else if (a == "--ab") ab = true;
+    else if (a == "--vs") vs = next();
     else if (a == "--least-saved") least_saved = true;
     else {
       std::fprintf(stderr, "train_bench: unknown argument '%s'\n", a.c_str());
@@ -124,6 +164,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (ab) return run_ab(workload, threads, steps, warmup, seed);
+    if (!vs.empty()) return run_vs(workload, vs, threads, steps, warmup, seed);
     const double rss_start = double(peak_rss_bytes()) / (1 << 20);
     nn::manual_seed(seed);
     std::unique_ptr<bench::Workload> w = bench::make_workload(workload, threads);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <frugal/frugal.hpp>
@@ -79,9 +80,19 @@ struct Workload {
   std::function<Step(const Budget&)> compile_;
 };
 
-inline Tensor randn(Shape s, Rng& r) {
-  Tensor t(std::move(s), DType::f32);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(r.normal());
+// Normal draws in f32, stored as dt (bf16/f16: the f32 draws rounded once).
+inline Tensor randn(Shape s, Rng& r, DType dt = DType::f32) {
+  Tensor t(std::move(s), dt);
+  auto fill = [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = math::convert<T>(float(r.normal()));
+  };
+  switch (dt) {
+    case DType::f32: fill(t.data<float>()); break;
+    case DType::bf16: fill(t.data<BFloat16>()); break;
+    case DType::f16: fill(t.data<Half>()); break;
+    default: fail("train_workloads: randn makes f32, bf16 or f16, not ", dtype_name(dt));
+  }
   return t;
 }
 inline Tensor randint(Shape s, std::int64_t hi, Rng& r, DType dt = DType::i32) {
@@ -140,18 +151,24 @@ struct MlpWorkload final : Workload {
 
 // CIFAR-style ResNet-18 (BasicBlock [2,2,2,2], BatchNorm), 3x32x32, batch
 // 32, 10 classes, SGD(lr 0.01, momentum 0.9).
+// "resnet-bf16": the same model with its input, parameters, activations,
+// gradients and momentum in bf16, BatchNorm's running statistics in f32
+// (nn::resnet18_cifar's dtype; kernels compute in f32 and round once on
+// store), as gpt-bf16 is to gpt.
 struct ResnetWorkload final : Workload {
-  std::unique_ptr<nn::ResNet<nn::BasicBlock>> net = nn::resnet18_cifar(10);
-  optim::SGD opt{net->parameters(), {.lr = 0.01, .momentum = 0.9}};
+  std::unique_ptr<nn::ResNet<nn::BasicBlock>> net;
+  optim::SGD opt;
   Tensor x, y;
 
-  explicit ResnetWorkload(int threads, const Shard& shard = {}) {
+  explicit ResnetWorkload(int threads, const Shard& shard = {}, DType dtype = DType::f32)
+      : net(nn::resnet18_cifar(10, 3, dtype)), opt(net->parameters(), {.lr = 0.01, .momentum = 0.9}) {
     Rng r(2);
-    x = rows_of(randn({32, 3, 32, 32}, r), shard);
+    x = rows_of(randn({32, 3, 32, 32}, r, dtype), shard);
     y = rows_of(randint({32}, 10, r), shard);
     net->train();
     define([&](Var xv, Var yv) { return cross_entropy(net->forward(xv), yv); },
-           {input<float>({x.shape()[0], 3, 32, 32}), input<std::int32_t>({x.shape()[0]})}, opt, threads, shard);
+           {InputSpec{{dtype, Shape{x.shape()[0], 3, 32, 32}}, ""}, input<std::int32_t>({x.shape()[0]})}, opt, threads,
+           shard);
     batch = 32;
     params = net->num_parameters();
     default_warmup = 2;
@@ -220,13 +237,14 @@ struct GcnWorkload final : Workload {
 inline std::unique_ptr<Workload> make_workload(const std::string& name, int threads, const Shard& shard = {}) {
   if (name == "mlp") return std::make_unique<MlpWorkload>(threads, shard);
   if (name == "resnet") return std::make_unique<ResnetWorkload>(threads, shard);
+  if (name == "resnet-bf16") return std::make_unique<ResnetWorkload>(threads, shard, DType::bf16);
   if (name == "gpt") return std::make_unique<GptWorkload>(threads, shard);
   if (name == "gpt-bf16") return std::make_unique<GptWorkload>(threads, shard, DType::bf16);
   if (name == "gcn") {
     if (shard.ranks > 1) fail("train_workloads: gcn trains on the whole graph at once; it has no batch to split over ranks");
     return std::make_unique<GcnWorkload>(threads);
   }
-  fail("train_bench: unknown workload '", name, "': use mlp, resnet, gpt, gpt-bf16 or gcn");
+  fail("train_bench: unknown workload '", name, "': use mlp, resnet, resnet-bf16, gpt, gpt-bf16 or gcn");
 }
 
 }  // namespace bench

@@ -15,6 +15,9 @@
 // Then: module initialisation in 16 bits, the planner's bytes, and a small
 // GPT trained in bf16 (and f16 with dynamic loss scaling) against the f32
 // GPT from the same seed.
+// Issue 17 adds a ResNet wholly in bf16: batch norm checked the same two
+// ways (its statistics f32), and a small ResNet trained against the f32
+// one, on the widest instruction set and on AVX2.
 #include <omp.h>
 #include <catch2/catch.hpp>
 
@@ -30,6 +33,7 @@
 #include <frugal/backend/cpu/blas.hpp>  // the BLAS thread count, restored after a one-thread step
 
 #include "bytes_of.hpp"
+#include "cpu_isa_scope.hpp"
 #include "mixed_helpers.hpp"
 #include "reference_mixed.hpp"
 #include "reference_xfmr.hpp"
@@ -90,6 +94,25 @@ std::vector<double> bound_of(const std::vector<double>& want, ref::Format fmt, d
   std::vector<double> b(want.size());
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = ref::unit_roundoff(fmt) * std::abs(want[i]) + abs + subnormal_half_ulp(fmt);
   return b;
+}
+
+// The gradients (dx, dweight, dbias) of a normalisation op for dy = r, in
+// h's 16-bit format: the f32 kernel's rounded once, bitwise, and within
+// u |g| + rel max |g| of the f64 kernel's (rel: the f32 arithmetic's error,
+// stated by the caller).
+void check_norm_grads(const std::string& what, const Build& op, const std::function<std::vector<Tensor>(DType)>& ins,
+                      const std::vector<double>& r, const Shape& shape, const Format16& h, double rel) {
+  std::vector<Tensor> g16 = grads_of(op, ins(h.dtype), tensor_of(r, shape, h.dtype)),
+                      g32 = grads_of(op, ins(DType::f32), tensor_of(r, shape, DType::f32)),
+                      g64 = grads_of(op, ins(DType::f64), tensor_of(r, shape, DType::f64));
+  const char* names[] = {"dx", "dweight", "dbias"};
+  for (std::size_t i = 0; i < 3; ++i) {
+    INFO(names[i]);
+    REQUIRE(g16[i].dtype() == h.dtype);
+    expect_rounded_once(what + " " + names[i] + " vs f32", values(g16[i]), values(g32[i]), h.fmt);
+    std::vector<double> want64 = values(g64[i]);
+    expect_within(what + " " + names[i] + " vs f64", values(g16[i]), want64, bound_of(want64, h.fmt, rel * max_abs(want64)));
+  }
 }
 
 // The workspaces the planner gave the step's ops, by op name.
@@ -196,23 +219,12 @@ TEST_CASE("bf16/f16 layer_norm and its backward compute in f32 with f32 statisti
     std::vector<double> want = ref::layer_norm({xs.dims(), x}, &wa, &ba).v;
     expect_within("layer_norm y vs f64", values(o16[0]), want, bound_of(want, h.fmt, 0x1p-14 * (1 + max_abs(want))));
 
-    // Backward (dx, dweight, dbias) for dy = R.
+    // Backward (dx, dweight, dbias) for dy = R. dx = rstd (g - mean(g) -
+    // xhat mean(g xhat)) cancels: the f32 error is relative to the largest
+    // term, not to dx; dweight and dbias sum 6 rows in f64. 2^-12 of the
+    // largest gradient covers both with room.
     Build y = [](const std::vector<Var>& v) { return layer_norm(v[0], v[1], v[2]); };
-    std::vector<Tensor> g16 = grads_of(y, ins(h.dtype), tensor_of(r, xs, h.dtype)),
-                        g32 = grads_of(y, ins(DType::f32), tensor_of(r, xs, DType::f32)),
-                        g64 = grads_of(y, ins(DType::f64), tensor_of(r, xs, DType::f64));
-    const char* names[] = {"dx", "dweight", "dbias"};
-    for (std::size_t i = 0; i < 3; ++i) {
-      INFO(names[i]);
-      REQUIRE(g16[i].dtype() == h.dtype);
-      expect_rounded_once(std::string("layer_norm ") + names[i] + " vs f32", values(g16[i]), values(g32[i]), h.fmt);
-      // dx = rstd (g - mean(g) - xhat mean(g xhat)) cancels: the f32 error
-      // is relative to the largest term, not to dx; dweight and dbias sum 6
-      // rows in f64. 2^-12 of the largest gradient covers both with room.
-      std::vector<double> want64 = values(g64[i]);
-      expect_within(std::string("layer_norm ") + names[i] + " vs f64", values(g16[i]), want64,
-                    bound_of(want64, h.fmt, 0x1p-12 * max_abs(want64)));
-    }
+    check_norm_grads("layer_norm", y, ins, r, xs, h, 0x1p-12);
   }
 }
 
@@ -399,6 +411,148 @@ TEST_CASE("bf16/f16 AdamW and SGD update in f32 and round parameter and state on
     CHECK(a16[0] != p);  // the parameter moved
     CHECK(s16[0] != p);
   }
+}
+
+// ---- batch norm (the bf16 ResNet) ----------------------------------------------
+
+namespace {
+
+// x [2, 3, 17, 19]: 323 values a plane, more than one conversion block
+// (bulk::kBlock = 256) and not a whole number of the kernels' 8 lanes, so
+// the blocks, the lanes and the tail are all exercised; N H W = 646 per
+// channel.
+const Shape kBnX{2, 3, 17, 19};
+constexpr std::int64_t kBnC = 3;
+
+// The running statistics of an eval-mode batch norm, in the compute dtype
+// of dt (f32 for bf16/f16), as state.
+std::vector<Var> bn_running(DType dt) {
+  const DType st = compute_dtype(dt);
+  return {persistent_var(tensor_of({0.25, -0.5, 0.125}, Shape{kBnC}, st), ValueKind::state, "running_mean"),
+          persistent_var(tensor_of({0.5, 1.5, 2.0}, Shape{kBnC}, st), ValueKind::state, "running_var")};
+}
+
+// The instruction sets this CPU runs, narrowest first: the kernels'
+// run_widest copies must give the bits of the plain x86-64 build.
+std::vector<cpu::CpuIsa> isas_here() {
+  std::vector<cpu::CpuIsa> out;
+  for (cpu::CpuIsa i : {cpu::CpuIsa::base, cpu::CpuIsa::avx2, cpu::CpuIsa::avx512})
+    if (i <= cpu::widest_cpu_isa()) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16/f16 batch_norm2d and its backward compute in f32 with f32 statistics, rounded once",
+          "[bf16gpt][bn]") {
+  for (const Format16& h : kFormats) {
+    for (bool relu : {false, true}) {
+      INFO(dtype_name(h.dtype) << (relu ? " with a ReLU epilogue" : ""));
+      std::vector<double> x = draw(61, kBnX.numel(), 0.1, 2, h.fmt), w = draw(62, kBnC, 0.5, 1.5, h.fmt),
+                          b = draw(63, kBnC, 0.1, 1, h.fmt), r = draw(64, kBnX.numel(), 0.1, 1, h.fmt);
+      auto ins = [&](DType dt) {
+        return std::vector<Tensor>{tensor_of(x, kBnX, dt), tensor_of(w, {kBnC}, dt), tensor_of(b, {kBnC}, dt)};
+      };
+      // Training mode: y and the batch statistics.
+      BuildAll train = [relu](const std::vector<Var>& v) {
+        return frugal::apply(std::make_shared<ops::BatchNorm2dTrain>(1e-5, relu), {v[0], v[1], v[2]});
+      };
+      std::vector<Tensor> o16 = run_all(train, ins(h.dtype)), o32 = run_all(train, ins(DType::f32)),
+                          o64 = run_all(train, ins(DType::f64));
+      REQUIRE(o16[0].dtype() == h.dtype);
+      REQUIRE(o16[1].dtype() == DType::f32);  // the batch mean and variance stay f32
+      REQUIRE(o16[2].dtype() == DType::f32);
+      expect_rounded_once("batch_norm2d y vs f32", values(o16[0]), values(o32[0]), h.fmt);
+      CHECK(bytes_of(o16[1]) == bytes_of(o32[1]));  // the statistics are the f32 kernel's own
+      CHECK(bytes_of(o16[2]) == bytes_of(o32[2]));
+      // f64: a lane sums at most 646 / 8 < 81 values of size <= 2 in f32, so
+      // the sums are within 81 * 2^-24 of their magnitude (<= 1292): the
+      // mean within 2^-16, the variance (about 1.3) within 2^-16 relative.
+      // With sigma >= 1 and |xhat| <= 3 that moves xhat by under 2^-15 and
+      // y (gamma <= 1.5) by under 2^-14; the normalisation's own f32
+      // roundings add 2^-22 |y|. So u |y| + 2^-14 (1 + max |y|) holds, and a
+      // second rounding to 16 bits (another u |y| >= 2^-9 |y|) would not.
+      std::vector<double> want = values(o64[0]);
+      expect_within("batch_norm2d y vs f64", values(o16[0]), want, bound_of(want, h.fmt, 0x1p-14 * (1 + max_abs(want))));
+
+      // Backward (dx, dweight, dbias) for dy = R. dx = gamma/sigma (dy -
+      // mean(dy) - xhat mean(dy xhat)) cancels, so its f32 error is relative
+      // to the largest term (|dy| <= 1, the means' sums as above within
+      // 2^-16 of it); dweight and dbias are sums of 646 terms in f32 lanes
+      // (2^-17 of their magnitude) rounded once from double. 2^-12 of the
+      // largest gradient covers both with room; a second 16-bit rounding of
+      // the terms would not fit.
+      Build y = [relu](const std::vector<Var>& v) {
+        return frugal::apply(std::make_shared<ops::BatchNorm2dTrain>(1e-5, relu), {v[0], v[1], v[2]}).at(0);
+      };
+      check_norm_grads("batch_norm2d", y, ins, r, kBnX, h, 0x1p-12);
+
+      // Eval mode, with f32 running statistics: forward and backward.
+      Build eval = [relu](const std::vector<Var>& v) {
+        std::vector<Var> rs = bn_running(v[0].dtype());
+        return frugal::apply(std::make_shared<ops::BatchNorm2dEval>(1e-5, relu), {v[0], v[1], v[2], rs[0], rs[1]}).at(0);
+      };
+      const Tensor e16 = run(eval, ins(h.dtype)), e32 = run(eval, ins(DType::f32)), e64 = run(eval, ins(DType::f64));
+      expect_rounded_once("batch_norm2d_eval y vs f32", values(e16), values(e32), h.fmt);
+      want = values(e64);  // an affine map per channel: two f32 roundings of |y| and one of the mean
+      expect_within("batch_norm2d_eval y vs f64", values(e16), want, bound_of(want, h.fmt, 0x1p-20 * (1 + max_abs(want))));
+      check_norm_grads("batch_norm2d_eval", eval, ins, r, kBnX, h, 0x1p-12);
+    }
+  }
+}
+
+TEST_CASE("batch norm's 16-bit and f32 kernels give the same bits in every instruction set", "[bf16gpt][bn][isa]") {
+  test_support::KeepCpuIsa keep;
+  std::vector<double> x = draw(71, kBnX.numel(), 0.1, 2, ref::kBf16), w = draw(72, kBnC, 0.5, 1.5, ref::kBf16),
+                      b = draw(73, kBnC, 0.1, 1, ref::kBf16), r = draw(74, kBnX.numel(), 0.1, 1, ref::kBf16);
+  Build y = [](const std::vector<Var>& v) { return batch_norm2d_train(v[0], v[1], v[2]).y; };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<Tensor> ins{tensor_of(x, kBnX, dt), tensor_of(w, {kBnC}, dt), tensor_of(b, {kBnC}, dt)};
+    std::vector<std::vector<char>> first;
+    for (cpu::CpuIsa isa : isas_here()) {
+      INFO(dtype_name(dt) << " on " << cpu::isa_name(isa));
+      cpu::forced_cpu_isa = int(isa);
+      std::vector<std::vector<char>> got{bytes_of(run(y, ins))};
+      for (const Tensor& g : grads_of(y, ins, tensor_of(r, kBnX, dt))) got.push_back(bytes_of(g));
+      if (first.empty()) first = got;
+      else CHECK(got == first);
+    }
+  }
+}
+
+TEST_CASE("batch norm refuses 16-bit running statistics, and nn::BatchNorm2d keeps them in f32", "[bf16gpt][bn][errors]") {
+  {
+    Graph g;
+    CaptureScope scope(g);
+    Var x{&g, g.add_input({DType::bf16, Shape{2, 3, 4, 4}}, "x")};
+    Var p{&g, g.add_input({DType::bf16, Shape{3}}, "p")};
+    const std::string m = shape_error([&] { batch_norm2d_eval(x, p, p, p, p); });
+    CHECK_THAT(m, Contains("batch_norm2d_eval") && Contains("running_mean bf16[3]") && Contains("must be f32") &&
+                      Contains("statistics in f32"));
+    Var w32{&g, g.add_input({DType::f32, Shape{3}}, "w")};
+    CHECK_THAT(shape_error([&] { batch_norm2d_train(x, w32, p); }),
+               Contains("batch_norm2d") && Contains("weight f32[3]") && Contains("must be bf16"));
+  }
+  for (const Format16& h : kFormats) {
+    INFO(dtype_name(h.dtype));
+    for (bool one_d : {false, true}) {
+      std::unique_ptr<nn::Layer> bn;
+      if (one_d) bn = std::make_unique<nn::BatchNorm1d>(3, nn::BatchNormOptions{.dtype = h.dtype});
+      else bn = std::make_unique<nn::BatchNorm2d>(3, nn::BatchNormOptions{.dtype = h.dtype});
+      std::map<std::string, Tensor> t;
+      for (auto& [name, tensor] : bn->named_parameters()) t[name] = tensor;
+      for (auto& [name, tensor] : bn->named_buffers()) t[name] = tensor;
+      CHECK(t.at("weight").dtype() == h.dtype);
+      CHECK(t.at("bias").dtype() == h.dtype);
+      CHECK(values(t.at("weight")) == std::vector<double>{1, 1, 1});
+      CHECK(values(t.at("bias")) == std::vector<double>{0, 0, 0});
+      CHECK(t.at("running_mean").dtype() == DType::f32);
+      CHECK(t.at("running_var").dtype() == DType::f32);
+      CHECK(values(t.at("running_var")) == std::vector<double>{1, 1, 1});
+      CHECK(t.at("num_batches_tracked").dtype() == DType::i64);
+    }
+  }
+  CHECK_THROWS_WITH(nn::BatchNorm2d(3, {.dtype = DType::i32}), Contains("nn::BatchNorm2d") && Contains("i32"));
 }
 
 // ---- ops without 16-bit kernels ----------------------------------------------
@@ -603,4 +757,111 @@ TEST_CASE("an f16 GPT trains under dynamic loss scaling: its loss falls and trac
   CHECK(worst <= 0.04 / 8);
   CHECK(f32.back() < 0.05f * f32.front());
   CHECK(f16.back() < 0.05f * f16.front());
+}
+
+// ---- a ResNet wholly in bf16 ------------------------------------------------------
+
+namespace {
+
+// A small CIFAR-style ResNet (stem 16, one BasicBlock of 16 and one of 32
+// with a projection shortcut) on 8 images of 16x16: its first stage's 3x3
+// convolutions run as Winograd F(2x2,3x3) (512 tiles), the second's
+// forward direct, every weight gradient Winograd; the rest is BatchNorm
+// (with fused ReLUs), residual adds, the global average pool and the fc.
+std::unique_ptr<nn::ResNet<nn::BasicBlock>> small_resnet(DType dt) {
+  return std::make_unique<nn::ResNet<nn::BasicBlock>>(16, std::vector<nn::ResNetStage>{{16, 1, 1}, {32, 1, 2}}, 10, 3,
+                                                      dt);
+}
+constexpr std::int64_t kResN = 8, kResH = 16;
+
+
+// `steps` SGD steps (lr 0.05, momentum 0.9) of small_resnet(dt) from seed 41
+// on one fixed batch (bf16-representable images, so both dtypes see the same
+// input), on one thread.
+std::vector<float> train_resnet(DType dt, int steps) {
+  RestoreThreads restore;
+  nn::manual_seed(41);
+  auto model = small_resnet(dt);
+  model->train();
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
+                      {InputSpec{{dt, Shape{kResN, 3, kResH, kResH}}, "x"}, input<std::int32_t>({kResN})}, opt, {},
+                      {.threads = 1});
+  const Tensor x = tensor_of(draw(81, kResN * 3 * kResH * kResH, 0, 2, ref::kBf16), {kResN, 3, kResH, kResH}, dt);
+  const Tensor y = tensor_of({3, 7, 0, 5, 1, 9, 4, 2}, {kResN}, DType::i32);
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) losses.push_back(step.run(x, y));
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("a bf16 ResNet trains: its loss falls and tracks the f32 ResNet's, on every instruction set",
+          "[bf16gpt][bf16resnet][train]") {
+  test_support::KeepCpuIsa keep;
+  constexpr int kSteps = 20;
+  // The widest instruction set (AVX512-BF16's dot products where the CPU
+  // has them), and AVX2 (the BLAS convolution engine, bf16 products on f32
+  // images): the paths of CPUs without AVX-512.
+  for (cpu::CpuIsa isa : {cpu::widest_cpu_isa(), std::min(cpu::widest_cpu_isa(), cpu::CpuIsa::avx2)}) {
+    INFO("instruction set " << cpu::isa_name(isa));
+    cpu::forced_cpu_isa = int(isa);
+    const std::vector<float> f32 = train_resnet(DType::f32, kSteps), bf16 = train_resnet(DType::bf16, kSteps);
+    double worst = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      const double a = f32[std::size_t(s)], b = bf16[std::size_t(s)];
+      INFO("step " << s << ": f32 loss " << a << ", bf16 " << b);
+      worst = std::max(worst, std::abs(a - b));
+      CHECK(std::isfinite(b));
+    }
+    // Both runs start from the same weights (bf16's rounded) and see the
+    // same batch. bf16 rounds every weight, activation, gradient and
+    // momentum with u = 2^-8, so its forward differs by about u of the loss
+    // and each update by about u of what the update moves, so the loss it
+    // reaches differs by about u of the loss's fall so far: about
+    // u (L0 + (L0 - Ls)) <= 2 u L0 in all. 4 u L0 (0.036 here) allows twice
+    // that (observed: 1.5 u L0, where the loss falls fastest). A stalled
+    // bf16 run (updates lost below half an ulp, a 16-bit sum) would not
+    // fall with the f32 one: the loss falls 20-fold in these 20 steps.
+    const double bound = 4 * ref::unit_roundoff(ref::kBf16) * f32.front();
+    INFO("largest loss difference " << worst << ", bound " << bound);
+    CHECK(worst > 0);  // it really ran in bf16
+    CHECK(worst <= bound);
+    CHECK(f32.back() < 0.05f * f32.front());
+    CHECK(bf16.back() < 0.05f * bf16.front());
+  }
+}
+
+TEST_CASE("a bf16 ResNet's step counts its tensors at 2 bytes an element, BatchNorm's statistics at 4, "
+          "and writes exactly the memory its plan predicts",
+          "[bf16gpt][bf16resnet][plan]") {
+  RestoreThreads restore;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    INFO(dtype_name(dt));
+    nn::manual_seed(43);
+    auto model = small_resnet(dt);
+    optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+    Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
+                        {InputSpec{{dt, Shape{kResN, 3, kResH, kResH}}, "x"}, input<std::int32_t>({kResN})}, opt, {},
+                        {.threads = 1});
+    const std::size_t n = std::size_t(count_parameters(*model)), es = dtype_size(dt);
+    std::size_t stats = 0, counters = 0;  // elements of the running statistics, and their i64 counters
+    for (auto& [name, t] : model->named_buffers()) {
+      if (t.dtype() == DType::i64) ++counters;
+      else stats += std::size_t(t.numel());
+    }
+    const Plan& p = step.plan();
+    CHECK(p.persistent_by_kind.at("parameters") == es * n);
+    CHECK(p.persistent_by_kind.at("optimizer state") == es * n);  // SGD's momentum
+    CHECK(p.persistent_by_kind.at("buffers") == 4 * stats + 8 * counters);
+    for (ValueId v = 0; v < ValueId(step.graph().num_values()); ++v)
+      if (step.graph().value(v).is_gradient) CHECK(step.graph().value(v).meta.dtype == dt);
+    const Tensor x = tensor_of(draw(82, kResN * 3 * kResH * kResH, 0, 2, ref::kBf16), {kResN, 3, kResH, kResH}, dt);
+    const Tensor y = tensor_of({1, 2, 3, 4, 5, 6, 7, 8}, {kResN}, DType::i32);
+    auto a = step.audit(x, y);
+    INFO("high water " << a.high_water << ", predicted " << a.predicted);
+    CHECK(a.canary_intact);
+    CHECK(a.high_water == a.predicted);
+    CHECK(step.verify().ok());
+  }
 }

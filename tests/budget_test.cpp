@@ -249,11 +249,13 @@ ModelRun train_model(const zoo::Config& c, Budget budget, int steps, CompileOpti
 
 }  // namespace
 
-TEST_CASE("mlp, resnet, gpt and gcn train bit for bit at 100%, 60%, 35% and the smallest feasible budget",
+TEST_CASE("mlp, resnet (f32 and bf16), gpt and gcn train bit for bit at 100%, 60%, 35% and the smallest feasible budget",
           "[budget][models]") {
   std::vector<zoo::Config> configs{
       {.family = "mlp", .batch = 16, .layers = 3, .width = 64, .features = 32},
       {.family = "resnet", .batch = 4, .layers = 1, .width = 8, .optimizer = "sgd", .image = 8},
+      // The same ResNet wholly in bf16 (its BatchNorm statistics in f32).
+      {.family = "resnet", .batch = 4, .layers = 1, .width = 8, .dtype = DType::bf16, .optimizer = "sgd", .image = 8},
       {.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64},
       {.family = "gcn", .batch = 64, .layers = 2, .width = 32, .features = 16, .classes = 4},
   };
@@ -262,7 +264,11 @@ TEST_CASE("mlp, resnet, gpt and gcn train bit for bit at 100%, 60%, 35% and the 
     ModelRun free = train_model(c, {}, 10);
     const std::size_t full = free.plan.total_bytes();
     const std::size_t least = train_model(c, Budget{.device = full - 1}, 0).plan.min_feasible_bytes;
-    CHECK(least < full * 6 / 10);
+    // Recomputing and swapping activations reach below 60% of the
+    // unconstrained bytes; in bf16 the tensors halve but the convolutions'
+    // f32 scratch does not, and it is most of this small ResNet's least
+    // (73%), so there the budgets run are the full one and the least.
+    CHECK(least < (c.dtype == DType::bf16 ? full : full * 6 / 10));
     for (std::size_t budget : {full, full * 6 / 10, full * 35 / 100, least}) {
       if (budget < least) continue;
       INFO("budget " << budget << " of " << full << " (smallest feasible " << least << ")");

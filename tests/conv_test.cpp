@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "cpu_isa_scope.hpp"
 #include "op_harness.hpp"
 #include <frugal/backend/cpu/conv.hpp>  // the kernels themselves, for chunking and engine checks
 #include "reference_conv.hpp"
@@ -577,12 +578,20 @@ std::vector<frugal::Tensor> run_op(std::function<std::vector<Var>(const Vars&)> 
 // rounding: |y_half - y_f32| <= u |y_f32| with u the unit roundoff (2^-8 for
 // bf16's 8-bit significand, 2^-11 for f16's 11 bits), plus 2^-25 absolute
 // for results in f16's subnormal range (spacing 2^-24).
+// On a CPU with AVX512-BF16 a bf16 forward (and stride-1 data gradient) of
+// even depth k runs the bf16 micro-kernel instead: the same exact products,
+// summed in f32 in another order (1, 0, 3, 2, ...). Each f32 sum is within
+// k 2^-24 sum|ab| of the exact one, so the two differ by up to
+// 2 k 2^-24 sum|ab| more; `abs` (sum|ab| per element, the f32 op on the
+// inputs' absolute values) and k add that allowance where given.
 void expect_one_rounding(const std::string& what, const std::vector<float>& half, const std::vector<float>& f32,
-                         double u) {
+                         double u, const std::vector<float>* abs = nullptr, std::int64_t k = 0) {
   REQUIRE(half.size() == f32.size());
+  if (abs) REQUIRE(abs->size() == f32.size());
   std::size_t bad = 0, worst = 0;
   for (std::size_t i = 0; i < half.size(); ++i) {
     double bound = u * std::abs(double(f32[i])) + std::ldexp(1.0, -25);
+    if (abs) bound += 2.0 * double(k) * std::ldexp(1.0, -24) * double((*abs)[i]);
     if (!(std::abs(double(half[i]) - double(f32[i])) <= bound)) {
       if (!bad) worst = i;
       ++bad;
@@ -600,12 +609,19 @@ void check_half_conv(const char* type, double u) {
     const char* name;
     Shape x, w;
     Conv2dOptions o;
+    bool winograd = false;  // the forward runs as Winograd F(2x2,3x3) (conv_scratch's rules)
   };
   const C cases[] = {
       {"3x3 pad 1, one chunk [3,4,6,6]*[5,4,3,3]", {3, 4, 6, 6}, {5, 4, 3, 3}, {.padding = 1}},
       {"one image per chunk [2,2,24,24]*[3,2,3,3]", {2, 2, 24, 24}, {3, 2, 3, 3}, {.padding = 1}},
       {"stride 2 groups 2 [2,4,7,7]*[4,2,3,3]", {2, 4, 7, 7}, {4, 2, 3, 3}, {.stride = 2, .padding = 1, .groups = 2}},
       {"1x1 [2,6,5,5]*[4,6,1,1]", {2, 6, 5, 5}, {4, 6, 1, 1}, {}},
+      // Odd depths (3 * 9 forward, 5 * 9 for the data gradient): the bf16
+      // micro-kernel reads weight rows as pairs, so these widen instead.
+      {"odd depth [2,3,6,6]*[5,3,3,3]", {2, 3, 6, 6}, {5, 3, 3, 3}, {.padding = 1}},
+      // 16 channels, 512 tiles: Winograd, whose transforms read and write
+      // 16-bit rows pairwise.
+      {"Winograd [2,16,32,31]*[16,16,3,3]", {2, 16, 32, 31}, {16, 16, 3, 3}, {.padding = 1}, true},
   };
   for (const auto& c : cases) {
     const auto g = ops::conv_geometry("test", c.x, c.w, c.o);
@@ -613,6 +629,7 @@ void check_half_conv(const char* type, double u) {
     auto x = rounded<H>(random_floats(c.x.numel(), 11)), w = rounded<H>(random_floats(c.w.numel(), 12));
     auto b = rounded<H>(random_floats(g.cout, 13)), dy = rounded<H>(random_floats(ys.numel(), 14));
     const std::string what = cat(type, " conv2d ", c.name);
+    CHECK(cpu::conv_scratch(g, dtype_of<H>(), cpu::ConvPass::forward).winograd == c.winograd);
     auto o = c.o;
     auto fwd = [&](const Vars& v) { return std::vector<Var>{conv2d(v[0], v[1], v[2], o)}; };
     auto bwd_data = [&](const Vars& v) {
@@ -624,10 +641,20 @@ void check_half_conv(const char* type, double u) {
     auto y16 = run_op(fwd, {half_tensor<H>(x, c.x), half_tensor<H>(w, c.w), half_tensor<H>(b, {g.cout})});
     auto y32 = run_op(fwd, {f32_tensor(x, c.x), f32_tensor(w, c.w), f32_tensor(b, {g.cout})});
     REQUIRE(y16[0].dtype() == dtype_of<H>());
-    expect_one_rounding(what + " forward", floats_of<H>(y16[0]), f32_values(y32[0]), u);
+    // sum|ab| of each output: the f32 ops on absolute values (zero bias).
+    auto absv = [](std::vector<float> v) {
+      for (auto& e : v) e = std::abs(e);
+      return v;
+    };
+    const std::vector<float> zero(std::size_t(g.cout), 0.f);
+    const bool bf16 = std::is_same_v<H, frugal::BFloat16>;
+    const auto ya = f32_values(run_op(fwd, {f32_tensor(absv(x), c.x), f32_tensor(absv(w), c.w), f32_tensor(zero, {g.cout})})[0]);
+    const auto dxa = f32_values(run_op(bwd_data, {f32_tensor(absv(dy), ys), f32_tensor(absv(w), c.w)})[0]);
+    expect_one_rounding(what + " forward", floats_of<H>(y16[0]), f32_values(y32[0]), u, bf16 ? &ya : nullptr, g.k());
     auto dx16 = run_op(bwd_data, {half_tensor<H>(dy, ys), half_tensor<H>(w, c.w)});
     auto dx32 = run_op(bwd_data, {f32_tensor(dy, ys), f32_tensor(w, c.w)});
-    expect_one_rounding(what + " data gradient", floats_of<H>(dx16[0]), f32_values(dx32[0]), u);
+    expect_one_rounding(what + " data gradient", floats_of<H>(dx16[0]), f32_values(dx32[0]), u, bf16 ? &dxa : nullptr,
+                        g.cout_g() * g.kh * g.kw);
     auto dw16 = run_op(bwd_weight, {half_tensor<H>(x, c.x), half_tensor<H>(dy, ys)});
     auto dw32 = run_op(bwd_weight, {f32_tensor(x, c.x), f32_tensor(dy, ys)});
     expect_one_rounding(what + " weight gradient", floats_of<H>(dw16[0]), f32_values(dw32[0]), u);
@@ -755,11 +782,21 @@ TEST_CASE("conv_algorithm picks Winograd or direct per backend: either plans its
 }
 
 TEST_CASE("conv2d with bf16 and f16 storage rounds the f32 result once", "[conv][half]") {
-  for (auto engine : engines()) {
-    EngineChoice ec(engine);
-    INFO("engine " << engine_name(engine));
-    check_half_conv<frugal::BFloat16>("bf16", std::ldexp(1.0, -8));
-    check_half_conv<frugal::Half>("f16", std::ldexp(1.0, -11));
+  // Every engine; and on a CPU with AVX512-BF16 both bf16 paths of the
+  // AVX-512 engine: the bf16 micro-kernel, and (capped at AVX-512F) the
+  // f32 one on widened panels.
+  using frugal::cpu::CpuIsa;
+  test_support::KeepCpuIsa keep;
+  std::vector<CpuIsa> caps{frugal::cpu::widest_cpu_isa()};
+  if (caps[0] == CpuIsa::avx512bf16) caps.push_back(CpuIsa::avx512);
+  for (CpuIsa cap : caps) {
+    frugal::cpu::forced_cpu_isa = int(cap);
+    for (auto engine : engines()) {
+      EngineChoice ec(engine);
+      INFO("engine " << engine_name(engine) << ", instruction set " << frugal::cpu::isa_name(cap));
+      check_half_conv<frugal::BFloat16>("bf16", std::ldexp(1.0, -8));
+      check_half_conv<frugal::Half>("f16", std::ldexp(1.0, -11));
+    }
   }
 }
 

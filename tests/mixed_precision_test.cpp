@@ -91,61 +91,68 @@ TEST_CASE("f64 rounds to bf16/f16 once, not twice through f32", "[mixed][cast]")
   CHECK(std::isnan(float(math::convert<Half>(std::nan("")))));
 }
 
-TEST_CASE("the CPU backend's vectorised bulk conversions equal the scalar ones bit for bit", "[mixed][cast]") {
-  // Every 16-bit pattern, widened.
-  std::vector<BFloat16> b(65536);
-  std::vector<Half> h(65536);
-  for (std::uint32_t i = 0; i < 65536; ++i) b[i].bits = h[i].bits = std::uint16_t(i);
-  std::vector<float> fb(65536), fh(65536);
-  cpu::convert_into(b.data(), fb.data(), 65536);
-  cpu::convert_into(h.data(), fh.data(), 65536);
-  std::size_t bad = 0;
-  for (std::uint32_t i = 0; i < 65536; ++i) {
-    float wb = float(b[i]), wh = float(h[i]);
-    bad += std::memcmp(&fb[i], &wb, 4) != 0;
-    bad += std::memcmp(&fh[i], &wh, 4) != 0;
-  }
-  CHECK(bad == 0);
-  // Narrowing: every sign/exponent/top-mantissa combination (the high 16
-  // bits) with low bits at and around both formats' rounding points (bit 15
-  // for bf16; bits 12-13 for f16 normals, higher for its subnormals), plus
-  // random patterns; one element more than whole blocks, so the tail takes
-  // the scalar path too.
-  const std::uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x2001, 0x3000,
-                                0x7fff, 0x8000, 0x8001, 0xa000, 0xc000, 0xefff, 0xf000, 0xffff};
-  std::vector<float> f;
-  for (std::uint32_t hi = 0; hi < 65536; ++hi)
-    for (std::uint32_t lo : lows) f.push_back(std::bit_cast<float>((hi << 16) | lo));
-  Rng r(3);
-  for (int i = 0; i < (1 << 20) + 1; ++i) f.push_back(std::bit_cast<float>(std::uint32_t(r.uniform() * 4294967296.0)));
-  std::vector<BFloat16> nb(f.size());
-  std::vector<Half> nh(f.size());
-  cpu::convert_into(f.data(), nb.data(), std::int64_t(f.size()));
-  cpu::convert_into(f.data(), nh.data(), std::int64_t(f.size()));
-  bad = 0;
-  std::size_t first = 0;
-  for (std::size_t i = 0; i < f.size(); ++i)
-    if (nb[i].bits != BFloat16(f[i]).bits || nh[i].bits != Half(f[i]).bits) {
-      if (!bad) first = i;
-      ++bad;
+TEST_CASE("the CPU backend's vectorised bulk conversions equal the scalar ones bit for bit, in every instruction set",
+          "[mixed][cast][isa]") {
+  test_support::KeepCpuIsa keep;
+  for (cpu::CpuIsa isa : {cpu::CpuIsa::base, cpu::CpuIsa::avx2, cpu::CpuIsa::avx512}) {
+    if (isa > cpu::widest_cpu_isa()) continue;
+    INFO("instruction set " << cpu::isa_name(isa));
+    cpu::forced_cpu_isa = int(isa);
+    // Every 16-bit pattern, widened.
+    std::vector<BFloat16> b(65536);
+    std::vector<Half> h(65536);
+    for (std::uint32_t i = 0; i < 65536; ++i) b[i].bits = h[i].bits = std::uint16_t(i);
+    std::vector<float> fb(65536), fh(65536);
+    cpu::convert_into(b.data(), fb.data(), 65536);
+    cpu::convert_into(h.data(), fh.data(), 65536);
+    std::size_t bad = 0;
+    for (std::uint32_t i = 0; i < 65536; ++i) {
+      float wb = float(b[i]), wh = float(h[i]);
+      bad += std::memcmp(&fb[i], &wb, 4) != 0;
+      bad += std::memcmp(&fh[i], &wh, 4) != 0;
     }
-  INFO(bad << " of " << f.size() << " differ; first: f32 bits " << std::hex << std::bit_cast<std::uint32_t>(f[first]));
-  CHECK(bad == 0);
-  // Rounding in place (the fused kernel's store-and-reload of each step):
-  // the same patterns, block by block, with a partial block at the end.
-  std::vector<float> rb = f, rh = f;
-  for (std::size_t i = 0; i < f.size(); i += cpu::bulk::kBlock) {
-    const int n = int(std::min<std::size_t>(cpu::bulk::kBlock, f.size() - i));
-    cpu::round_block<BFloat16>(rb.data() + i, n);
-    cpu::round_block<Half>(rh.data() + i, n);
+    CHECK(bad == 0);
+    // Narrowing: every sign/exponent/top-mantissa combination (the high 16
+    // bits) with low bits at and around both formats' rounding points (bit 15
+    // for bf16; bits 12-13 for f16 normals, higher for its subnormals), plus
+    // random patterns; one element more than whole blocks, so the loops'
+    // tails are covered too.
+    const std::uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x2001, 0x3000,
+                                  0x7fff, 0x8000, 0x8001, 0xa000, 0xc000, 0xefff, 0xf000, 0xffff};
+    std::vector<float> f;
+    for (std::uint32_t hi = 0; hi < 65536; ++hi)
+      for (std::uint32_t lo : lows) f.push_back(std::bit_cast<float>((hi << 16) | lo));
+    Rng r(3);
+    for (int i = 0; i < (1 << 20) + 1; ++i) f.push_back(std::bit_cast<float>(std::uint32_t(r.uniform() * 4294967296.0)));
+    std::vector<BFloat16> nb(f.size());
+    std::vector<Half> nh(f.size());
+    cpu::convert_into(f.data(), nb.data(), std::int64_t(f.size()));
+    cpu::convert_into(f.data(), nh.data(), std::int64_t(f.size()));
+    bad = 0;
+    std::size_t first = 0;
+    for (std::size_t i = 0; i < f.size(); ++i)
+      if (nb[i].bits != BFloat16(f[i]).bits || nh[i].bits != Half(f[i]).bits) {
+        if (!bad) first = i;
+        ++bad;
+      }
+    INFO(bad << " of " << f.size() << " differ; first: f32 bits " << std::hex << std::bit_cast<std::uint32_t>(f[first]));
+    CHECK(bad == 0);
+    // Rounding in place (the fused kernel's store-and-reload of each step):
+    // the same patterns, block by block, with a partial block at the end.
+    std::vector<float> rb = f, rh = f;
+    for (std::size_t i = 0; i < f.size(); i += cpu::bulk::kBlock) {
+      const int n = int(std::min<std::size_t>(cpu::bulk::kBlock, f.size() - i));
+      cpu::round_block<BFloat16>(rb.data() + i, n);
+      cpu::round_block<Half>(rh.data() + i, n);
+    }
+    bad = 0;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      float wb = float(BFloat16(f[i])), wh = float(Half(f[i]));
+      bad += std::memcmp(&rb[i], &wb, 4) != 0;
+      bad += std::memcmp(&rh[i], &wh, 4) != 0;
+    }
+    CHECK(bad == 0);
   }
-  bad = 0;
-  for (std::size_t i = 0; i < f.size(); ++i) {
-    float wb = float(BFloat16(f[i])), wh = float(Half(f[i]));
-    bad += std::memcmp(&rb[i], &wb, 4) != 0;
-    bad += std::memcmp(&rh[i], &wh, 4) != 0;
-  }
-  CHECK(bad == 0);
 }
 
 TEST_CASE("the cast op converts between f32, f64, bf16 and f16 in both directions", "[mixed][cast]") {

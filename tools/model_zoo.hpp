@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <frugal/frugal.hpp>
@@ -110,11 +111,21 @@ struct Workload {
   std::unique_ptr<Optimizer> opt;
 };
 
+// Normal draws; bf16/f16 get the f32 draws rounded once.
 inline void fill_normal(Tensor& t, Rng& r) {
-  if (t.dtype() == DType::f64)
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = r.normal();
-  else
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(r.normal());
+  auto fill = [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = math::convert<T>(float(r.normal()));
+  };
+  switch (t.dtype()) {
+    case DType::f64:
+      for (std::int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = r.normal();
+      break;
+    case DType::f32: fill(t.data<float>()); break;
+    case DType::bf16: fill(t.data<BFloat16>()); break;
+    case DType::f16: fill(t.data<Half>()); break;
+    default: fail("model zoo: no normal draws of dtype ", dtype_name(t.dtype()));
+  }
 }
 
 inline void fill_labels(Tensor& t, Rng& r, int classes) {
@@ -218,7 +229,7 @@ inline Workload make(const Config& c) {
     // CIFAR-style: `layers` BasicBlocks per stage over three stages of widths
     // width, 2 width, 4 width (ResNet-20 is layers=3, width=16), 3x32x32.
     std::vector<nn::ResNetStage> stages{{c.width, c.layers, 1}, {2 * c.width, c.layers, 2}, {4 * c.width, c.layers, 2}};
-    auto m = std::make_unique<nn::ResNet<nn::BasicBlock>>(c.width, stages, c.classes);
+    auto m = std::make_unique<nn::ResNet<nn::BasicBlock>>(c.width, stages, c.classes, 3, c.dtype);
     auto* mp = m.get();
     w.inputs = {{{c.dtype, Shape{c.batch, 3, c.image, c.image}}, "images"}, input<std::int32_t>({c.batch}, "labels")};
     w.loss = [mp](const std::vector<Var>& v) { return cross_entropy(mp->forward(v[0]), v[1]); };

@@ -12,14 +12,12 @@ class BatchNorm1d : public Layer {
  public:
   ~BatchNorm1d() override;
   explicit BatchNorm1d(std::int64_t num_features, BatchNormOptions o = {}) : c_(num_features), o_(o) {
-    if (num_features <= 0) fail<ShapeError>("nn::BatchNorm1d: num_features must be positive, got ", num_features);
-    if (o.dtype != DType::f32 && o.dtype != DType::f64)
-      fail<ShapeError>("nn::BatchNorm1d: dtype must be f32 or f64, got ", dtype_name(o.dtype));
-    weight = register_parameter("weight", filled(1.0));
-    bias = register_parameter("bias", filled(0.0));
+    detail::check_batch_norm_options("nn::BatchNorm1d", num_features, o);
+    weight = register_parameter("weight", detail::filled_per_channel(c_, o.dtype, 1.0));
+    bias = register_parameter("bias", detail::filled_per_channel(c_, o.dtype, 0.0));
     if (o.track_running_stats) {
-      running_mean = register_buffer("running_mean", filled(0.0));
-      running_var = register_buffer("running_var", filled(1.0));
+      running_mean = register_buffer("running_mean", detail::filled_per_channel(c_, compute_dtype(o.dtype), 0.0));
+      running_var = register_buffer("running_var", detail::filled_per_channel(c_, compute_dtype(o.dtype), 1.0));
       num_batches_tracked = register_buffer("num_batches_tracked", Tensor(Shape{}, DType::i64));
     }
   }
@@ -42,15 +40,6 @@ class BatchNorm1d : public Layer {
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
  private:
-  Tensor filled(double v) const {
-    Tensor t({c_}, o_.dtype);
-    if (t.is_meta()) return t;
-    for (std::int64_t i = 0; i < c_; ++i) {
-      if (o_.dtype == DType::f64) t.data<double>()[i] = v;
-      else t.data<float>()[i] = float(v);
-    }
-    return t;
-  }
   std::int64_t c_;
   BatchNormOptions o_;
 };

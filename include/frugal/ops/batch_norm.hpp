@@ -9,24 +9,45 @@
 // 0.1, the running variance takes the UNBIASED batch variance), so
 // recomputing the forward never updates the statistics twice.
 // Eval mode normalises with the running statistics: a pure op.
+//
+// Dtypes: x, y, their gradients and the affine weight and bias (gamma,
+// beta) share one dtype, f32, f64, bf16 or f16; the statistics (the batch
+// mean and variance these ops output and read, and the running mean and
+// variance) are in its compute dtype (compute_dtype: f32 for bf16/f16), as
+// PyTorch and cuDNN keep them for half-precision batch norm. A 16-bit
+// running variance would lose the momentum updates (0.1 of a change below
+// half a bf16 ulp of the variance rounds away), and the f32 statistics are
+// what the backward needs to reproduce the forward's normalisation. gamma
+// and beta are parameters like every other of a 16-bit model: stored in 16
+// bits, stepped in f32 by the optimizer (with f32 master copies under
+// AdamWOptions::master_weights).
 #include "checks.hpp"
 #include "unary.hpp"
 
 namespace frugal::ops {
 
-inline void check_batch_norm(const std::string& op, const TensorMeta& x, std::span<const TensorMeta> per_channel,
-                             std::span<const char* const> names) {
-  expect_floating(op, x);
+// x is [N, C, H, W]; `params` (named) are [C] in x's dtype, `stats` (named
+// after them) are [C] in x's compute dtype.
+inline void check_batch_norm(const std::string& op, const TensorMeta& x, std::span<const TensorMeta> params,
+                             std::span<const TensorMeta> stats, std::span<const char* const> names) {
+  expect_any_floating(op, x);
   if (x.shape.rank() != 4)
     fail<ShapeError>(op, ": expects an input [N, C, H, W], got ", x.shape.str());
   const std::int64_t c = x.shape[1];
-  for (std::size_t i = 0; i < per_channel.size(); ++i) {
-    expect_same_dtype(op, x, per_channel[i]);
-    if (per_channel[i].shape != Shape{c})
-      fail<ShapeError>(op, ": ", names[i], " ", per_channel[i].shape.str(), " does not match input ", x.shape.str(),
+  auto check = [&](const TensorMeta& m, const char* what, DType want) {
+    if (m.dtype != want)
+      fail<ShapeError>(op, ": ", what, " ", m.str(), " must be ", dtype_name(want), " for an input ", x.str(),
+                       want == x.dtype ? "" : " (batch norm keeps its statistics in f32 for a 16-bit input)");
+    if (m.shape != Shape{c})
+      fail<ShapeError>(op, ": ", what, " ", m.shape.str(), " does not match input ", x.shape.str(),
                        " (expected [", c, "], one per channel)");
-  }
+  };
+  for (std::size_t i = 0; i < params.size(); ++i) check(params[i], names[i], x.dtype);
+  for (std::size_t i = 0; i < stats.size(); ++i) check(stats[i], names[params.size() + i], compute_dtype(x.dtype));
 }
+
+// The dtype and shape of a [N, C, H, W] input's per-channel statistics.
+inline TensorMeta batch_norm_stats_meta(const TensorMeta& x) { return {compute_dtype(x.dtype), Shape{x.shape[1]}}; }
 
 // Values per channel the statistics run over: N * H * W.
 inline std::int64_t batch_norm_count(const Shape& x) { return x[0] * x[2] * x[3]; }
@@ -44,7 +65,7 @@ class BatchNorm2dBackward final : public Op {
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 5);
     static constexpr const char* names[] = {"weight", "mean", "var"};
-    check_batch_norm(name(), in[0], in.subspan(2, 3), names);
+    check_batch_norm(name(), in[0], in.subspan(2, 1), in.subspan(3, 2), names);
     if (in[1].shape != in[0].shape || in[1].dtype != in[0].dtype)
       fail<ShapeError>(name(), ": output gradient ", in[1].str(), " does not match input ", in[0].str());
     return {in[0], in[2], in[2]};
@@ -78,10 +99,10 @@ class BatchNorm2dTrain final : public Op {
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 3);
     static constexpr const char* names[] = {"weight", "bias"};
-    check_batch_norm(name(), in[0], in.subspan(1, 2), names);
+    check_batch_norm(name(), in[0], in.subspan(1, 2), {}, names);
     if (batch_norm_count(in[0].shape) <= 1)
       fail<ShapeError>(name(), ": expected more than 1 value per channel when training, got input ", in[0].shape.str());
-    return {in[0], in[1], in[1]};
+    return {in[0], batch_norm_stats_meta(in[0]), batch_norm_stats_meta(in[0])};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {
     if (a.grad_outputs[1] || a.grad_outputs[2])
@@ -115,7 +136,7 @@ class BatchNorm2dEval final : public Op {
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 5);
     static constexpr const char* names[] = {"weight", "bias", "running_mean", "running_var"};
-    check_batch_norm(name(), in[0], in.subspan(1, 4), names);
+    check_batch_norm(name(), in[0], in.subspan(1, 2), in.subspan(3, 2), names);
     return {in[0]};
   }
   std::vector<std::optional<Var>> backward(const BackwardArgs& a) const override {

@@ -149,7 +149,8 @@ class AvgPool2d final : public PoolOp {
   bool include_pad_;
 };
 
-// Input dy [N, C] -> dx [N, C, H, W] = dy / (H W) everywhere.
+// Input dy [N, C] -> dx [N, C, H, W] = dy / (H W) everywhere. (Both global
+// average pool ops also take bf16/f16: summed in double, rounded once.)
 class GlobalAvgPool2dBackward final : public Op {
  public:
   ~GlobalAvgPool2dBackward() override;
@@ -157,7 +158,7 @@ class GlobalAvgPool2dBackward final : public Op {
   std::string name() const override { return "global_avg_pool2d_backward"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);
-    expect_floating(name(), in[0]);
+    expect_any_floating(name(), in[0]);
     if (in[0].shape != Shape{x_[0], x_[1]})
       fail<ShapeError>(name(), ": output gradient ", in[0].shape.str(), " does not match input ", x_.str());
     return {{in[0].dtype, x_}};
@@ -174,7 +175,7 @@ class GlobalAvgPool2d final : public Op {
   std::string name() const override { return "global_avg_pool2d"; }
   std::vector<TensorMeta> infer(std::span<const TensorMeta> in) const override {
     expect_arity(name(), in, 1);
-    expect_floating(name(), in[0]);
+    expect_any_floating(name(), in[0]);
     const Shape& x = in[0].shape;
     if (x.rank() != 4) fail<ShapeError>(name(), ": expects an input [N, C, H, W], got ", x.str());
     if (x[2] == 0 || x[3] == 0) fail<ShapeError>(name(), ": input ", x.str(), " has an empty plane");

@@ -21,7 +21,11 @@
 // image order.
 //
 // bf16/f16 are storage only: widened to f32 while packing, multiplied in
-// f32, rounded once on the final store.
+// f32, rounded once on the final store. Where the CPU has AVX512-BF16, a
+// bf16 forward (or stride-1 data gradient) of even depth on the AVX-512
+// engine packs bf16 pairs instead and multiplies them with VDPBF16PS
+// (conv_avx512.hpp, micro_kernel_bf16): the same exact products, summed in
+// f32 in another order.
 #include <cstring>
 #include <type_traits>
 
@@ -32,6 +36,7 @@
 #include "isa.hpp"
 #include "conv_scratch.hpp"
 #include "conv_winograd.hpp"
+#include "convert.hpp"
 #include "parallel.hpp"
 
 #include "abi.hpp"
@@ -58,9 +63,23 @@ void dispatch_storage(DType t, const char* op, Fn&& fn) {
   }
 }
 
+// A value read into the compute type, and one rounded once to the storage
+// type: convert.hpp's widen_as and narrow_as (branch-free for bf16/f16, so
+// the packing and storing loops vectorise).
 template <class C, class T>
 inline C widen(T v) {
-  return static_cast<C>(v);
+  return widen_as<C>(v);
+}
+template <class T, class C>
+inline T narrow(C v) {
+  return narrow_as<T>(v);
+}
+// fn() in the widest instruction set for 16-bit storage T (its packing and
+// storing loops convert every element), as compiled for f32 and f64.
+template <class T, class Fn>
+inline void widest_if_half(Fn&& fn) {
+  if constexpr (is_half_v<T>) run_widest(fn);
+  else fn();
 }
 
 // The scratch regions of one op, carved out of KernelArgs::workspace.
@@ -209,12 +228,13 @@ void col2im_into_dx(const C* col, C* acc, const ops::ConvGeometry& g, std::int64
                     std::int64_t gi, T* dx) {
   const std::int64_t cin_g = g.cin_g();
   if constexpr (is_half_v<T>) {
-    col2im(col, g, p, q.begin, q.end,
-           [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
+    // Plane by plane, each rounded while its sums are still in cache.
     for (std::int64_t pl = q.begin; pl < q.end; ++pl) {
+      col2im(col, g, p, pl, pl + 1,
+             [&](std::int64_t img, std::int64_t ci) { return acc + (img * cin_g + ci) * g.hw(); });
       const C* src = acc + pl * g.hw();
       T* d = dx + ((b0 + pl / cin_g) * g.cin + gi * cin_g + pl % cin_g) * g.hw();
-      for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = T(src[e]);
+      for (std::int64_t e = 0; e < g.hw(); ++e) d[e] = narrow<T>(src[e]);
     }
   } else {
     col2im(col, g, p, q.begin, q.end, [&](std::int64_t img, std::int64_t ci) {
@@ -250,23 +270,21 @@ void scatter_rows(const C* rows, T* y, const T* bias, const ops::ConvGeometry& g
       const std::int64_t img = u / g.ho, oh = u % g.ho;
       const C* __restrict s = rows + co * p + img * hwo + oh * g.wo;
       T* __restrict d = y + ((b0 + img) * g.cout + gi * cg + co) * hwo + oh * g.wo;
-      for (std::int64_t c = 0; c < g.wo; ++c) d[c] = T(s[c] + bv);
+      for (std::int64_t c = 0; c < g.wo; ++c) d[c] = narrow<T>(s[c] + bv);
     }
   }
 }
 
+// A 16-bit tensor widened into f32 scratch, and f32 scratch rounded into
+// one: the bulk conversions (convert.hpp, the widest instruction set).
 template <class T, class C>
 void widen_all(const T* src, C* dst, std::int64_t n) {
-  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) dst[i] = widen<C>(src[i]);
-  });
+  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) { bulk::convert_span(src + b, dst + b, e - b); });
 }
 
 template <class C, class T>
 void narrow_all(const C* src, T* dst, std::int64_t n) {
-  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) dst[i] = T(src[i]);
-  });
+  parallel_for(n, 1, [&](std::int64_t b, std::int64_t e) { bulk::convert_span(src + b, dst + b, e - b); });
 }
 
 }  // namespace conv_detail
@@ -300,7 +318,7 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         const C* cols = ws.col;
         std::int64_t ldc = p;
         if (!(s.one && g.pointwise())) {
-          im2col(x, ws.col, g, b0, p, gi, 0, k, u.begin, u.end);
+          widest_if_half<T>([&] { im2col(x, ws.col, g, b0, p, gi, 0, k, u.begin, u.end); });
         } else if constexpr (std::is_same_v<T, C>) {  // pointwise, one image: the planes are the columns
           cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
           ldc = hwo;
@@ -308,7 +326,7 @@ void conv2d_forward_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         const C* wg = wc + gi * cg * k;
         if (!s.one) {
           gemm(false, false, cg, nc, k, C(1), wg, k, cols + c0, ldc, C(0), ws.rows + c0, p);
-          scatter_rows(ws.rows, y, bias, g, b0, p, gi, u.begin, u.end);
+          widest_if_half<T>([&] { scatter_rows(ws.rows, y, bias, g, b0, p, gi, u.begin, u.end); });
         } else if constexpr (std::is_same_v<T, C>) {  // one image: straight into y
           C* yg = y + (b0 * g.cout + gi * cg) * hwo + c0;
           C beta = C(0);
@@ -350,7 +368,7 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         const C* dyg = ws.rows;
         std::int64_t lddy = p;
         if (!s.one) {
-          gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
+          widest_if_half<T>([&] { gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end); });
         } else if constexpr (std::is_same_v<T, C>) {
           dyg = dy + (b0 * g.cout + gi * cg) * hwo;
           lddy = hwo;
@@ -368,7 +386,9 @@ void conv2d_backward_data_blas(const ops::ConvGeometry& g, const ConvScratch& s,
         if (nc > 0) gemm(true, false, k, nc, cg, C(1), wg, k, dyg + c0, lddy, C(0), ws.col + c0, p);
       });
       if (!ws.col) continue;
-      each_chunk(nt, [&](std::int64_t t) { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      each_chunk(nt, [&](std::int64_t t) {
+        widest_if_half<T>([&] { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      });
     }
   }
 }
@@ -402,7 +422,7 @@ void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& 
       if (!s.one) {
         each_chunk(nt, [&](std::int64_t t) {
           const Share u = share(nb * g.ho, t, nt);
-          gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end);
+          widest_if_half<T>([&] { gather_rows(dy, ws.rows, g, b0, p, gi, u.begin, u.end); });
         });
       } else if constexpr (std::is_same_v<T, C>) {
         dyg = dy + (b0 * g.cout + gi * cg) * hwo;
@@ -413,7 +433,7 @@ void conv2d_backward_weight_blas(const ops::ConvGeometry& g, const ConvScratch& 
         const C* cols = ws.col;
         std::int64_t ldc = p;
         if (ws.col) {
-          im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+          widest_if_half<T>([&] { im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho); });
         } else if constexpr (std::is_same_v<T, C>) {
           cols = x + (b0 * g.cin + gi * g.cin_g()) * g.hw();
           ldc = hwo;
@@ -476,11 +496,28 @@ inline int pieces(const ops::ConvGeometry& g, std::int64_t n0, std::int64_t coun
   return np;
 }
 
+// A panel's element type D: f32 ([k][32], widened), or bf16 bits in
+// pairs ([k/2][32] 32-bit words, rows 2q and 2q + 1 of a column side by side,
+// for micro_kernel_bf16). Where row r's column c lies, and a value as D.
+template <class D>
+constexpr std::int64_t panel_at(std::int64_t r, std::int64_t c) {
+  if constexpr (std::is_same_v<D, float>) return r * NR + c;
+  else return (r >> 1) * 2 * NR + 2 * c + (r & 1);
+}
+template <class D>
+inline constexpr std::int64_t kPanelStride = std::is_same_v<D, float> ? 1 : 2;  // between columns
+template <class D, class T>
+inline D panel_value(T v) {
+  if constexpr (std::is_same_v<D, float>) return widen<float>(v);
+  else return v.bits;
+}
+
 // The im2col columns [n0, n0 + count) of the chunk from image b0, group gi,
-// packed as a panel [k][32], zero past count.
-template <class T>
-void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& g, std::int64_t b0, std::int64_t gi,
+// packed as a panel of D (above), zero past count.
+template <class T, class D = float>
+void pack_columns(const T* x, D* __restrict panel, const ops::ConvGeometry& g, std::int64_t b0, std::int64_t gi,
                   std::int64_t n0, std::int64_t count) {
+  constexpr std::int64_t S = kPanelStride<D>;
   Piece pc[NR];
   const int np = pieces(g, n0, count, true, pc);
   // Per piece: its output row and first column, and its image's planes.
@@ -495,37 +532,38 @@ void pack_columns(const T* x, float* __restrict panel, const ops::ConvGeometry& 
   constexpr std::int64_t kTaps = 16;
   std::int64_t lo_of[kTaps], hi_of[kTaps];
   for (std::int64_t j = 0; j < std::min(g.kw, kTaps); ++j) tap_range(j * g.dw - g.pw, g.sw, g.w, g.wo, lo_of[j], hi_of[j]);
-  float* d = panel;
+  std::int64_t r = 0;  // the panel row: tap (ci, i, j)
   for (std::int64_t ci = 0; ci < g.cin_g(); ++ci)
     for (std::int64_t i = 0; i < g.kh; ++i) {
       const std::int64_t offh = i * g.dh - g.ph;
-      for (std::int64_t j = 0; j < g.kw; ++j, d += NR) {
+      for (std::int64_t j = 0; j < g.kw; ++j, ++r) {
+        D* d = panel + panel_at<D>(r, 0);  // d[c * S] is column c
         const std::int64_t offw = j * g.dw - g.pw;
         std::int64_t lo, hi;
         if (j < kTaps) lo = lo_of[j], hi = hi_of[j];
         else tap_range(offw, g.sw, g.w, g.wo, lo, hi);
         for (int t = 0; t < np; ++t) {
           const Piece& p = pc[t];
-          float* dd = d + p.c;  // dd[e] is output column ow0 + e
+          D* dd = d + p.c * S;  // dd[e * S] is output column ow0 + e
           const std::int64_t iy = oh[t] * g.sh + offh;
           if (iy < 0 || iy >= g.h) {
-            for (std::int64_t e = 0; e < p.len; ++e) dd[e] = 0.f;
+            for (std::int64_t e = 0; e < p.len; ++e) dd[e * S] = D(0);
             continue;
           }
           // Input positions exist for columns [a, b) of the piece; the rest is padding.
           const std::int64_t a = std::clamp(lo - ow0[t], std::int64_t(0), p.len);
           const std::int64_t b = std::clamp(hi - ow0[t], a, p.len);
           const T* row = planes[t] + (ci * g.h + iy) * g.w;
-          for (std::int64_t e = 0; e < a; ++e) dd[e] = 0.f;
+          for (std::int64_t e = 0; e < a; ++e) dd[e * S] = D(0);
           if (g.sw == 1) {
             const T* src = row + (ow0[t] + offw);
-            for (std::int64_t e = a; e < b; ++e) dd[e] = widen<float>(src[e]);
+            for (std::int64_t e = a; e < b; ++e) dd[e * S] = panel_value<D>(src[e]);
           } else {
-            for (std::int64_t e = a; e < b; ++e) dd[e] = widen<float>(row[(ow0[t] + e) * g.sw + offw]);
+            for (std::int64_t e = a; e < b; ++e) dd[e * S] = panel_value<D>(row[(ow0[t] + e) * g.sw + offw]);
           }
-          for (std::int64_t e = b; e < p.len; ++e) dd[e] = 0.f;
+          for (std::int64_t e = b; e < p.len; ++e) dd[e * S] = D(0);
         }
-        for (std::int64_t c = count; c < NR; ++c) d[c] = 0.f;
+        for (std::int64_t c = count; c < NR; ++c) d[c * S] = D(0);
       }
     }
 }
@@ -571,13 +609,14 @@ void pack_dy_transposed(const T* dy, float* panels_base, const ops::ConvGeometry
 
 }  // namespace conv_detail
 
-// The forward pass over f32 weights wc [Cout, k] (also the data gradient
-// of a stride-1 convolution, run as a convolution of dy). Each chunk owns a
-// share of the images' column panels: it packs a panel's im2col columns and
-// multiplies every 8-row block of the weight by it, storing straight into y.
-// Nothing is shared between chunks.
-template <class T>
-void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const float* wc,
+// The forward pass over weights wc [Cout, k] (also the data gradient of a
+// stride-1 convolution, run as a convolution of dy): f32 (W = float), or,
+// on the bf16 micro-kernel, the bf16 tensors' own bits (W = std::uint16_t;
+// k even). Each chunk owns a share of the images' column panels: it packs a
+// panel's im2col columns and multiplies every 8-row block of the weight by
+// it, storing straight into y. Nothing is shared between chunks.
+template <class T, class W = float>
+void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float* col, const T* x, const W* wc,
                          const T* bias, T* y) {
   using namespace conv_detail;
   const std::int64_t hwo = g.hw_out(), k = g.k(), cg = g.cout_g();
@@ -591,19 +630,26 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
       for (std::int64_t gi = 0; gi < g.groups; ++gi)
         for (std::int64_t jp = sh.begin; jp < sh.end; ++jp) {
           const std::int64_t n0 = jp * NR, count = std::min<std::int64_t>(NR, p - n0);
-          float* panel = col + jp * k * NR;
-          pack_columns(x, panel, g, b0, gi, n0, count);
+          float* panel = col + jp * k * NR;  // pairs take the first half of it
+          widest_if_half<T>([&] {
+            if constexpr (std::is_same_v<W, float>) pack_columns(x, panel, g, b0, gi, n0, count);
+            else pack_columns(x, reinterpret_cast<std::uint16_t*>(panel), g, b0, gi, n0, count);
+          });
           const int np = pieces(g, n0, count, false, pc);
           for (std::int64_t m0 = 0; m0 < cg; m0 += MR) {
             const int mr = int(std::min<std::int64_t>(MR, cg - m0));
-            conv_fast::micro_kernel(k, wc + (gi * cg + m0) * k, k, 1, mr, panel, tile);
+            if constexpr (std::is_same_v<W, float>)
+              conv_fast::micro_kernel(k, wc + (gi * cg + m0) * k, k, 1, mr, panel, tile);
+            else
+              conv_fast::micro_kernel_bf16(k / 2, wc + (gi * cg + m0) * k, k, mr,
+                                           reinterpret_cast<const std::uint32_t*>(panel), tile);
             for (int i = 0; i < mr; ++i) {
               const std::int64_t co = gi * cg + m0 + i;
               const float bv = bias ? widen<float>(bias[co]) : 0.f;
               for (int q = 0; q < np; ++q) {
                 T* __restrict d = y + ((b0 + pc[q].img) * g.cout + co) * hwo + pc[q].q;
                 const float* __restrict src = tile + i * NR + pc[q].c;
-                for (std::int64_t e = 0; e < pc[q].len; ++e) d[e] = T(src[e] + bv);
+                for (std::int64_t e = 0; e < pc[q].len; ++e) d[e] = conv_detail::narrow<T>(src[e] + bv);
               }
             }
           }
@@ -612,10 +658,24 @@ void conv_forward_panels(const ops::ConvGeometry& g, std::int64_t images, float*
   }
 }
 
+// Whether a bf16 pass of depth k runs on the bf16 micro-kernel: the CPU
+// has AVX512-BF16 (and FRUGAL_CPU_ISA does not cap it below), and k is
+// even (its weight rows are read in place as pairs).
+template <class T>
+bool bf16_panels(std::int64_t k) {
+  return std::is_same_v<T, BFloat16> && k % 2 == 0 && cpu_isa() >= CpuIsa::avx512bf16 && bf16gemm512::available();
+}
+template <class T>
+const std::uint16_t* bits_of(const T* p) {
+  return reinterpret_cast<const std::uint16_t*>(p);
+}
+
 template <class T>
 void conv2d_forward_avx512(const ops::ConvGeometry& g, const ConvScratch& s,
                            const conv_detail::Scratch<float>& ws, const T* x, const T* w, const T* bias, T* y) {
   if constexpr (conv_detail::is_half_v<T>) {
+    if constexpr (std::is_same_v<T, BFloat16>)
+      if (bf16_panels<T>(g.k())) return conv_forward_panels(g, s.images, ws.col, x, bits_of(w), bias, y);
     conv_detail::widen_all(w, ws.weight, g.cout * g.k());
     conv_forward_panels(g, s.images, ws.col, x, ws.weight, bias, y);
   } else {
@@ -631,18 +691,31 @@ void conv2d_backward_data_as_conv(const ops::ConvGeometry& g, const ConvScratch&
                                   const conv_detail::Scratch<float>& ws, const T* dy, const T* w, T* dx) {
   const ops::ConvGeometry f = conv_data_grad_geometry(g);
   const std::int64_t k = g.k(), kf = f.k(), khw = g.kh * g.kw, cg = g.cout_g(), cin_g = g.cin_g();
-  float* wf = ws.weight;
-  parallel_for(g.groups * cin_g, kf, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t row = b; row < e; ++row) {
-      const std::int64_t gi = row / cin_g, ci = row % cin_g;
-      float* __restrict d = wf + row * kf;
-      for (std::int64_t co = 0; co < cg; ++co) {
-        const T* src = w + (gi * cg + co) * k + ci * khw;
-        for (std::int64_t t = 0; t < khw; ++t) d[co * khw + t] = conv_detail::widen<float>(src[khw - 1 - t]);
+  // The flipped weight: f32, or on the bf16 micro-kernel bf16 bits (in the
+  // same scratch, which holds the f32 form).
+  auto flip = [&](auto* wf, auto value) {
+    parallel_for(g.groups * cin_g, kf, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t row = b; row < e; ++row) {
+        const std::int64_t gi = row / cin_g, ci = row % cin_g;
+        auto* __restrict d = wf + row * kf;
+        for (std::int64_t co = 0; co < cg; ++co) {
+          const T* src = w + (gi * cg + co) * k + ci * khw;
+          for (std::int64_t t = 0; t < khw; ++t) d[co * khw + t] = value(src[khw - 1 - t]);
+        }
       }
+    });
+  };
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (bf16_panels<T>(kf)) {
+      auto* wf = reinterpret_cast<std::uint16_t*>(ws.weight);
+      flip(wf, [](T v) { return conv_detail::panel_value<std::uint16_t>(v); });
+      return conv_forward_panels(f, s.images, ws.col, dy, static_cast<const std::uint16_t*>(wf),
+                                 static_cast<const T*>(nullptr), dx);
     }
-  });
-  conv_forward_panels(f, s.images, ws.col, dy, wf, static_cast<const T*>(nullptr), dx);
+  }
+  float* wf = ws.weight;
+  flip(wf, [](T v) { return conv_detail::widen<float>(v); });
+  conv_forward_panels(f, s.images, ws.col, dy, static_cast<const float*>(wf), static_cast<const T*>(nullptr), dx);
 }
 
 // Each chunk packs its share of dy's column panels and multiplies wᵀ by
@@ -678,8 +751,10 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& 
             ldo = hwo;
           }
         }
-        for (std::int64_t jp = sh.begin; jp < sh.end; ++jp)
-          pack_dy(dy, ws.rows + jp * cg * NR, g, b0, gi, jp * NR, std::min<std::int64_t>(NR, p - jp * NR));
+        widest_if_half<T>([&] {
+          for (std::int64_t jp = sh.begin; jp < sh.end; ++jp)
+            pack_dy(dy, ws.rows + jp * cg * NR, g, b0, gi, jp * NR, std::min<std::int64_t>(NR, p - jp * NR));
+        });
         // Rows m0.. of wᵀ (A(i, c) = w[gi * Cout/g + c, m0 + i]) are gathered
         // once into `ablock` and multiplied by every panel this thread owns.
         for (std::int64_t m0 = 0; m0 < k; m0 += MR) {
@@ -705,7 +780,9 @@ void conv2d_backward_data_avx512(const ops::ConvGeometry& g, const ConvScratch& 
         }
       });
       if (!ws.col) continue;
-      each_chunk(nt, [&](std::int64_t t) { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      each_chunk(nt, [&](std::int64_t t) {
+        widest_if_half<T>([&] { col2im_into_dx(ws.col, ws.acc, g, p, share(nb * cin_g, t, nt), b0, gi, dx); });
+      });
     }
   }
 }
@@ -738,9 +815,11 @@ void conv2d_backward_weight_avx512(const ops::ConvGeometry& g, const ConvScratch
     for (std::int64_t gi = 0; gi < g.groups; ++gi) {
       each_chunk(nt, [&](std::int64_t t) {
         const Share slots = share(cpanels * NR, t, nt);
-        pack_dy_transposed(dy, ws.rows, g, b0, nb, gi, slots.begin, slots.end);
         const Share r = rows_of(t);
-        if (ws.col) im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+        widest_if_half<T>([&] {
+          pack_dy_transposed(dy, ws.rows, g, b0, nb, gi, slots.begin, slots.end);
+          if (ws.col) im2col(x, ws.col, g, b0, p, gi, r.begin, r.end, 0, nb * g.ho);
+        });
       });
       const float* cols = ws.col;
       std::int64_t ldc = p;

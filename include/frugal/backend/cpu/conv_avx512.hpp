@@ -19,6 +19,7 @@
 // stack inside the micro-kernel).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "../../core/error.hpp"
 
@@ -109,9 +110,48 @@ __attribute__((target("avx512f"))) inline void micro_kernel(std::int64_t K, cons
     _mm512_store_ps(tile + i * NR + 16, c1[i]);
   }
 }
+
+// The bf16 form, for CPUs with AVX512-BF16 (bf16gemm512::available):
+// tile[i * NR + j] = sum_{q < kp} A(i, 2q) B(2q, j) + A(i, 2q + 1) B(2q + 1, j)
+// in f32, with A(i, .) the bf16 row a + i * rs (rows past mr repeat row
+// mr - 1), read in place as 32-bit pairs (rs even), and b a panel of [kp][32]
+// pairs (B(2q, j) in the low half of word q * NR + j). VDPBF16PS does 32
+// multiply-adds an instruction where the f32 kernel's FMA does 16, and
+// nothing is widened: each bf16 product is exact in f32 and added to its
+// f32 sum in the order 1, 0, 3, 2, ... (the odd element of a pair first),
+// subnormal inputs and results taken as zero, as in bf16_gemm_avx512.hpp.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void micro_kernel_bf16(
+    std::int64_t kp, const std::uint16_t* a, std::int64_t rs, int mr, const std::uint32_t* __restrict b,
+    float* __restrict tile) {
+  __m512 c0[MR], c1[MR];
+  const std::uint16_t* ar[MR];
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = _mm512_setzero_ps();
+    c1[i] = _mm512_setzero_ps();
+    ar[i] = a + std::min(i, mr - 1) * rs;
+  }
+  for (std::int64_t q = 0; q < kp; ++q) {
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(b + q * NR), b1 = (__m512bh)_mm512_load_si512(b + q * NR + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      std::uint32_t pair;
+      std::memcpy(&pair, ar[i] + 2 * q, sizeof pair);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(pair));
+      c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
+      c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm512_store_ps(tile + i * NR, c0[i]);
+    _mm512_store_ps(tile + i * NR + 16, c1[i]);
+  }
+}
 #else
-// Never called: available() is false, so no engine choice reaches it.
+// Never called: available() is false, so no engine choice reaches them.
 inline void micro_kernel(std::int64_t, const float*, std::int64_t, std::int64_t, int, const float*, float*) {
+  fail("internal error: the AVX-512 convolution micro-kernel was called but is not compiled in");
+}
+inline void micro_kernel_bf16(std::int64_t, const std::uint16_t*, std::int64_t, int, const std::uint32_t*, float*) {
   fail("internal error: the AVX-512 convolution micro-kernel was called but is not compiled in");
 }
 #endif

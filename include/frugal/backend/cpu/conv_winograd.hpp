@@ -26,12 +26,14 @@
 // weight gradient adds a part's chunks in chunk order and the parts in part
 // order. So the bits do not depend on the thread count.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <vector>
 
 #include "../../ops/conv.hpp"
 #include "blas.hpp"
 #include "conv_scratch.hpp"
+#include "convert.hpp"
 #include "isa.hpp"
 #include "parallel.hpp"
 #include "sgemm_avx2_tile.hpp"
@@ -42,9 +44,64 @@ namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::winograd {
 
 inline constexpr int kPositions = 16;  // ξ = 4 * i + j of the 4x4 transformed tile
 
+// A value read as f32 and one rounded once to T (bf16/f16: branch-free,
+// convert.hpp, so the transforms' gathers and stores vectorise).
 template <class T>
 inline float to_f32(T v) {
-  return static_cast<float>(v);
+  return widen_as<float>(v);
+}
+template <class T>
+inline T from_f32(float v) {
+  return narrow_as<T>(v);
+}
+// Elements 2q and 2q + 1 of a row (q < n) into ev[q] and od[q] as f32,
+// and back, rounded once. bf16 reads and writes each pair as one 32-bit
+// word (as f32 bits the even element is the word shifted up 16, the odd one
+// the word with its low half cleared), which vectorises; f16 goes through
+// a contiguous f32 line, `wide`; f32 is split and interleaved in place.
+template <class T>
+inline void split_pairs(const T* __restrict src, float* __restrict ev, float* __restrict od, std::int64_t n,
+                        float* __restrict wide) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    for (std::int64_t q = 0; q < n; ++q) {
+      std::uint32_t w;
+      std::memcpy(&w, src + 2 * q, sizeof w);
+      ev[q] = std::bit_cast<float>(w << 16);
+      od[q] = std::bit_cast<float>(w & 0xffff0000u);
+    }
+  } else if constexpr (std::is_same_v<T, Half>) {
+    for (std::int64_t e = 0; e < 2 * n; ++e) wide[e] = to_f32(src[e]);
+    for (std::int64_t q = 0; q < n; ++q) {
+      ev[q] = wide[2 * q];
+      od[q] = wide[2 * q + 1];
+    }
+  } else {
+    for (std::int64_t q = 0; q < n; ++q) {
+      ev[q] = to_f32(src[2 * q]);
+      od[q] = to_f32(src[2 * q + 1]);
+    }
+  }
+}
+template <class T>
+inline void join_pairs(const float* __restrict ev, const float* __restrict od, T* __restrict dst, std::int64_t n,
+                       float* __restrict wide) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    for (std::int64_t q = 0; q < n; ++q) {
+      const std::uint32_t w = std::uint32_t(from_f32<T>(ev[q]).bits) | std::uint32_t(from_f32<T>(od[q]).bits) << 16;
+      std::memcpy(static_cast<void*>(dst + 2 * q), &w, sizeof w);
+    }
+  } else if constexpr (std::is_same_v<T, Half>) {
+    for (std::int64_t q = 0; q < n; ++q) {
+      wide[2 * q] = ev[q];
+      wide[2 * q + 1] = od[q];
+    }
+    for (std::int64_t e = 0; e < 2 * n; ++e) dst[e] = from_f32<T>(wide[e]);
+  } else {
+    for (std::int64_t q = 0; q < n; ++q) {
+      dst[2 * q] = from_f32<T>(ev[q]);
+      dst[2 * q + 1] = from_f32<T>(od[q]);
+    }
+  }
 }
 
 static_assert(kWinogradSliver == sgemm512::MR && kWinogradPanel == sgemm512::NR,
@@ -164,6 +221,9 @@ inline constexpr std::int64_t kSegment = 64;
 struct Lines {
   static constexpr std::int64_t kWidth = kSegment + kLanes;
   alignas(64) float ev[4][kWidth], od[4][kWidth], out[16][kWidth];
+  // An f16 row segment widened (or an output segment before it is rounded),
+  // contiguous (split_pairs, join_pairs).
+  alignas(64) float wide[2 * kWidth];
 };
 
 // Item k of a chunk's transform: channel c, tile row `row`, and the
@@ -217,10 +277,7 @@ void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t,
       od[q] = ie + 1 >= 0 && ie + 1 < g.w ? to_f32(src[2 * q + 1]) : 0.f;
     };
     for (std::int64_t q = 0; q < lo; ++q) edge(q);
-    for (std::int64_t q = lo; q < hi; ++q) {
-      ev[q] = to_f32(src[2 * q]);
-      od[q] = to_f32(src[2 * q + 1]);
-    }
+    split_pairs(src + 2 * lo, ev + lo, od + lo, hi - lo, L.wide);
     for (std::int64_t q = hi; q < n1; ++q) edge(q);
   }
   // Tile q reads d0..d3 = ev[q], od[q], ev[q + 1], od[q + 1] of each row;
@@ -279,11 +336,8 @@ void output_tiles(const float* M, std::int64_t ld, std::int64_t col, const ops::
     const float* out0 = a == 0 ? L.ev[0] : L.od[0];  // columns 2 tx
     const float* out1 = a == 0 ? L.ev[1] : L.od[1];  // columns 2 tx + 1
     T* line = y + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
-    for (std::int64_t q = 0; q < full; ++q) {
-      line[2 * q] = T(out0[q]);
-      line[2 * q + 1] = T(out1[q]);
-    }
-    if (full < n) line[2 * full] = T(out0[full]);
+    join_pairs(out0, out1, line, full, L.wide);
+    if (full < n) line[2 * full] = from_f32<T>(out0[full]);
   }
 }
 
@@ -304,10 +358,7 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
       continue;
     }
     const T* line = dy + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 2 * it.s0;
-    for (std::int64_t q = 0; q < full; ++q) {
-      y0[q] = to_f32(line[2 * q]);
-      y1[q] = to_f32(line[2 * q + 1]);
-    }
+    split_pairs(line, y0, y1, full, L.wide);
     if (full < n) y0[full] = to_f32(line[2 * full]), y1[full] = 0.f;
   }
   // dY Aᵀ along each row is (y0, y0 + y1, y0 - y1, -y1); A the same down the columns.
@@ -535,9 +586,9 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
       }
       T* d = dw + k * 9;
       for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
-        d[r * 3 + 0] = T(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
-        d[r * 3 + 1] = T(0.5f * (tt[r][1] - tt[r][2]));
-        d[r * 3 + 2] = T(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
+        d[r * 3 + 0] = from_f32<T>(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
+        d[r * 3 + 1] = from_f32<T>(0.5f * (tt[r][1] - tt[r][2]));
+        d[r * 3 + 2] = from_f32<T>(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
       }
     }
     });

@@ -5,6 +5,7 @@
 #include "../../ops/cast.hpp"
 #include "../../ops/optimizer_updates.hpp"
 #include "../../runtime/backend.hpp"
+#include "convert.hpp"
 #include "isa.hpp"
 #include "parallel.hpp"
 
@@ -140,17 +141,21 @@ void adamw_master_span(CpuIsa isa, const Math& m, S* p, const S* g, float* w, fl
   adamw_master_base(m, p, g, w, mo, v, n, scaled, inv);
 }
 
-// bf16/f16 parameters and state: each element read into f32, stepped by the
-// same functor as an f32 one, every result rounded once on store. (Not
-// vectorised by hand: the conversions dominate either way.)
+// bf16/f16 parameters and state: a block at a time read into f32 (the
+// bulk conversions), stepped by the f32 loop with the same functor, every
+// result rounded once on store. (Element by element, with the scalar
+// conversions, the bf16 ResNet-18's update took 8x the f32 one's time.)
 template <class S, class Math>
-void sgd_half(const Math& m, S* __restrict p, const S* __restrict g, S* __restrict buf, std::int64_t n, bool scaled,
-              float inv) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    float pf = math::convert<float>(p[i]), bf = math::convert<float>(buf[i]), gf = math::convert<float>(g[i]);
-    m(pf, scaled ? gf * inv : gf, bf);
-    p[i] = math::convert<S>(pf);
-    buf[i] = math::convert<S>(bf);
+void sgd_half(CpuIsa isa, const Math& m, S* p, const S* g, S* buf, std::int64_t n, bool scaled, float inv) {
+  float pf[bulk::kBlock], gf[bulk::kBlock], bf[bulk::kBlock];
+  for (std::int64_t i = 0; i < n; i += bulk::kBlock) {
+    const int k = int(std::min<std::int64_t>(bulk::kBlock, n - i));
+    convert_block(p + i, pf, k);
+    convert_block(g + i, gf, k);
+    convert_block(buf + i, bf, k);
+    sgd_span(isa, m, pf, static_cast<const float*>(gf), bf, k, scaled, inv);
+    convert_block(static_cast<const float*>(pf), p + i, k);
+    convert_block(static_cast<const float*>(bf), buf + i, k);
   }
 }
 
@@ -176,7 +181,7 @@ inline void sgd_kernel(const ops::SgdUpdate& op, const KernelArgs& a) {
       if constexpr (std::is_same_v<S, T>)
         detail::sgd_span(isa, m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
       else
-        detail::sgd_half(m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
+        detail::sgd_half(isa, m, p + b, g + b, buf + b, e - b, op.guarded(), T(gv.inv_scale));
     });
   });
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "../../ops/cast.hpp"
 #include "../../ops/pool.hpp"
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
@@ -133,8 +134,9 @@ inline void avg_pool2d_backward_kernel(const ops::AvgPool2dBackward& op, const K
   });
 }
 
+// bf16/f16 too: each plane summed in double and the mean rounded once.
 inline void global_avg_pool2d_kernel(const ops::GlobalAvgPool2d&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "global_avg_pool2d", [&](auto tag) {
+  dispatch_storage(a.in[0].dtype, "global_avg_pool2d", [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = *a.in[0].shape;
     const std::int64_t planes = s[0] * s[1], hw = s[2] * s[3];
@@ -143,22 +145,23 @@ inline void global_avg_pool2d_kernel(const ops::GlobalAvgPool2d&, const KernelAr
     parallel_for(planes, hw, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t p = b; p < e; ++p) {
         double acc = 0;
-        for (std::int64_t q = 0; q < hw; ++q) acc += double(x[p * hw + q]);
-        y[p] = T(acc / double(hw));
+        for (std::int64_t q = 0; q < hw; ++q) acc += math::convert<double>(x[p * hw + q]);
+        y[p] = math::convert<T>(acc / double(hw));
       }
     });
   });
 }
 
 inline void global_avg_pool2d_backward_kernel(const ops::GlobalAvgPool2dBackward&, const KernelArgs& a) {
-  dispatch_float(a.in[0].dtype, "global_avg_pool2d_backward", [&](auto tag) {
+  dispatch_storage(a.in[0].dtype, "global_avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = *a.out[0].shape;
     const std::int64_t planes = s[0] * s[1], hw = s[2] * s[3];
     const T* dy = a.in[0].as<T>();
     T* dx = a.out[0].as<T>();
     parallel_for(planes, hw, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t p = b; p < e; ++p) std::fill(dx + p * hw, dx + (p + 1) * hw, T(double(dy[p]) / double(hw)));
+      for (std::int64_t p = b; p < e; ++p)
+        std::fill(dx + p * hw, dx + (p + 1) * hw, math::convert<T>(math::convert<double>(dy[p]) / double(hw)));
     });
   });
 }
