@@ -164,6 +164,12 @@ void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped,
           }
         }
       }
+    // The last sliver's rows past O: the tile computes them and never
+    // stores them, but stale scratch there could be subnormal, which some
+    // CPUs multiply hundreds of times slower.
+    for (std::int64_t o = O; o < se * rows; ++o)
+      for (int xi = 0; xi < kPositions; ++xi)
+        for (std::int64_t i = 0; i < I; ++i) U[l.at(xi, o, i)] = 0.f;
     });
   });
 }
@@ -471,6 +477,14 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
             input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
           });
         });
+        if (packed && cols % kWinogradPanel) {  // the last panel's columns past the block: as U's rows past O
+          const std::int64_t last = cols / kWinogradPanel * I * kWinogradPanel, j0 = cols % kWinogradPanel;
+          for (std::int64_t xi = 0; xi < kPositions; ++xi)
+            for (std::int64_t c = 0; c < I; ++c) {
+              float* p = Vb + xi * vplane + last + c * kWinogradPanel;
+              std::fill(p + j0, p + kWinogradPanel, 0.f);
+            }
+        }
         for (std::int64_t xi = 0; xi < kPositions; ++xi) {
           if (packed) {
             packed_products(tile, xi, O, I, U, ul, Vb, vplane, cols, M, pm, ld, col0);
