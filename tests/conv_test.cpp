@@ -287,26 +287,32 @@ void expect_within(const std::string& what, const std::vector<float>& got, const
   CHECK(bad == 0);
 }
 
+// A Winograd test's convolution: x [n, c, h, w] * w [o, c, 3, 3], padding pad.
+struct WinogradShape {
+  const char* name;
+  ref::Dims x, w;
+  std::int64_t pad;
+};
+// Shapes of both Winograd tests: partial tiles, slivers and panels.
+const WinogradShape kOddWinogradShapes[] = {
+    {"[2,16,7,9]*[20,16,3,3] pad 1", {2, 16, 7, 9}, {20, 16, 3, 3}, 1},
+    {"[3,17,8,8]*[16,17,3,3] pad 0", {3, 17, 8, 8}, {16, 17, 3, 3}, 0},
+};
+
 }  // namespace
 
 TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float64, with the same bits at any thread count",
           "[conv][winograd][threads]") {
   using namespace frugal;
-  struct Shape4 {
-    const char* name;
-    ref::Dims x, w;
-    std::int64_t pad;
-  };
   // Odd and even planes (partial tiles), every padding Winograd takes,
   // channel counts off the GEMM tiles, a plane of one tile, a wide row.
-  const Shape4 shapes[] = {
-      {"[2,16,7,9]*[20,16,3,3] pad 1", {2, 16, 7, 9}, {20, 16, 3, 3}, 1},
-      {"[3,17,8,8]*[16,17,3,3] pad 0", {3, 17, 8, 8}, {16, 17, 3, 3}, 0},
+  std::vector<WinogradShape> shapes(std::begin(kOddWinogradShapes), std::end(kOddWinogradShapes));
+  shapes.insert(shapes.end(), {
       {"[1,16,5,6]*[16,16,3,3] pad 2", {1, 16, 5, 6}, {16, 16, 3, 3}, 2},
       {"[4,32,2,2]*[24,32,3,3] pad 1", {4, 32, 2, 2}, {24, 32, 3, 3}, 1},
       // 66 tiles a row: a transform segment (64 tiles) and a partial one.
       {"[1,16,4,131]*[16,16,3,3] pad 1", {1, 16, 4, 131}, {16, 16, 3, 3}, 1},
-  };
+  });
   for (const auto& sh : shapes) {
     const Shape xs(sh.x), ws(sh.w);
     const Conv2dOptions opt{.padding = sh.pad};
@@ -413,18 +419,10 @@ TEST_CASE("Winograd's forward and data gradient give the same bits on the AVX-51
     cpu::forced_cpu_isa = -1;
     return t;
   };
-  struct Shape4 {
-    const char* name;
-    ref::Dims x, w;
-    std::int64_t pad;
-  };
   // Sliver rows 12 + 8 and 12 + 4 (the AVX2 tile's 6-row halves, partial),
   // panels of 32 columns and partial ones.
-  const Shape4 shapes[] = {
-      {"[2,16,7,9]*[20,16,3,3] pad 1", {2, 16, 7, 9}, {20, 16, 3, 3}, 1},
-      {"[3,17,8,8]*[16,17,3,3] pad 0", {3, 17, 8, 8}, {16, 17, 3, 3}, 0},
-      {"[1,24,6,70]*[30,24,3,3] pad 1", {1, 24, 6, 70}, {30, 24, 3, 3}, 1},
-  };
+  std::vector<WinogradShape> shapes(std::begin(kOddWinogradShapes), std::end(kOddWinogradShapes));
+  shapes.push_back({"[1,24,6,70]*[30,24,3,3] pad 1", {1, 24, 6, 70}, {30, 24, 3, 3}, 1});
   int compared = 0;
   for (const auto& sh : shapes) {
     const Shape xs(sh.x), ws(sh.w);
