@@ -124,12 +124,16 @@ inline std::string lower(std::string s) {
 }
 
 // Does OpenBLAS run AVX-512 kernels of its own on this CPU? It names the
-// core whose kernels it chose at start-up.
+// core whose kernels it chose at start-up, once (the Winograd forward asks
+// on every call).
 inline bool openblas_runs_avx512() {
-  const std::string core = lower(openblas_get_corename());
-  for (const char* k : {"skylakex", "cooperlake", "sapphirerapids"})
-    if (core.find(k) != std::string::npos) return true;
-  return false;
+  static const bool runs = [] {
+    const std::string core = lower(openblas_get_corename());
+    for (const char* k : {"skylakex", "cooperlake", "sapphirerapids"})
+      if (core.find(k) != std::string::npos) return true;
+    return false;
+  }();
+  return runs;
 }
 
 // AMD's Zen 4 (family 0x19) executes a 512-bit FMA as two 256-bit halves:
