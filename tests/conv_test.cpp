@@ -670,15 +670,19 @@ void check_half_conv(const char* type, double u) {
 
 namespace {
 
-// A bound on the float loss mean(square(conv(relu(conv(x, w1)), w2))) (3x3
-// convolutions, padding 1, no bias) against its float64 value, for either
-// algorithm. Each convolution's rounding error is at most the bound its own
-// test states on the input it is given (direct: 2 K u S with S the
+// The float64 loss mean(square(conv(relu(conv(x, w1)), w2))) (3x3
+// convolutions, padding 1, no bias), and a bound on the float loss's
+// distance from it, for either algorithm. Each convolution's rounding
+// error is at most the bound its own test states on the input it is given
+// (direct: 2 K u S with S the
 // convolution of the magnitudes; Winograd: winograd_forward_bound), and an
 // error e in its input adds at most conv(e, |w|). relu moves no error. Each
 // square adds 2|y|e + e^2 and one rounding; the sum of N squares at most
 // gamma_(N-1) times their sum, in any order, and the mean 2 roundings more.
-double two_conv_loss_bound(bool winograd, const std::vector<float>& x, const ref::Dims& xd,
+struct LossAndBound {
+  double loss, bound;
+};
+LossAndBound two_conv_loss(bool winograd, const std::vector<float>& x, const ref::Dims& xd,
                            const std::vector<float>& w1, const std::vector<float>& w2, const ref::Dims& wd) {
   const double u = std::ldexp(1.0, -24);
   const auto p = ref_params({.padding = 1});
@@ -707,25 +711,15 @@ double two_conv_loss_bound(bool winograd, const std::vector<float>& x, const ref
   }
   const ref::Array y2 = ref::conv2d(r1, w2a, nullptr, p), carried = ref::conv2d_abs(e1, w2a, p);
   const ref::Array e2_own = rounding(r1_hi, w2, w2a);
-  double err = 0, squares = 0;
+  double err = 0, squares = 0, exact = 0;
   for (std::size_t q = 0; q < y2.v.size(); ++q) {
     const double e2 = e2_own.v[q] + carried.v[q], big = std::abs(y2.v[q]) + e2;
     err += 2 * std::abs(y2.v[q]) * e2 + e2 * e2 + u * big * big;
     squares += big * big * (1 + u);
+    exact += y2.v[q] * y2.v[q];
   }
   const double count = double(y2.v.size()), gamma = (count - 1) * u / (1 - (count - 1) * u);
-  return (err + gamma * squares) / count + 2 * u * squares / count;  // 2 u: a division, or a product by fl(1/N)
-}
-
-double two_conv_loss(const std::vector<float>& x, const ref::Dims& xd, const std::vector<float>& w1,
-                     const std::vector<float>& w2, const ref::Dims& wd) {
-  const auto p = ref_params({.padding = 1});
-  ref::Array y1 = ref::conv2d(as_array(x, xd), as_array(w1, wd), nullptr, p);
-  for (double& v : y1.v) v = std::max(0.0, v);
-  const ref::Array y2 = ref::conv2d(y1, as_array(w2, wd), nullptr, p);
-  double sum = 0;
-  for (double v : y2.v) sum += v * v;
-  return sum / double(y2.v.size());
+  return {exact / count, (err + gamma * squares) / count + 2 * u * squares / count};  // 2 u: a division, or a product by fl(1/N)
 }
 
 }  // namespace
@@ -770,7 +764,7 @@ TEST_CASE("conv_algorithm picks Winograd or direct per backend: either plans its
     const std::vector<float> w1 = c1.weight.to_vector<float>(), w2 = c2.weight.to_vector<float>();
     std::vector<double> losses;
     for (int step = 0; step < 3; ++step) losses.push_back(s.run(x));
-    const double exact = two_conv_loss(xv, xd, w1, w2, wd), bound = two_conv_loss_bound(k == 1, xv, xd, w1, w2, wd);
+    const auto [exact, bound] = two_conv_loss(k == 1, xv, xd, w1, w2, wd);
     INFO("loss " << losses[0] << ", float64 " << exact << ", bound " << bound);
     CHECK(std::abs(losses[0] - exact) <= bound);
     CHECK(losses[1] < losses[0]);
