@@ -4,11 +4,14 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <frugal/frugal.hpp>
 #include <frugal/runtime/executor.hpp>
+#include <frugal/backend/cpu/worker_team.hpp>
 #include <new>
+#include <thread>
 
 #include "../samples/common/plot.hpp"
 #include "../tools/model_zoo.hpp"
@@ -355,6 +358,43 @@ TEST_CASE("training steps of every op family allocate nothing while they run", "
     INFO("f16 with loss scaling");
     CHECK(count_steps(step, {x, y}) == 0);
   }
+}
+
+TEST_CASE("a region nested in a helper's chunk allocates nothing, whichever thread runs it", "[plan][executor][team]") {
+  // Which thread of a team first runs a nested region (attention's heads
+  // inside a chunk) depends on the load; a helper that made a team of its
+  // own there allocated in a step's later run. Here each of two threads is
+  // made to run one chunk (each waits, up to a second, for the other to
+  // arrive), on a fresh caller whose helper has run chunks but no nested
+  // region yet.
+  long allocations = -1;
+  int threads_seen = 0;
+  std::thread caller([&] {
+    cpu::WorkerTeam& team = cpu::WorkerTeam::mine();
+    auto both_threads = [&](auto&& body) {
+      std::atomic<int> arrived{0};
+      std::atomic<std::thread::id> ids[2];
+      team.run(2, 2, [&](std::int64_t c) {
+        ids[c] = std::this_thread::get_id();
+        arrived.fetch_add(1);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (arrived.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+        body();
+      });
+      return ids[0].load() != ids[1].load() ? 2 : 1;
+    };
+    both_threads([] {});  // the helper exists and has run a chunk
+    std::atomic<int> inner{0};
+    g_allocations = 0;
+    g_counting = true;
+    threads_seen = both_threads([&] { cpu::WorkerTeam::mine().run(4, 2, [&](std::int64_t) { inner++; }); });
+    g_counting = false;
+    allocations = g_allocations.load();
+    if (inner.load() != 8) allocations = -2;
+  });
+  caller.join();
+  REQUIRE(threads_seen == 2);  // else the machine never ran the helper within a second: nothing was tested
+  CHECK(allocations == 0);
 }
 
 TEST_CASE("plans explain themselves as text, JSON and SVG", "[plan][report]") {

@@ -176,8 +176,17 @@ class WorkerTeam {
     if (s.failed.load(std::memory_order_acquire)) std::rethrow_exception(s.error);
   }
 
-  // The calling thread's team.
+  // The calling thread's team. Inside a chunk, where run() goes inline and
+  // touches no team, one shared team that never grows: a helper thread
+  // must not make a team of its own there, since which helper first runs a
+  // nested region depends on the load, and a step's later run would then
+  // allocate it (seen on a loaded machine: attention's heads inside a
+  // helper's chunk).
   static WorkerTeam& mine() {
+    if (team_detail::in_chunk) {
+      static WorkerTeam inline_only;
+      return inline_only;
+    }
     thread_local std::unique_ptr<WorkerTeam> team = std::make_unique<WorkerTeam>();
     return *team;
   }
