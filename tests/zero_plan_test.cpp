@@ -997,6 +997,24 @@ std::size_t least_of_rank(WideLayer& w, int rank, std::optional<int> stage) {
   FAIL("a budget of one byte was not refused");
   return 0;
 }
+// Rank 0 of two thread ranks, for planning alone: it runs no collective,
+// and its plans are those the ranks of test_support::run_two_ranks compile.
+struct PlanningRank0 {
+  test_support::ThreadGroup group{2};
+  std::shared_ptr<Communicator> comm = std::make_shared<test_support::ThreadComm>(group, 0);
+};
+// What rank 0 of 2 plans `w`'s step in at `stage` with nothing evicted,
+// its collectives in place.
+std::size_t unconstrained_at(WideLayer& w, int stage) {
+  optim::AdamW scratch(w.fc.parameters(), {});
+  PlanningRank0 rank0;
+  CompileOptions o;
+  o.communicator = rank0.comm;
+  o.zero_stage = stage;
+  o.overlap_collectives = false;
+  o.threads = 1;
+  return plan_training([&](Var x) { return w.loss(x); }, w.inputs, scratch, {}, o).plan.total_bytes();
+}
 }  // namespace
 
 TEST_CASE("zero: a step that does not fit at the stage its optimizer's steps train is refused, naming the stage and "
@@ -1058,4 +1076,68 @@ TEST_CASE("zero: a pin of another stage than the optimizer's steps train is refu
   CHECK_THAT(follows.plan.zero_reason, Catch::Contains("the stage the optimizer's earlier steps train, 3"));
   Step again = compile_alone(m, opt, std::nullopt);
   CHECK(again.plan().zero_stage == 3);
+}
+
+namespace {
+// What one rank of a shape cache's run left: each shape's step's ZeRO
+// stage and reason, the losses, parameters (gathered) and state().
+struct CacheRun {
+  std::vector<int> stages;
+  std::vector<std::string> reasons;
+  std::vector<float> losses;
+  std::vector<Tensor> params, state;
+};
+// WideLayer of seed 3 trained over two thread ranks by a shape cache within
+// `total`, at ZeRO `stage` (unset: the cache's pick), on batches of 4 and
+// 8 rows in turns.
+std::array<CacheRun, 2> train_cached(const Budget& total, std::optional<int> stage) {
+  std::array<CacheRun, 2> out;
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    nn::manual_seed(3);
+    WideLayer w;
+    optim::AdamW opt(w.fc.parameters(), {});
+    CompileOptions o;
+    o.communicator = comm;
+    o.zero_stage = stage;
+    o.threads = 1;
+    auto cache = cache_shapes([&](Var x) { return w.loss(x); }, w.inputs, opt, total, o);
+    CacheRun& got = out[std::size_t(r)];
+    for (int k = 0; k < 4; ++k) {
+      Tensor x({k % 2 ? 8 : 4, 64});
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.37f * float(i) + 1.1f * float(2 * k + r));
+      got.losses.push_back(cache->run({x}));
+      if (k < 2) {
+        got.stages.push_back(cache->step_for({x}).plan().zero_stage);
+        got.reasons.push_back(cache->step_for({x}).plan().zero_reason);
+      }
+    }
+    cache->gather_parameters();
+    for (const Tensor& p : w.fc.parameters()) got.params.push_back(p.clone());
+    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  return out;
+}
+}  // namespace
+
+// The cache's steps share the optimizer's state: every shape trains at the
+// stage picked for the first, at the whole budget, before any is compiled.
+TEST_CASE("zero: a shape cache trains every shape at the stage the planner picks for the first at the whole budget",
+          "[zero][shapes]") {
+  nn::manual_seed(3);
+  WideLayer probe;
+  const Budget total{.device = unconstrained_at(probe, 0) - 1};
+  const std::array<CacheRun, 2> picked = train_cached(total, std::nullopt);
+  const int stage = picked[0].stages[0];
+  const std::array<CacheRun, 2> pinned = train_cached(total, stage);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << picked[r].reasons[0]);
+    CHECK(picked[r].stages == std::vector<int>{stage, stage});
+    CHECK_THAT(picked[r].reasons[1], Catch::Contains(cat("the stage the optimizer's earlier steps train, ", stage)));
+    for (std::size_t k = 0; k < pinned[r].losses.size(); ++k) CHECK(bits(picked[r].losses[k]) == bits(pinned[r].losses[k]));
+    for (std::size_t k = 0; k < pinned[r].params.size(); ++k) CHECK(same_bits(picked[r].params[k], pinned[r].params[k]));
+    REQUIRE(picked[r].state.size() == pinned[r].state.size());
+    for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(picked[r].state[k], pinned[r].state[k]));
+  }
 }
