@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -1140,4 +1142,95 @@ TEST_CASE("zero: a shape cache trains every shape at the stage the planner picks
     REQUIRE(picked[r].state.size() == pinned[r].state.size());
     for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(picked[r].state[k], pinned[r].state[k]));
   }
+}
+
+// ---- the stage search's pick -----------------------------------------------------
+
+namespace {
+// What one rank of WideLayer's two-rank run left after 4 steps: its plan's
+// stage and reason, its losses, parameters, state() and checkpoint file.
+struct WideRun {
+  int stage = -1;
+  std::string reason;
+  std::vector<float> losses;
+  std::vector<Tensor> params, state;
+  std::string checkpoint;
+};
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+// WideLayer of seed 3 trained over two thread ranks within `budget`, at
+// ZeRO `stage` (unset: the planner's pick), on data of each rank's own.
+std::array<WideRun, 2> train_wide(const Budget& budget, std::optional<int> stage) {
+  std::array<WideRun, 2> out;
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    nn::manual_seed(3);
+    WideLayer w;
+    optim::AdamW opt(w.fc.parameters(), {});
+    CompileOptions o;
+    o.communicator = comm;
+    o.zero_stage = stage;
+    o.threads = 1;
+    Step s = compile([&](Var x) { return w.loss(x); }, w.inputs, opt, budget, o);
+    WideRun& got = out[std::size_t(r)];
+    got.stage = s.plan().zero_stage;
+    got.reason = s.plan().zero_reason;
+    Tensor x({4, 64});
+    for (int k = 0; k < 4; ++k) {
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.37f * float(i) + 1.1f * float(2 * k + r));
+      got.losses.push_back(s.run(x));
+    }
+    s.gather_parameters();
+    for (const Tensor& p : w.fc.parameters()) got.params.push_back(p.clone());
+    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+    const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-pick-", ::getpid(), "-", r, ".safetensors");
+    io::save_checkpoint(path, w.fc, opt, 4);
+    got.checkpoint = file_bytes(path);
+    std::filesystem::remove(path);
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  return out;
+}
+}  // namespace
+
+// The search prepares every stage it tries; the one it picks may come
+// before the last. Each prepared step carries its own layout of the
+// optimizer's state (Optimizer::Layout), and the step made trains that
+// one, whatever was prepared after it.
+TEST_CASE("zero: a stage the search picks before the last one it tried trains, reports and checkpoints what a run "
+          "pinned to it does",
+          "[zero][budget][checkpoint]") {
+  nn::manual_seed(3);
+  WideLayer probe;
+  // One byte under stage 0's unconstrained bytes, every stage is tried.
+  const Budget tight{.device = unconstrained_at(probe, 0) - 1};
+  const std::array<WideRun, 2> chosen = train_wide(tight, std::nullopt);
+  INFO(chosen[0].reason);
+  REQUIRE_THAT(chosen[0].reason, Catch::Contains("stage 3 fits"));
+  REQUIRE(chosen[0].stage < 3);  // picked before the last stage tried
+  const std::array<WideRun, 2> pinned = train_wide(tight, chosen[0].stage);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(chosen[r].stage == chosen[0].stage);
+    for (std::size_t k = 0; k < pinned[r].losses.size(); ++k) CHECK(bits(chosen[r].losses[k]) == bits(pinned[r].losses[k]));
+    for (std::size_t k = 0; k < pinned[r].params.size(); ++k) CHECK(same_bits(chosen[r].params[k], pinned[r].params[k]));
+    REQUIRE(chosen[r].state.size() == pinned[r].state.size());
+    for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(chosen[r].state[k], pinned[r].state[k]));
+    CHECK(chosen[r].checkpoint == pinned[r].checkpoint);
+  }
+  // Planned alone, the optimizer reports the picked stage's layout, though
+  // stage 3 was prepared last: its state, and no stage-3 shards.
+  optim::AdamW opt(probe.fc.parameters(), {});
+  PlanningRank0 rank0;
+  CompileOptions o;
+  o.communicator = rank0.comm;
+  o.threads = 1;
+  const PlannedStep planned = plan_training([&](Var x) { return probe.loss(x); }, probe.inputs, opt, tight, o);
+  REQUIRE(planned.plan.zero_stage == chosen[0].stage);
+  const auto state = opt.state();
+  REQUIRE(state.size() == chosen[0].state.size());
+  for (std::size_t k = 0; k < state.size(); ++k) CHECK(state[k].tensor.shape() == chosen[0].state[k].shape());
+  CHECK(opt.parameter_shards().empty());
 }

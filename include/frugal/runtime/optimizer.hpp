@@ -98,6 +98,13 @@ class Optimizer {
     preparing();
     return prepared_;
   }
+  // A stage search prepares every stage it tries, and plans the step at
+  // the one it chose, maybe not the last: that step's layout `l` (as
+  // prepared_layout() gave it) is the one prepared last again, so an
+  // optimizer that only planned reports the plan's state and shards.
+  void prepared_again(std::shared_ptr<const Layout> l) {
+    prepared_ = std::const_pointer_cast<Layout>(std::move(l));  // made by begin_layout: this optimizer's own
+  }
   // The step of layout `l` trains: a Step calls it when it is made and
   // before each run (and, if the run fails, gives back the layout before).
   // Planning alone (plan_training, dist::PlanOnly, frugal-plan --ranks, a
@@ -284,14 +291,15 @@ class Optimizer {
     return out;
   }
   // The tensor of `slot` (as state_tensor was given it) of params()[index]'s
-  // update in the layout of the step that trains (trains()), for state()
-  // and the like to report; `latest`, the tensor the slot holds now (what
-  // state_tensor gave it last), where that step has none (no step has been
-  // made, or it does not update the parameter).
+  // update in the layout of the step that trains (trains()), or before a
+  // step is made, of the one prepared last, for state() and the like to
+  // report; `latest`, the tensor the slot holds now (what state_tensor gave
+  // it last), where that layout has none (it does not update the
+  // parameter).
   Tensor trained_state(const char* slot, std::size_t index, const Tensor& latest) const {
-    if (trained_) {
-      auto it = trained_->state.find({slot, index});
-      if (it != trained_->state.end()) return it->second;
+    if (const Layout* l = trained_ ? trained_.get() : prepared_.get()) {
+      auto it = l->state.find({slot, index});
+      if (it != l->state.end()) return it->second;
     }
     return latest;
   }

@@ -808,11 +808,9 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
   std::optional<PlannedPrepared> best;
   std::string tried;
   std::size_t least_needed = 0;
-  int last_tried = -1;
   for (int stage = 0; stage <= last; ++stage) {
     CompileOptions os = o;
     os.zero_stage = stage;
-    last_tried = stage;
     try {
       PlannedPrepared pp = plan_fused(prepare(os), budget, os, &prepare);
       pp.plan.zero_stage = stage;
@@ -841,19 +839,14 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
             least_needed);
     }
   }
-  // Preparing a step at a stage gives the optimizer state of that stage's
-  // layout (Optimizer::state_tensor: a shard's, or the whole tensor's), and
-  // the last stage tried keeps its. The step must train the state the
-  // optimizer holds (what Optimizer::state reports, a checkpoint saves and
-  // a re-plan finds), so a stage chosen before the last is prepared again.
-  if (best->plan.zero_stage != last_tried) {
-    CompileOptions os = o;
-    os.zero_stage = best->plan.zero_stage;
-    PlannedPrepared again = plan_fused(prepare(os), budget, os, &prepare);
-    again.plan.zero_stage = best->plan.zero_stage;
-    again.plan.zero_reason = best->plan.zero_reason;
-    best = std::move(again);
-  }
+  // Each stage tried prepared the optimizer's state in its own layout
+  // (Optimizer::state_tensor), kept with its values, and the chosen step
+  // carries its own (Prepared::optimizer_layout), which the Step made from
+  // it trains (Optimizer::trains): its state, its checkpoints and what a
+  // re-plan finds are that layout's, however many stages were tried after
+  // it, so nothing is prepared again. An optimizer that only plans reports
+  // the layout prepared last: the chosen one's, again.
+  best->p.opt->prepared_again(best->p.optimizer_layout);
   if (best->plan.zero_reason.empty())
     best->plan.zero_reason = cat("the fastest that fits (a higher stage only if 5% faster), chosen by the planner over ",
                                  comm.size(), " ranks (", tried, ")");
