@@ -775,9 +775,10 @@ static PlannedPrepared plan_at_trained_stage(const PrepareTraining& prepare, con
   } catch (const BudgetError& e) {
     const std::size_t need = e.smallest_feasible_bytes;
     throw BudgetError(cat("compile: ", why, "; at stage ", stage, " this step needs ",
-                          need ? cat("at least ", format_bytes(need), " (", need, " bytes)") : std::string("more"),
-                          " of device memory, more than its budget of ", budget.device,
-                          " bytes. Give it that budget, or train it with an optimizer of its own. The planner at stage ",
+                          need ? cat("at least ", format_bytes(need), " (", need, " bytes) of device memory, and its "
+                                     "budget gives ", budget.device, " bytes")
+                               : std::string("more memory than its budget gives"),
+                          ". Raise the budget, or train this step with an optimizer of its own. The planner at stage ",
                           stage, ": ", e.what()),
                       need, e.unconstrained_bytes);
   }
