@@ -12,26 +12,23 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include <frugal/backend/cpu/isa.hpp>  // every instruction set's update loop
 #include <frugal/dist/plan_only.hpp>
-#include <frugal/dist/rank_order_sum.hpp>
 #include <frugal/frugal.hpp>
 
 #include "bytes_of.hpp"
 #include "cpu_isa_scope.hpp"
+#include "thread_ranks.hpp"
 #include "toy_task.hpp"
 
 using namespace frugal;
 using Catch::Matchers::Contains;
+using test_support::run_two_ranks;
 
 namespace master_test {
 
@@ -123,111 +120,6 @@ std::vector<Tensor> masters(const optim::AdamW& opt) {
 std::size_t kind_bytes(const std::map<std::string, std::size_t>& m, const std::string& kind) {
   auto it = m.find(kind);
   return it == m.end() ? 0 : it->second;
-}
-
-// Ranks as threads of this process: each collective exchanges every rank's
-// bytes, and sums add in rank order (dist::sum_in_rank_order) as dist::Mpi
-// does, so n ranks here compute what n processes under mpirun would. A rank
-// that fails aborts the others' collectives instead of leaving them waiting.
-class ThreadGroup {
- public:
-  explicit ThreadGroup(int n) : n_(n), rows_(std::size_t(n)) {}
-  int size() const { return n_; }
-  // Every rank's bytes, rank 0's first, once all have given theirs.
-  std::vector<char> exchange(int rank, const void* data, std::size_t bytes) {
-    std::unique_lock lock(m_);
-    const long round = round_;
-    rows_[std::size_t(rank)].assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
-    if (++arrived_ == n_) cv_.notify_all();
-    wait(lock, [&] { return arrived_ == n_ || round_ != round; });
-    std::vector<char> all;
-    for (const auto& r : rows_) all.insert(all.end(), r.begin(), r.end());
-    if (++copied_ == n_) {  // the last to copy opens the next round
-      arrived_ = copied_ = 0;
-      ++round_;
-      cv_.notify_all();
-    } else {
-      wait(lock, [&] { return round_ != round; });
-    }
-    return all;
-  }
-  void abort() {
-    std::lock_guard lock(m_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  template <class Pred>
-  void wait(std::unique_lock<std::mutex>& lock, Pred ready) {
-    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return aborted_ || ready(); }))
-      fail("ThreadGroup: a rank waited 60 s for the others' collective");
-    if (aborted_) fail("ThreadGroup: another rank failed");
-  }
-  int n_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::vector<std::vector<char>> rows_;
-  int arrived_ = 0, copied_ = 0;
-  long round_ = 0;
-  bool aborted_ = false;
-};
-
-class ThreadComm final : public Communicator {
- public:
-  ThreadComm(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
-  std::string name() const override { return "threads"; }
-  int rank() const override { return rank_; }
-  int size() const override { return g_.size(); }
-  void all_reduce_sum(void* data, std::size_t count, DType dtype, void*, const std::string&) override {
-    const auto all = g_.exchange(rank_, data, count * dtype_size(dtype));
-    dist::sum_in_rank_order(all.data(), count, size(), dtype, data);
-  }
-  std::size_t all_reduce_workspace(std::size_t, DType) const override { return 0; }
-  void reduce_scatter_sum(const void* send, void* recv, std::size_t count, DType dtype, void*,
-                          const std::string&) override {
-    const std::size_t es = dtype_size(dtype), row = count * es;
-    const auto all = g_.exchange(rank_, send, std::size_t(size()) * row);
-    std::vector<char> mine(std::size_t(size()) * row);  // every rank's chunk rank_, in rank order
-    for (int r = 0; r < size(); ++r)
-      std::memcpy(mine.data() + std::size_t(r) * row, all.data() + (std::size_t(r) * std::size_t(size()) + std::size_t(rank_)) * row, row);
-    dist::sum_in_rank_order(mine.data(), count, size(), dtype, recv);
-  }
-  std::size_t reduce_scatter_workspace(std::size_t, DType) const override { return 0; }
-  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, const std::string&) override {
-    const auto all = g_.exchange(rank_, send, count * dtype_size(dtype));
-    std::memcpy(recv, all.data(), all.size());
-  }
-  void broadcast(void* data, std::size_t count, DType dtype, int root, const std::string&) override {
-    const std::size_t bytes = count * dtype_size(dtype);
-    const auto all = g_.exchange(rank_, data, bytes);
-    std::memcpy(data, all.data() + std::size_t(root) * bytes, bytes);
-  }
-  void barrier(const std::string&) override { g_.exchange(rank_, nullptr, 0); }
-
- private:
-  ThreadGroup& g_;
-  int rank_;
-};
-
-// Runs rank(r, communicator) as ranks 0 and 1 of a ThreadGroup, rank 1 on a
-// thread of its own; a rank that fails aborts the other's collectives.
-// Returns each rank's error, empty where it had none.
-std::array<std::string, 2> run_two_ranks(const std::function<void(int, std::shared_ptr<Communicator>)>& rank) {
-  ThreadGroup group(2);
-  std::array<std::string, 2> errors;
-  auto run = [&](int r) {
-    try {
-      rank(r, std::make_shared<ThreadComm>(group, r));
-    } catch (const std::exception& e) {
-      errors[std::size_t(r)] = e.what();
-      group.abort();
-    }
-  };
-  std::thread other(run, 1);
-  run(0);
-  other.join();
-  return errors;
 }
 
 }  // namespace master_test

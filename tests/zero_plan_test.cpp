@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -23,6 +25,7 @@
 #include <frugal/frugal.hpp>
 
 #include "../tools/model_zoo.hpp"
+#include "thread_ranks.hpp"
 
 using namespace frugal;
 
@@ -660,14 +663,20 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
 }
 
 namespace {
-// ZeroMlp trained at ZeRO `stage` over one rank (dist::local(): at stage
-// 3 every shard is its whole parameter), so that the steps run.
-Step compile_alone(ZeroMlp& m, Optimizer& opt, int stage = 3) {
+// ZeroMlp's step over `comm` at ZeRO `stage` (unset: the optimizer's, or
+// the planner's pick) within `budget`.
+Step compile_over(ZeroMlp& m, Optimizer& opt, std::shared_ptr<Communicator> comm, std::optional<int> stage,
+                  Budget budget = {}) {
   CompileOptions o;
-  o.communicator = dist::local();
+  o.communicator = std::move(comm);
   o.zero_stage = stage;
   o.threads = 1;
-  return compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, {}, o);
+  return compile([&](Var x) { return mean(m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
+}
+// ZeroMlp trained at ZeRO `stage` over one rank (dist::local(): at stage
+// 3 every shard is its whole parameter), so that the steps run.
+Step compile_alone(ZeroMlp& m, Optimizer& opt, std::optional<int> stage = 3) {
+  return compile_over(m, opt, dist::local(), stage);
 }
 float run_steps(Step& s, int from, int to) {
   Tensor x({4, 5});
@@ -743,8 +752,8 @@ TEST_CASE("zero: planning another layout keeps the trained stage-3 shards, and t
 
 // What checkpoints save, and what io::save_gathered_checkpoint gathers into
 // the parameters: the shards of the step that trains (compiled or run
-// last), not those of a layout planned or trained before it. An optimizer
-// that only plans reports the layout planned last, alone.
+// last), not those of a layout planned before it. An optimizer that only
+// plans reports the layout planned last, alone.
 TEST_CASE("zero: parameter_shards() are the shards of the step compiled or run last, none below stage 3",
           "[zero][checkpoint]") {
   Stage3Run f = trained_stage3(3);
@@ -775,32 +784,33 @@ TEST_CASE("zero: parameter_shards() are the shards of the step compiled or run l
     }
     CHECK(got == want);
   }
-  // Stage 1 trains the parameters themselves, and has no shard to save.
+  // Stage 1 trains the parameters themselves, and has no shard to save,
+  // though stage 3 was planned with its optimizer first: a stage-3 shard
+  // cut then and gathered now would overwrite what stage 1 trained since.
   f.s.gather_parameters();
-  Step s1 = compile_alone(m, opt, 1);
-  CHECK(opt.parameter_shards().empty());
+  optim::AdamW opt1(m.parameters(), {});
+  plan_rank(m, opt1, 0, 1, 3);
+  Step s1 = compile_alone(m, opt1, 1);
+  CHECK(opt1.parameter_shards().empty());
   run_steps(s1, 3, 5);
   std::vector<Tensor> stage1;
   for (const Tensor& p : m.parameters()) stage1.push_back(p.clone());
   const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-shards-", ::getpid(), ".safetensors");
-  io::save_gathered_checkpoint(path, m, opt, 5, *dist::local());
+  io::save_gathered_checkpoint(path, m, opt1, 5, *dist::local());
   std::filesystem::remove(path);
   for (std::size_t k = 0; k < stage1.size(); ++k) {
     INFO("parameter " << k);
     CHECK(same_bits(m.parameters()[k], stage1[k]));  // no stage-3 shard gathered over them
   }
-  // Stage 3 again finds its shards as its steps left them: what stage 1
-  // trained since does not reach them (a gathered checkpoint carries it).
-  Step again = compile_alone(m, opt);
+  // The optimizer whose steps train stage 3 takes no stage-1 step (one
+  // stage per optimizer), and keeps its shards as its steps left them.
+  CHECK_THROWS_WITH(compile_alone(m, opt, 1), Catch::Contains("pins ZeRO stage 1"));
   const auto kept = opt.parameter_shards();
   REQUIRE(kept.size() == f.trained.size());
   for (std::size_t k = 0; k < kept.size(); ++k) {
     INFO("parameter " << k);
     CHECK(same_bits(kept[k].tensor, f.trained[k]));
   }
-  // The stage-1 step run after it: its layout is the one reported again.
-  run_steps(s1, 5, 6);
-  CHECK(opt.parameter_shards().empty());
 }
 
 // A checkpoint describes the layout of the step that trains: one saved
@@ -891,4 +901,336 @@ TEST_CASE("zero: a stage-3 shard cut from a parameter that a step keeps on NVMe 
     CHECK(same_bits(shards[k].tensor, ps[k]));
   }
   std::filesystem::remove_all(dir);
+}
+
+// ---- one stage per optimizer --------------------------------------------------
+
+namespace {
+// What one rank of a two-rank run of ZeroMlp left: its losses, its
+// parameters (gathered) and its optimizer's state(), and the ZeRO stage
+// and reason of the second step, where it had one.
+struct RankRun {
+  std::vector<float> losses;
+  std::vector<Tensor> params, state;
+  int second_stage = -1;
+  std::string second_reason;
+};
+// ZeroMlp of seed 3 and its AdamW over two thread ranks, 6 steps of a step
+// pinned at `stage`; with `second`, in turns with a step compiled after it
+// on the same optimizer with the stage unset and no budget, where the
+// planner alone would take stage 0 (nothing to shard for). Each rank
+// trains on data of its own.
+std::array<RankRun, 2> train_two_ranks(int stage, bool second) {
+  std::array<RankRun, 2> out;
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    nn::manual_seed(3);
+    ZeroMlp m;
+    optim::AdamW opt(m.parameters(), {});
+    RankRun& got = out[std::size_t(r)];
+    Step first = compile_over(m, opt, comm, stage);
+    std::optional<Step> other;
+    if (second) {
+      other.emplace(compile_over(m, opt, comm, std::nullopt));
+      got.second_stage = other->plan().zero_stage;
+      got.second_reason = other->plan().zero_reason;
+    }
+    for (int k = 0; k < 6; ++k) got.losses.push_back(run_steps(other && k % 2 ? *other : first, 7 * k + r, 7 * k + r + 1));
+    first.gather_parameters();
+    for (const Tensor& p : m.parameters()) got.params.push_back(p.clone());
+    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  return out;
+}
+}  // namespace
+
+// A stage lays the optimizer's state out its own way (whole moments at 0, a
+// shard's at 1 and 2, the parameter shards at 3): a second step on the same
+// optimizer at another stage would train state of its own, and the two
+// steps would part.
+TEST_CASE("zero: a step compiled on an optimizer whose steps train at a ZeRO stage takes that stage, and trains the "
+          "same state",
+          "[zero]") {
+  for (int stage : {1, 3}) {
+    INFO("stage " << stage);
+    const std::array<RankRun, 2> want = train_two_ranks(stage, false), got = train_two_ranks(stage, true);
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      CHECK(got[r].second_stage == stage);
+      CHECK_THAT(got[r].second_reason, Catch::Contains(cat("the stage the optimizer's earlier steps train, ", stage)));
+      for (std::size_t k = 0; k < want[r].losses.size(); ++k) {
+        INFO("step " << k);
+        CHECK(bits(got[r].losses[k]) == bits(want[r].losses[k]));
+      }
+      for (std::size_t k = 0; k < want[r].params.size(); ++k) {
+        INFO("parameter " << k);
+        CHECK(same_bits(got[r].params[k], want[r].params[k]));
+      }
+      REQUIRE(got[r].state.size() == want[r].state.size());
+      for (std::size_t k = 0; k < want[r].state.size(); ++k) {
+        INFO("state tensor " << k);
+        CHECK(same_bits(got[r].state[k], want[r].state[k]));
+      }
+    }
+  }
+}
+
+namespace {
+// A 64 x 64 linear layer, whose weight's moments (32 KiB) are most of what
+// its step holds: sharding them over two ranks lowers the least it fits in.
+struct WideLayer {
+  nn::Linear fc{64, 64};
+  std::vector<InputSpec> inputs{input<float>({4, 64})};
+  Var loss(Var x) { return mean(fc(x)); }
+};
+// The least device budget rank `rank` of 2 plans `w`'s step in at `stage`
+// (unset: the planner's pick), with an optimizer of its own.
+std::size_t least_of_rank(WideLayer& w, int rank, std::optional<int> stage) {
+  optim::AdamW scratch(w.fc.parameters(), {});
+  CompileOptions o;
+  o.communicator = std::make_shared<dist::PlanOnly>(rank, 2);
+  o.zero_stage = stage;
+  try {
+    plan_training([&](Var x) { return w.loss(x); }, w.inputs, scratch, Budget{.device = 1}, o);
+  } catch (const BudgetError& e) {
+    return e.smallest_feasible_bytes;
+  }
+  FAIL("a budget of one byte was not refused");
+  return 0;
+}
+// Rank 0 of two thread ranks, for planning alone: it runs no collective,
+// and its plans are those the ranks of test_support::run_two_ranks compile.
+struct PlanningRank0 {
+  test_support::ThreadGroup group{2};
+  std::shared_ptr<Communicator> comm = std::make_shared<test_support::ThreadComm>(group, 0);
+};
+// What rank 0 of 2 plans `w`'s step in at `stage` with nothing evicted,
+// its collectives in place.
+std::size_t unconstrained_at(WideLayer& w, int stage) {
+  optim::AdamW scratch(w.fc.parameters(), {});
+  PlanningRank0 rank0;
+  CompileOptions o;
+  o.communicator = rank0.comm;
+  o.zero_stage = stage;
+  o.overlap_collectives = false;
+  o.threads = 1;
+  return plan_training([&](Var x) { return w.loss(x); }, w.inputs, scratch, {}, o).plan.total_bytes();
+}
+}  // namespace
+
+TEST_CASE("zero: a step that does not fit at the stage its optimizer's steps train is refused, naming the stage and "
+          "its bytes",
+          "[zero][budget]") {
+  nn::manual_seed(3);
+  WideLayer w;
+  const std::size_t least0 = least_of_rank(w, 0, 0);
+  // Under stage 0's least, the planner alone takes a sharded stage.
+  const Budget tight{.device = least0 - 1};
+  for (int rank : {0, 1}) REQUIRE(least_of_rank(w, rank, std::nullopt) <= tight.device);
+  std::array<std::string, 2> refusals;
+  std::array<std::size_t, 2> needed{};
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    optim::AdamW opt(w.fc.parameters(), {});
+    CompileOptions o;
+    o.communicator = comm;
+    o.zero_stage = 0;
+    o.threads = 1;
+    auto fn = [&](Var x) { return w.loss(x); };
+    Step first = compile(fn, w.inputs, opt, {}, o);
+    o.zero_stage.reset();
+    try {
+      compile(fn, w.inputs, opt, tight, o);
+    } catch (const BudgetError& e) {
+      refusals[std::size_t(r)] = e.what();
+      needed[std::size_t(r)] = e.smallest_feasible_bytes;
+    }
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << refusals[r]);
+    CHECK(needed[r] > tight.device);
+    CHECK_THAT(refusals[r], Catch::Contains("ZeRO stage 0") && Catch::Contains("the optimizer's earlier steps train") &&
+                                Catch::Contains(cat(needed[r], " bytes")));
+  }
+}
+
+// Planning alone (plan_training, dist::PlanOnly, frugal-plan --ranks) asks
+// what a step would be: it follows the stage the optimizer's steps train
+// where none is pinned, as compile would, and plans a pinned one as asked,
+// but fixes none: only a compiled step trains the state.
+TEST_CASE("zero: a pin of another stage than the optimizer's steps train is refused at compile; planning alone fixes "
+          "no stage",
+          "[zero]") {
+  nn::manual_seed(3);
+  ZeroMlp m;
+  optim::AdamW opt(m.parameters(), {});
+  plan_rank(m, opt, 0, 2, 1);  // planned at stage 1 first: no step trains it
+  Step s = compile_alone(m, opt, 3);
+  CHECK_THROWS_WITH(compile_alone(m, opt, 1),
+                    Catch::Contains("pins ZeRO stage 1") && Catch::Contains("earlier steps train at stage 3") &&
+                        Catch::Contains("io::save_gathered_checkpoint"));
+  const PlannedStep what_if = plan_rank(m, opt, 0, 2, 1);
+  CHECK(what_if.plan.zero_stage == 1);
+  const PlannedStep follows = plan_rank(m, opt, 0, 2, std::nullopt);
+  CHECK(follows.plan.zero_stage == 3);
+  CHECK_THAT(follows.plan.zero_reason, Catch::Contains("the stage the optimizer's earlier steps train, 3"));
+  Step again = compile_alone(m, opt, std::nullopt);
+  CHECK(again.plan().zero_stage == 3);
+}
+
+namespace {
+// What one rank of a shape cache's run left: each shape's step's ZeRO
+// stage and reason, the losses, parameters (gathered) and state().
+struct CacheRun {
+  std::vector<int> stages;
+  std::vector<std::string> reasons;
+  std::vector<float> losses;
+  std::vector<Tensor> params, state;
+};
+// WideLayer of seed 3 trained over two thread ranks by a shape cache within
+// `total`, at ZeRO `stage` (unset: the cache's pick), on batches of 4 and
+// 8 rows in turns.
+std::array<CacheRun, 2> train_cached(const Budget& total, std::optional<int> stage) {
+  std::array<CacheRun, 2> out;
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    nn::manual_seed(3);
+    WideLayer w;
+    optim::AdamW opt(w.fc.parameters(), {});
+    CompileOptions o;
+    o.communicator = comm;
+    o.zero_stage = stage;
+    o.threads = 1;
+    auto cache = cache_shapes([&](Var x) { return w.loss(x); }, w.inputs, opt, total, o);
+    CacheRun& got = out[std::size_t(r)];
+    for (int k = 0; k < 4; ++k) {
+      Tensor x({k % 2 ? 8 : 4, 64});
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.37f * float(i) + 1.1f * float(2 * k + r));
+      got.losses.push_back(cache->run({x}));
+      if (k < 2) {
+        got.stages.push_back(cache->step_for({x}).plan().zero_stage);
+        got.reasons.push_back(cache->step_for({x}).plan().zero_reason);
+      }
+    }
+    cache->gather_parameters();
+    for (const Tensor& p : w.fc.parameters()) got.params.push_back(p.clone());
+    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  return out;
+}
+}  // namespace
+
+// The cache's steps share the optimizer's state: every shape trains at the
+// stage picked for the first, at the whole budget, before any is compiled.
+TEST_CASE("zero: a shape cache trains every shape at the stage the planner picks for the first at the whole budget",
+          "[zero][shapes]") {
+  nn::manual_seed(3);
+  WideLayer probe;
+  const Budget total{.device = unconstrained_at(probe, 0) - 1};
+  const std::array<CacheRun, 2> picked = train_cached(total, std::nullopt);
+  const int stage = picked[0].stages[0];
+  const std::array<CacheRun, 2> pinned = train_cached(total, stage);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << picked[r].reasons[0]);
+    CHECK(picked[r].stages == std::vector<int>{stage, stage});
+    CHECK_THAT(picked[r].reasons[1], Catch::Contains(cat("the stage the optimizer's earlier steps train, ", stage)));
+    for (std::size_t k = 0; k < pinned[r].losses.size(); ++k) CHECK(bits(picked[r].losses[k]) == bits(pinned[r].losses[k]));
+    for (std::size_t k = 0; k < pinned[r].params.size(); ++k) CHECK(same_bits(picked[r].params[k], pinned[r].params[k]));
+    REQUIRE(picked[r].state.size() == pinned[r].state.size());
+    for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(picked[r].state[k], pinned[r].state[k]));
+  }
+}
+
+// ---- the stage search's pick -----------------------------------------------------
+
+namespace {
+// What one rank of WideLayer's two-rank run left after 4 steps: its plan's
+// stage and reason, its losses, parameters, state() and checkpoint file.
+struct WideRun {
+  int stage = -1;
+  std::string reason;
+  std::vector<float> losses;
+  std::vector<Tensor> params, state;
+  std::string checkpoint;
+};
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+// WideLayer of seed 3 trained over two thread ranks within `budget`, at
+// ZeRO `stage` (unset: the planner's pick), on data of each rank's own.
+std::array<WideRun, 2> train_wide(const Budget& budget, std::optional<int> stage) {
+  std::array<WideRun, 2> out;
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    nn::manual_seed(3);
+    WideLayer w;
+    optim::AdamW opt(w.fc.parameters(), {});
+    CompileOptions o;
+    o.communicator = comm;
+    o.zero_stage = stage;
+    o.threads = 1;
+    Step s = compile([&](Var x) { return w.loss(x); }, w.inputs, opt, budget, o);
+    WideRun& got = out[std::size_t(r)];
+    got.stage = s.plan().zero_stage;
+    got.reason = s.plan().zero_reason;
+    Tensor x({4, 64});
+    for (int k = 0; k < 4; ++k) {
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.37f * float(i) + 1.1f * float(2 * k + r));
+      got.losses.push_back(s.run(x));
+    }
+    s.gather_parameters();
+    for (const Tensor& p : w.fc.parameters()) got.params.push_back(p.clone());
+    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+    const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-pick-", ::getpid(), "-", r, ".safetensors");
+    io::save_checkpoint(path, w.fc, opt, 4);
+    got.checkpoint = file_bytes(path);
+    std::filesystem::remove(path);
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  return out;
+}
+}  // namespace
+
+// The search prepares every stage it tries; the one it picks may come
+// before the last. Each prepared step carries its own layout of the
+// optimizer's state (Optimizer::Layout), and the step made trains that
+// one, whatever was prepared after it.
+TEST_CASE("zero: a stage the search picks before the last one it tried trains, reports and checkpoints what a run "
+          "pinned to it does",
+          "[zero][budget][checkpoint]") {
+  nn::manual_seed(3);
+  WideLayer probe;
+  // One byte under stage 0's unconstrained bytes, every stage is tried.
+  const Budget tight{.device = unconstrained_at(probe, 0) - 1};
+  const std::array<WideRun, 2> chosen = train_wide(tight, std::nullopt);
+  INFO(chosen[0].reason);
+  REQUIRE_THAT(chosen[0].reason, Catch::Contains("stage 3 fits"));
+  REQUIRE(chosen[0].stage < 3);  // picked before the last stage tried
+  const std::array<WideRun, 2> pinned = train_wide(tight, chosen[0].stage);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(chosen[r].stage == chosen[0].stage);
+    for (std::size_t k = 0; k < pinned[r].losses.size(); ++k) CHECK(bits(chosen[r].losses[k]) == bits(pinned[r].losses[k]));
+    for (std::size_t k = 0; k < pinned[r].params.size(); ++k) CHECK(same_bits(chosen[r].params[k], pinned[r].params[k]));
+    REQUIRE(chosen[r].state.size() == pinned[r].state.size());
+    for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(chosen[r].state[k], pinned[r].state[k]));
+    CHECK(chosen[r].checkpoint == pinned[r].checkpoint);
+  }
+  // Planned alone, the optimizer reports the picked stage's layout, though
+  // stage 3 was prepared last: its state, and no stage-3 shards.
+  optim::AdamW opt(probe.fc.parameters(), {});
+  PlanningRank0 rank0;
+  CompileOptions o;
+  o.communicator = rank0.comm;
+  o.threads = 1;
+  const PlannedStep planned = plan_training([&](Var x) { return probe.loss(x); }, probe.inputs, opt, tight, o);
+  REQUIRE(planned.plan.zero_stage == chosen[0].stage);
+  const auto state = opt.state();
+  REQUIRE(state.size() == chosen[0].state.size());
+  for (std::size_t k = 0; k < state.size(); ++k) CHECK(state[k].tensor.shape() == chosen[0].state[k].shape());
+  CHECK(opt.parameter_shards().empty());
 }

@@ -639,9 +639,11 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
     } else {
       check(false, cat("mlp: ranks' stage-1 budgets (max ", budget, ") leave stage 0 (", least0, ") nothing to refuse"));
     }
-    // A plan priced at every stage while a step trains (a broker probing a
-    // new step, a program comparing budgets) leaves that step's state alone:
-    // a step compiled again at its stage goes on from the momentum it had.
+    // Plans at every other stage while a step trains (a program comparing
+    // stages: planning alone plans a pinned stage as asked, and fixes none)
+    // leave that step's state alone: a step compiled again at its stage
+    // goes on from the momentum it had. Unpinned, a plan would take the
+    // stage the optimizer's steps train and try no other.
     {
       auto losses_with = [&](bool probe) {
         nn::manual_seed(11);
@@ -658,11 +660,12 @@ void zero(const std::shared_ptr<dist::Mpi>& c) {
             losses.push_back(a.run(b[0], b[1]));
           }
         }
-        if (probe) {
-          CompileOptions any = o;
-          any.zero_stage.reset();
-          plan_training(fn, in, opt, Budget{.device = planned0 - 1}, any);
-        }
+        if (probe)
+          for (int stage : {1, 2, 3}) {
+            CompileOptions other = o;
+            other.zero_stage = stage;
+            plan_training(fn, in, opt, Budget{.device = planned0 - 1}, other);
+          }
         Step b = compile(fn, in, opt, {}, o);
         for (int s = 3; s < 6; ++s) {
           auto bt = mlp_batch(s, me * rows, rows);

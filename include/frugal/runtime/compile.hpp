@@ -103,6 +103,10 @@ struct CompileOptions {
   // plan says why (Plan::zero_stage, zero_reason). Stages 2 and 3 do not combine with clip_grad_norm,
   // skip_non_finite, a loss_scaler or keep_grads (they need whole
   // gradients); auto then stops at 1. Needs a communicator.
+  // The first step compiled on an optimizer over a communicator fixes the
+  // optimizer's stage (Optimizer::zero_stage): later steps on it, unset,
+  // take that stage whatever their budget would pick (a BudgetError if it
+  // does not fit), and a pin of another stage is refused.
   std::optional<int> zero_stage;
   // Gradient accumulation: each run() is one micro-batch of the inputs'
   // shapes; its gradients are added into accumulators (persistent buffers,
@@ -321,13 +325,14 @@ Prepared prepare_training(Fn& fn, const std::vector<InputSpec>& specs, Optimizer
   return prepare_training(std::move(backend), std::move(c), opt, o);
 }
 
-// A training step prepared with the options given (their ZeRO stage set).
+// A training step of `opt` prepared with the options given (their ZeRO stage set).
 using PrepareTraining = std::function<Prepared(const CompileOptions&)>;
 // The training step planned within `budget` at the ZeRO stage the options
-// pin, or at the one the planner picks (CompileOptions::zero_stage).
-Step finish_training(const PrepareTraining& prepare, const Budget& budget, const CompileOptions& o);
-PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
-                             const CompileOptions& o);
+// pin, or else at the one opt's steps train (Optimizer::zero_stage), or
+// else at the one the planner picks (CompileOptions::zero_stage).
+Step finish_training(const PrepareTraining& prepare, Optimizer& opt, const Budget& budget, const CompileOptions& o);
+PlannedStep planned_training(const PrepareTraining& prepare, const Optimizer& opt, const std::vector<InputSpec>& specs,
+                             const Budget& budget, const CompileOptions& o);
 
 }  // namespace detail
 
@@ -339,7 +344,7 @@ PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<I
 template <class Fn>
 Step compile(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {}, CompileOptions o = {}) {
   return detail::finish_training([&](const CompileOptions& os) { return detail::prepare_training(fn, specs, opt, os); },
-                                 budget, o);
+                                 opt, budget, o);
 }
 
 // What compile() would plan, without allocating the arena or running
@@ -366,7 +371,7 @@ template <class Fn>
 PlannedStep plan_training(Fn&& fn, std::vector<InputSpec> specs, Optimizer& opt, Budget budget = {},
                           CompileOptions o = {}) {
   return detail::planned_training(
-      [&](const CompileOptions& os) { return detail::prepare_training(fn, specs, opt, os); }, specs, budget, o);
+      [&](const CompileOptions& os) { return detail::prepare_training(fn, specs, opt, os); }, opt, specs, budget, o);
 }
 
 namespace detail {

@@ -98,6 +98,13 @@ class Optimizer {
     preparing();
     return prepared_;
   }
+  // A stage search prepares every stage it tries, and plans the step at
+  // the one it chose, maybe not the last: that step's layout `l` (as
+  // prepared_layout() gave it) is the one prepared last again, so an
+  // optimizer that only planned reports the plan's state and shards.
+  void prepared_again(std::shared_ptr<const Layout> l) {
+    prepared_ = std::const_pointer_cast<Layout>(std::move(l));  // made by begin_layout: this optimizer's own
+  }
   // The step of layout `l` trains: a Step calls it when it is made and
   // before each run (and, if the run fails, gives back the layout before).
   // Planning alone (plan_training, dist::PlanOnly, frugal-plan --ranks, a
@@ -126,6 +133,17 @@ class Optimizer {
     set_steps(before.steps);
     trains(before.trained);
   }
+
+  // The ZeRO stage this optimizer's steps train at; unset until compile
+  // makes its first training step over a communicator, which fixes it.
+  // Every later compile on this optimizer takes it (CompileOptions::
+  // zero_stage unset) or must pin the same. A stage lays the state out its
+  // own way (whole tensors at 0, this rank's shard at 1 and 2, the
+  // parameter shards at 3), so steps of two stages would each train state
+  // of their own, and the optimizer would silently hold two runs.
+  // Planning alone reads it and never sets it.
+  std::optional<int> zero_stage() const { return zero_stage_; }
+  void fix_zero_stage(int stage) { zero_stage_ = stage; }
 
   // ZeRO stage 3: this rank's shard of params()[index], the parameter the
   // step trains in its place. One per layout (the elements it holds), kept
@@ -215,10 +233,12 @@ class Optimizer {
   // parameter planned with rank 0's optimizer (dist::PlanOnly) is as long
   // as rank 0's but gets state of its own. The price: a kept layout's bytes
   // stay allocated while the optimizer lives (a trial's shard is 1/N of the
-  // parameter's state). Not a resharding: a step that trains at one stage,
-  // then at another, then at the first again finds the first stage's state
-  // as it left it, not what the other trained since (to change stages
-  // mid-run, go through a gathered checkpoint, io::save_gathered_checkpoint).
+  // parameter's state). Not a resharding, so compile holds an optimizer's
+  // steps to one ZeRO stage (zero_stage()); a step that trains at another
+  // rank count, then at the first again finds the first one's state as it
+  // left it, not what the other trained since (to change stages or rank
+  // counts mid-run, go through a gathered checkpoint,
+  // io::save_gathered_checkpoint).
   Tensor state_tensor(const char* slot, const Tensor& t, std::size_t index, std::optional<DType> dtype = {}) {
     const Shape s = state_shape(index);
     const Tensor& p = params().at(index);
@@ -271,14 +291,15 @@ class Optimizer {
     return out;
   }
   // The tensor of `slot` (as state_tensor was given it) of params()[index]'s
-  // update in the layout of the step that trains (trains()), for state()
-  // and the like to report; `latest`, the tensor the slot holds now (what
-  // state_tensor gave it last), where that step has none (no step has been
-  // made, or it does not update the parameter).
+  // update in the layout of the step that trains (trains()), or before a
+  // step is made, of the one prepared last, for state() and the like to
+  // report; `latest`, the tensor the slot holds now (what state_tensor gave
+  // it last), where that layout has none (it does not update the
+  // parameter).
   Tensor trained_state(const char* slot, std::size_t index, const Tensor& latest) const {
-    if (trained_) {
-      auto it = trained_->state.find({slot, index});
-      if (it != trained_->state.end()) return it->second;
+    if (const Layout* l = trained_ ? trained_.get() : prepared_.get()) {
+      auto it = l->state.find({slot, index});
+      if (it != l->state.end()) return it->second;
     }
     return latest;
   }
@@ -311,6 +332,7 @@ class Optimizer {
   }
   std::shared_ptr<Layout> prepared_;        // the training step prepared last (or being prepared)
   std::shared_ptr<const Layout> trained_;   // the step that trains (trains())
+  std::optional<int> zero_stage_;           // fixed by the first step compiled over a communicator
   // parameter_shard's: every layout of every parameter, by index, offset, length
   std::map<std::tuple<std::size_t, std::int64_t, std::int64_t>, Tensor> shard_layouts_;
   std::map<StateKey, Tensor> layouts_;  // state_tensor's: every layout of every slot

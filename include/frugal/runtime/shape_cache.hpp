@@ -149,22 +149,23 @@ class ShapeCache {
 // A ShapeCache of training steps: `fn` over inputs typed like `specs`,
 // trained with `opt`, all shapes within `total`.
 //
-// With a communicator and no pinned CompileOptions::zero_stage, the stage is
-// the planner's pick for the first shape at the whole budget, made before
-// anything is compiled and then pinned for every shape and every re-plan.
-// The steps share the optimizer's state, and that state's layout is the
-// stage's (a stage-3 step trains the parameter shards where a lower stage
-// trains the whole tensors; a sharded stage keeps the momentum of a shard):
-// a step planned at another stage, even a trial one, gives the optimizer
-// state of another layout, and the cached steps would part ways.
+// With a communicator, every shape's step trains at one ZeRO stage: the
+// steps share the optimizer's state, whose layout is the stage's, and
+// compile holds every step on an optimizer to the stage its first step
+// fixed (Optimizer::zero_stage). Left unpinned, that stage is the
+// planner's pick for the first shape at the whole budget, picked before
+// anything is compiled: the broker plans the first shape at several
+// budgets (its probes, then its share) before its step is made, and each
+// of those plans must be at the stage the step will train.
 template <class Fn>
 std::unique_ptr<ShapeCache> cache_shapes(Fn fn, std::vector<InputSpec> specs, Optimizer& opt, Budget total,
                                          CompileOptions o = {}, std::size_t max_steps = 8) {
-  auto stage = std::make_shared<std::optional<int>>(o.zero_stage);
-  auto options = [fn, &opt, o, total, stage](const std::vector<InputSpec>& s) {
-    if (o.communicator && !*stage) *stage = plan_training(fn, s, opt, total, o).plan.zero_stage;
+  auto first_pick = std::make_shared<std::optional<int>>();
+  auto options = [fn, &opt, o, total, first_pick](const std::vector<InputSpec>& s) {
     CompileOptions c = o;
-    c.zero_stage = *stage;
+    if (!o.communicator || o.zero_stage || opt.zero_stage()) return c;  // pinned, or the optimizer's: compile's rule
+    if (!*first_pick) *first_pick = plan_training(fn, s, opt, total, o).plan.zero_stage;
+    c.zero_stage = *first_pick;
     return c;
   };
   return std::make_unique<ShapeCache>(

@@ -753,10 +753,42 @@ static PlannedPrepared agree_with_ranks(std::optional<PlannedPrepared> pp, std::
   return std::move(*again);
 }
 
-// The training step planned at the pinned ZeRO stage, or at the one the
+// The training step at the ZeRO stage the optimizer's earlier steps train
+// (Optimizer::zero_stage), whatever its own budget would pick: a stage lays
+// the optimizer's state out its own way, and a step at another would train
+// state of its own. Refused, naming the stage, where it does not fit.
+static PlannedPrepared plan_at_trained_stage(const PrepareTraining& prepare, const Budget& budget,
+                                             const CompileOptions& o, int stage) {
+  const std::string why = cat("the optimizer's earlier steps train at ZeRO stage ", stage, ", and every step on it must");
+  if (stage >= 2)
+    if (std::string no_stage2 = stage2_refusal(o); !no_stage2.empty())
+      fail("compile: ", why, ", but stage ", stage, " does not combine with ", no_stage2,
+           ". Compile this step with the options of the earlier ones, or train it with an optimizer of its own");
+  CompileOptions os = o;
+  os.zero_stage = stage;
+  try {
+    PlannedPrepared pp = plan_fused(prepare(os), budget, os, &prepare);
+    pp.plan.zero_stage = stage;
+    pp.plan.zero_reason = cat("the stage the optimizer's earlier steps train, ", stage, ", over ",
+                              o.communicator->size(), " ranks");
+    return pp;
+  } catch (const BudgetError& e) {
+    const std::size_t need = e.smallest_feasible_bytes;
+    throw BudgetError(cat("compile: ", why, "; at stage ", stage, " this step needs ",
+                          need ? cat("at least ", format_bytes(need), " (", need, " bytes) of device memory, and its "
+                                     "budget gives ", budget.device, " bytes")
+                               : std::string("more memory than its budget gives"),
+                          ". Raise the budget, or train this step with an optimizer of its own. The planner at stage ",
+                          stage, ": ", e.what()),
+                      need, e.unconstrained_bytes);
+  }
+}
+
+// The training step planned at the pinned ZeRO stage, else at the one the
+// optimizer's earlier steps train (`trained_stage`), else at the one the
 // planner picks (CompileOptions::zero_stage), by this rank alone.
 static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const Budget& budget,
-                                           const CompileOptions& o) {
+                                           const CompileOptions& o, std::optional<int> trained_stage) {
   if (!o.communicator) return plan_fused(prepare(o), budget, o);
   Communicator& comm = *o.communicator;
   if (o.zero_stage) {
@@ -765,6 +797,7 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
     pp.plan.zero_reason = cat("pinned by CompileOptions::zero_stage, over ", comm.size(), " ranks");
     return pp;
   }
+  if (trained_stage) return plan_at_trained_stage(prepare, budget, o, *trained_stage);
   const std::string no_stage2 = stage2_refusal(o);
   const int last = comm.size() == 1 ? 0 : no_stage2.empty() ? 3 : 1;
   // Stage 0 fitting without evicting anything is the cheapest there is:
@@ -776,11 +809,9 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
   std::optional<PlannedPrepared> best;
   std::string tried;
   std::size_t least_needed = 0;
-  int last_tried = -1;
   for (int stage = 0; stage <= last; ++stage) {
     CompileOptions os = o;
     os.zero_stage = stage;
-    last_tried = stage;
     try {
       PlannedPrepared pp = plan_fused(prepare(os), budget, os, &prepare);
       pp.plan.zero_stage = stage;
@@ -809,19 +840,14 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
             least_needed);
     }
   }
-  // Preparing a step at a stage gives the optimizer state of that stage's
-  // layout (Optimizer::state_tensor: a shard's, or the whole tensor's), and
-  // the last stage tried keeps its. The step must train the state the
-  // optimizer holds (what Optimizer::state reports, a checkpoint saves and
-  // a re-plan finds), so a stage chosen before the last is prepared again.
-  if (best->plan.zero_stage != last_tried) {
-    CompileOptions os = o;
-    os.zero_stage = best->plan.zero_stage;
-    PlannedPrepared again = plan_fused(prepare(os), budget, os, &prepare);
-    again.plan.zero_stage = best->plan.zero_stage;
-    again.plan.zero_reason = best->plan.zero_reason;
-    best = std::move(again);
-  }
+  // Each stage tried prepared the optimizer's state in its own layout
+  // (Optimizer::state_tensor), kept with its values, and the chosen step
+  // carries its own (Prepared::optimizer_layout), which the Step made from
+  // it trains (Optimizer::trains): its state, its checkpoints and what a
+  // re-plan finds are that layout's, however many stages were tried after
+  // it, so nothing is prepared again. An optimizer that only plans reports
+  // the layout prepared last: the chosen one's, again.
+  best->p.opt->prepared_again(best->p.optimizer_layout);
   if (best->plan.zero_reason.empty())
     best->plan.zero_reason = cat("the fastest that fits (a higher stage only if 5% faster), chosen by the planner over ",
                                  comm.size(), " ranks (", tried, ")");
@@ -832,21 +858,31 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
 // and may plan one rank alone, with dist::PlanOnly) checked with the other
 // ranks, a failure included.
 static PlannedPrepared plan_training_at_stage(const PrepareTraining& prepare, const Budget& budget,
-                                              const CompileOptions& o, bool agree) {
-  if (!agree || !o.communicator) return plan_training_alone(prepare, budget, o);
+                                              const CompileOptions& o, std::optional<int> trained_stage, bool agree) {
+  if (!agree || !o.communicator) return plan_training_alone(prepare, budget, o, trained_stage);
   std::optional<PlannedPrepared> pp;
   std::exception_ptr failed;
   try {
-    pp.emplace(plan_training_alone(prepare, budget, o));
+    pp.emplace(plan_training_alone(prepare, budget, o, trained_stage));
   } catch (...) {
     failed = std::current_exception();
   }
   return agree_with_ranks(std::move(pp), failed, prepare, budget, o);
 }
 
-PlannedStep planned_training(const PrepareTraining& prepare, const std::vector<InputSpec>& specs, const Budget& budget,
-                             const CompileOptions& o) {
-  return planned_step(plan_training_at_stage(prepare, budget, o, false), specs);
+// Planning alone (plan_training; dist::PlanOnly and frugal-plan --ranks,
+// which plan other ranks, even other rank counts, on one optimizer) answers
+// what a step would be, and trains nothing. Unpinned, it plans at the stage
+// the optimizer's steps train, as compile would (a MemoryBroker sizes a
+// step's share from its planner, and must plan what its compiler makes);
+// a pinned stage it plans as asked, a what-if whose state is a layout of
+// its own (Optimizer::state_tensor), where compile would refuse the pin.
+// It fixes no stage: a program that plans before it compiles (the samples'
+// unconstrained plan, a broker's probes, a stage search) must leave the
+// compile its own pick.
+PlannedStep planned_training(const PrepareTraining& prepare, const Optimizer& opt, const std::vector<InputSpec>& specs,
+                             const Budget& budget, const CompileOptions& o) {
+  return planned_step(plan_training_at_stage(prepare, budget, o, opt.zero_stage(), false), specs);
 }
 
 Plan plan_prepared(Prepared& p, const Budget& budget, const CompileOptions& o) {
@@ -943,8 +979,26 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
   return build_step(plan_fused(std::move(p), budget, o), budget, o);
 }
 
-Step finish_training(const PrepareTraining& prepare, const Budget& budget, const CompileOptions& o) {
-  return build_step(plan_training_at_stage(prepare, budget, o, true), budget, o);
+// A pin of another ZeRO stage than `opt`'s steps train, refused before
+// anything is prepared.
+static void refuse_other_stage(const Optimizer& opt, const CompileOptions& o) {
+  const std::optional<int> trained = opt.zero_stage();
+  if (!o.communicator || !o.zero_stage || !trained || *o.zero_stage == *trained) return;
+  fail("compile: CompileOptions::zero_stage pins ZeRO stage ", *o.zero_stage, ", and the optimizer's earlier steps "
+       "train at stage ", *trained, ": each stage lays the optimizer's state out its own way, so steps of both would "
+       "train different state. Pin stage ", *trained, " or leave zero_stage unset to take it; to move the training to "
+       "stage ", *o.zero_stage, ", save it with io::save_gathered_checkpoint, compile the step at stage ",
+       *o.zero_stage, " on a new optimizer, and load it there with io::load_gathered_checkpoint");
+}
+
+// The first training step compiled on an optimizer over a communicator
+// fixes the optimizer's stage (Optimizer::zero_stage) once it is made: a
+// compile that fails fixes nothing.
+Step finish_training(const PrepareTraining& prepare, Optimizer& opt, const Budget& budget, const CompileOptions& o) {
+  refuse_other_stage(opt, o);
+  Step step = build_step(plan_training_at_stage(prepare, budget, o, opt.zero_stage(), true), budget, o);
+  if (o.communicator && !opt.zero_stage()) opt.fix_zero_stage(step.plan().zero_stage);
+  return step;
 }
 
 }  // namespace frugal::detail
