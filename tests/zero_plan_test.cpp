@@ -1056,6 +1056,55 @@ TEST_CASE("zero: a step that does not fit at the stage its optimizer's steps tra
   }
 }
 
+// At a sharded stage each rank holds its shard of the state, cut for the
+// rank count the stage was fixed over: a step over no communicator, or
+// over another count, would find none of it and train fresh state from
+// zero. At stage 0 the state is whole, and a single-rank step shares it.
+TEST_CASE("zero: a step over another rank count than its optimizer's sharded steps is refused; at stage 0 it is not",
+          "[zero]") {
+  nn::manual_seed(3);
+  WideLayer w;
+  std::array<std::string, 2> alone, over_one;
+  std::array<bool, 2> stage0_alone_ok{};
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    auto fn = [&](Var x) { return w.loss(x); };
+    CompileOptions o;
+    o.communicator = comm;
+    o.zero_stage = 1;
+    o.threads = 1;
+    optim::AdamW sharded(w.fc.parameters(), {});
+    Step first = compile(fn, w.inputs, sharded, {}, o);
+    CompileOptions no_comm;
+    no_comm.threads = 1;
+    try {
+      compile(fn, w.inputs, sharded, {}, no_comm);
+    } catch (const Error& e) {
+      alone[std::size_t(r)] = e.what();
+    }
+    CompileOptions one = no_comm;
+    one.communicator = dist::local();
+    try {
+      compile(fn, w.inputs, sharded, {}, one);
+    } catch (const Error& e) {
+      over_one[std::size_t(r)] = e.what();
+    }
+    optim::AdamW whole(w.fc.parameters(), {});
+    o.zero_stage = 0;
+    Step replicated = compile(fn, w.inputs, whole, {}, o);
+    Step single = compile(fn, w.inputs, whole, {}, no_comm);
+    stage0_alone_ok[std::size_t(r)] = single.plan().zero_stage <= 0;
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(alone[r], Catch::Contains("ZeRO stage 1 over 2 ranks") && Catch::Contains("over no communicator") &&
+                             Catch::Contains("io::save_gathered_checkpoint"));
+    CHECK_THAT(over_one[r], Catch::Contains("ZeRO stage 1 over 2 ranks") && Catch::Contains("this step is over 1 rank:"));
+    CHECK(stage0_alone_ok[r]);
+  }
+}
+
 // Planning alone (plan_training, dist::PlanOnly, frugal-plan --ranks) asks
 // what a step would be: it follows the stage the optimizer's steps train
 // where none is pinned, as compile would, and plans a pinned one as asked,

@@ -141,9 +141,15 @@ class Optimizer {
   // own way (whole tensors at 0, this rank's shard at 1 and 2, the
   // parameter shards at 3), so steps of two stages would each train state
   // of their own, and the optimizer would silently hold two runs.
-  // Planning alone reads it and never sets it.
+  // Planning alone reads it and never sets it. At stages 1 to 3 each rank
+  // holds its shard of the state, cut for the rank count the stage was
+  // fixed over (zero_ranks()), which compile holds every later step to.
   std::optional<int> zero_stage() const { return zero_stage_; }
-  void fix_zero_stage(int stage) { zero_stage_ = stage; }
+  int zero_ranks() const { return zero_ranks_; }
+  void fix_zero_stage(int stage, int ranks) {
+    zero_stage_ = stage;
+    zero_ranks_ = ranks;
+  }
 
   // ZeRO stage 3: this rank's shard of params()[index], the parameter the
   // step trains in its place. One per layout (the elements it holds), kept
@@ -333,6 +339,7 @@ class Optimizer {
   std::shared_ptr<Layout> prepared_;        // the training step prepared last (or being prepared)
   std::shared_ptr<const Layout> trained_;   // the step that trains (trains())
   std::optional<int> zero_stage_;           // fixed by the first step compiled over a communicator
+  int zero_ranks_ = 1;                      // and over how many ranks
   // parameter_shard's: every layout of every parameter, by index, offset, length
   std::map<std::tuple<std::size_t, std::int64_t, std::int64_t>, Tensor> shard_layouts_;
   std::map<StateKey, Tensor> layouts_;  // state_tensor's: every layout of every slot

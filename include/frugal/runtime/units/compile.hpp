@@ -983,6 +983,17 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
 // anything is prepared.
 static void refuse_other_stage(const Optimizer& opt, const CompileOptions& o) {
   const std::optional<int> trained = opt.zero_stage();
+  // At a sharded stage the state is this rank's shard for that rank count:
+  // a step over no communicator, or another count, would find none of it
+  // and train fresh state from zero.
+  const int ranks = o.communicator ? o.communicator->size() : 1;
+  if (trained && *trained >= 1 && ranks != opt.zero_ranks())
+    fail("compile: the optimizer's earlier steps train at ZeRO stage ", *trained, " over ", opt.zero_ranks(),
+         " ranks, each rank holding its shard of the optimizer state, and this step is ",
+         o.communicator ? cat("over ", ranks, ranks == 1 ? " rank" : " ranks") : std::string("over no communicator"),
+         ": it would find none of that state and train its own from zero. Compile it over the same ",
+         opt.zero_ranks(), " ranks; to change the rank count, save the training with io::save_gathered_checkpoint, "
+         "compile the step on a new optimizer and load it there with io::load_gathered_checkpoint (which reshards)");
   if (!o.communicator || !o.zero_stage || !trained || *o.zero_stage == *trained) return;
   fail("compile: CompileOptions::zero_stage pins ZeRO stage ", *o.zero_stage, ", and the optimizer's earlier steps "
        "train at stage ", *trained, ": each stage lays the optimizer's state out its own way, so steps of both would "
@@ -997,7 +1008,7 @@ static void refuse_other_stage(const Optimizer& opt, const CompileOptions& o) {
 Step finish_training(const PrepareTraining& prepare, Optimizer& opt, const Budget& budget, const CompileOptions& o) {
   refuse_other_stage(opt, o);
   Step step = build_step(plan_training_at_stage(prepare, budget, o, opt.zero_stage(), true), budget, o);
-  if (o.communicator && !opt.zero_stage()) opt.fix_zero_stage(step.plan().zero_stage);
+  if (o.communicator && !opt.zero_stage()) opt.fix_zero_stage(step.plan().zero_stage, o.communicator->size());
   return step;
 }
 
