@@ -137,9 +137,13 @@ inline bool openblas_runs_avx512() {
 }
 
 // AMD's Zen 4 (family 0x19) executes a 512-bit FMA as two 256-bit halves:
-// its AVX-512 peak is its AVX2 peak, so OpenBLAS's tuned AVX2 kernels are
-// kept there. Zen 5 (family 0x1A) and Intel's AVX-512 cores have 512-bit
-// FMA units.
+// its AVX-512 peak is its AVX2 peak, so frugal's kernel has nothing to add
+// to OpenBLAS's there. (Debian's OpenBLAS 0.3.21 runs its Cooperlake
+// AVX-512 kernels on a Zen 4, and bench/gemm_kernels measured them at
+// 0.95-1.05x frugal's on the mlp and gpt products, 2 threads; frugal's
+// engine for a convolution's products gained 3% at 1 thread and nothing
+// at 2, so those stay on OpenBLAS too.) Zen 5 (family 0x1A) and Intel's
+// AVX-512 cores have 512-bit FMA units.
 inline bool avx512_half_width() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   unsigned a, b, c, d;
