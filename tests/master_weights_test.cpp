@@ -56,9 +56,7 @@ bool is_rounding_of(const Tensor& p, const Tensor& master) {
     if (bits[i] != (p.dtype() == DType::bf16 ? BFloat16(want[i]).bits : Half(want[i]).bits)) return false;
   return true;
 }
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
+using test_support::same_bits;
 
 // Three layers in `dt` (bf16, f16 or f32); the f32 input is cast to dt, the
 // loss is f32.
@@ -592,20 +590,7 @@ TEST_CASE("master weights: rank 1 of 2 planned with rank 0's optimizer gets stat
       CHECK(got[0].shared == 0);
       for (std::size_t r = 0; r < 2; ++r) {
         INFO("rank " << r);
-        for (int k = 0; k < steps; ++k) {
-          INFO("step " << k);
-          CHECK(std::bit_cast<std::uint32_t>(got[r].losses[std::size_t(k)]) ==
-                std::bit_cast<std::uint32_t>(want[r].losses[std::size_t(k)]));
-        }
-        for (std::size_t k = 0; k < want[r].params.size(); ++k) {
-          INFO("parameter " << k);
-          CHECK(same_bits(got[r].params[k], want[r].params[k]));
-        }
-        REQUIRE(got[r].state.size() == want[r].state.size());
-        for (std::size_t k = 0; k < want[r].state.size(); ++k) {
-          INFO("state tensor " << k);
-          CHECK(same_bits(got[r].state[k], want[r].state[k]));
-        }
+        test_support::check_same_training(got[r], want[r]);
       }
     }
 }

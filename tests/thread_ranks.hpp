@@ -4,6 +4,8 @@
 // order (frugal::dist::sum_in_rank_order) as dist::Mpi does, so n ranks here
 // compute what n processes under mpirun would.
 #include <array>
+#include <bit>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -123,6 +125,32 @@ inline std::array<std::string, 2> run_two_ranks(
   run(0);
   other.join();
   return errors;
+}
+
+inline bool same_bits(const frugal::Tensor& a, const frugal::Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// One rank's two runs that must be the same training: every loss, every
+// parameter and every optimizer state tensor, bit for bit. `Run` has
+// `losses` (floats) and `params` and `state` (tensors).
+template <class Run>
+void check_same_training(const Run& got, const Run& want) {
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (std::size_t k = 0; k < want.losses.size(); ++k) {
+    INFO("step " << k);
+    CHECK(std::bit_cast<std::uint32_t>(got.losses[k]) == std::bit_cast<std::uint32_t>(want.losses[k]));
+  }
+  REQUIRE(got.params.size() == want.params.size());
+  for (std::size_t k = 0; k < want.params.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(same_bits(got.params[k], want.params[k]));
+  }
+  REQUIRE(got.state.size() == want.state.size());
+  for (std::size_t k = 0; k < want.state.size(); ++k) {
+    INFO("state tensor " << k);
+    CHECK(same_bits(got.state[k], want.state[k]));
+  }
 }
 
 }  // namespace test_support

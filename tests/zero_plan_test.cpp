@@ -687,9 +687,7 @@ float run_steps(Step& s, int from, int to) {
   }
   return loss;
 }
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
+using test_support::same_bits;
 std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 // ZeroMlp of seed 3 and its AdamW, trained `steps` steps at stage 3 over
 // one rank; `trained`: copies of its parameter shards then.
@@ -959,19 +957,7 @@ TEST_CASE("zero: a step compiled on an optimizer whose steps train at a ZeRO sta
       INFO("rank " << r);
       CHECK(got[r].second_stage == stage);
       CHECK_THAT(got[r].second_reason, Catch::Contains(cat("the stage the optimizer's earlier steps train, ", stage)));
-      for (std::size_t k = 0; k < want[r].losses.size(); ++k) {
-        INFO("step " << k);
-        CHECK(bits(got[r].losses[k]) == bits(want[r].losses[k]));
-      }
-      for (std::size_t k = 0; k < want[r].params.size(); ++k) {
-        INFO("parameter " << k);
-        CHECK(same_bits(got[r].params[k], want[r].params[k]));
-      }
-      REQUIRE(got[r].state.size() == want[r].state.size());
-      for (std::size_t k = 0; k < want[r].state.size(); ++k) {
-        INFO("state tensor " << k);
-        CHECK(same_bits(got[r].state[k], want[r].state[k]));
-      }
+      test_support::check_same_training(got[r], want[r]);
     }
   }
 }
@@ -1186,10 +1172,7 @@ TEST_CASE("zero: a shape cache trains every shape at the stage the planner picks
     INFO("rank " << r << ": " << picked[r].reasons[0]);
     CHECK(picked[r].stages == std::vector<int>{stage, stage});
     CHECK_THAT(picked[r].reasons[1], Catch::Contains(cat("the stage the optimizer's earlier steps train, ", stage)));
-    for (std::size_t k = 0; k < pinned[r].losses.size(); ++k) CHECK(bits(picked[r].losses[k]) == bits(pinned[r].losses[k]));
-    for (std::size_t k = 0; k < pinned[r].params.size(); ++k) CHECK(same_bits(picked[r].params[k], pinned[r].params[k]));
-    REQUIRE(picked[r].state.size() == pinned[r].state.size());
-    for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(picked[r].state[k], pinned[r].state[k]));
+    test_support::check_same_training(picked[r], pinned[r]);
   }
 }
 
@@ -1263,10 +1246,7 @@ TEST_CASE("zero: a stage the search picks before the last one it tried trains, r
   for (std::size_t r = 0; r < 2; ++r) {
     INFO("rank " << r);
     CHECK(chosen[r].stage == chosen[0].stage);
-    for (std::size_t k = 0; k < pinned[r].losses.size(); ++k) CHECK(bits(chosen[r].losses[k]) == bits(pinned[r].losses[k]));
-    for (std::size_t k = 0; k < pinned[r].params.size(); ++k) CHECK(same_bits(chosen[r].params[k], pinned[r].params[k]));
-    REQUIRE(chosen[r].state.size() == pinned[r].state.size());
-    for (std::size_t k = 0; k < pinned[r].state.size(); ++k) CHECK(same_bits(chosen[r].state[k], pinned[r].state[k]));
+    test_support::check_same_training(chosen[r], pinned[r]);
     CHECK(chosen[r].checkpoint == pinned[r].checkpoint);
   }
   // Planned alone, the optimizer reports the picked stage's layout, though
