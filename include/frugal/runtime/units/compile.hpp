@@ -979,9 +979,10 @@ Step finish(Prepared p, const Budget& budget, const CompileOptions& o) {
   return build_step(plan_fused(std::move(p), budget, o), budget, o);
 }
 
-// A pin of another ZeRO stage than `opt`'s steps train, refused before
+// A step sharded otherwise than `opt`'s steps train (a pin of another ZeRO
+// stage, or another rank count at a sharded stage), refused before
 // anything is prepared.
-static void refuse_other_stage(const Optimizer& opt, const CompileOptions& o) {
+static void refuse_other_sharding(const Optimizer& opt, const CompileOptions& o) {
   const std::optional<int> trained = opt.zero_stage();
   // At a sharded stage the state is this rank's shard for that rank count:
   // a step over no communicator, or another count, would find none of it
@@ -1006,7 +1007,7 @@ static void refuse_other_stage(const Optimizer& opt, const CompileOptions& o) {
 // fixes the optimizer's stage (Optimizer::zero_stage) once it is made: a
 // compile that fails fixes nothing.
 Step finish_training(const PrepareTraining& prepare, Optimizer& opt, const Budget& budget, const CompileOptions& o) {
-  refuse_other_stage(opt, o);
+  refuse_other_sharding(opt, o);
   Step step = build_step(plan_training_at_stage(prepare, budget, o, opt.zero_stage(), true), budget, o);
   if (o.communicator && !opt.zero_stage()) opt.fix_zero_stage(step.plan().zero_stage, o.communicator->size());
   return step;
