@@ -5,7 +5,7 @@
 //
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/conv_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/conv_kernels
-//   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare]
+//   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4] [--compare]
 //                     [--dtype f32|bf16|both]
 //
 // --dtype bf16 times the kernels on bf16 tensors (widened to f32 inside,
@@ -14,8 +14,9 @@
 // --images N forces N images per GEMM chunk, or for Winograd about N tiles
 // per chunk (default: frugal's policies; the "imgs" column shows which).
 // --algo direct runs every layer direct (im2col), --algo winograd every
-// 3x3 stride-1 layer as Winograd F(2x2,3x3) (conv_winograd.hpp); the
-// default follows frugal's rules (conv_scratch.hpp), pass by pass.
+// 3x3 stride-1 layer as Winograd (conv_winograd.hpp; winograd-f2 and
+// winograd-f4 force the tile); the default follows frugal's rules
+// (conv_scratch.hpp), pass by pass.
 // --engine forces the BLAS or the AVX-512 engine (default: AVX-512 where
 // the CPU has it). --compare also times the other way to split the work: one image per
 // thread inside a parallel region (private column buffers, single-threaded
@@ -231,12 +232,12 @@ int main(int argc, char** argv) {
     else if (a == "--compare") compare = true;
     else if (a == "--algo" && i + 1 < argc) {
       const std::string v = argv[++i];
-      if (v != "direct" && v != "auto" && v != "winograd") {
-        std::fprintf(stderr, "conv_kernels: --algo takes auto (frugal's rules), direct or winograd (every 3x3 stride-1 layer)\n");
+      try {
+        algo = cpu::conv_algorithm_from(v);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "conv_kernels: --algo: %s\n", e.what());
         return 2;
       }
-      algo = v == "direct" ? cpu::ConvAlgorithm::direct
-             : v == "winograd" ? cpu::ConvAlgorithm::winograd : cpu::ConvAlgorithm::by_shape;
     }
     else if (a == "--engine" && i + 1 < argc) {
       engine_name = argv[++i];
@@ -251,7 +252,7 @@ int main(int argc, char** argv) {
       both = v == "both";
     }
     else {
-      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd] [--compare] [--dtype f32|bf16|both]\n");
+      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4] [--compare] [--dtype f32|bf16|both]\n");
       return 2;
     }
   }

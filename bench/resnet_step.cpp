@@ -5,7 +5,7 @@
 //
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/resnet_step.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/resnet_step
-//   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3] [--engine blas|avx512] [--algo auto|direct|winograd]
+//   /tmp/resnet_step [--threads 2] [--steps 10] [--warmup 2] [--batch 32] [--model resnet18|resnet20|resnet50] [--profile-reps 3] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4]
 //                    [--dtype f32|bf16|f16]
 //
 // --dtype builds the whole model, its input and its SGD state in that dtype
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     else if (a == "--algo") algo_name = next();
     else if (a == "--dtype") dtype_name_arg = next();
     else {
-      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512] [--algo auto|direct|winograd] [--dtype f32|bf16|f16]\n");
+      std::fprintf(stderr, "usage: resnet_step [--threads N] [--steps N] [--warmup N] [--batch N] [--model resnet18|resnet20|resnet50] [--profile-reps N] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4] [--dtype f32|bf16|f16]\n");
       return 2;
     }
   }

@@ -765,8 +765,9 @@ namespace {
 
 // A small CIFAR-style ResNet (stem 16, one BasicBlock of 16 and one of 32
 // with a projection shortcut) on 8 images of 16x16: its first stage's 3x3
-// convolutions run as Winograd F(2x2,3x3) (512 tiles), the second's
-// forward direct, every weight gradient Winograd; the rest is BatchNorm
+// convolutions run as Winograd F(4x4,3x3) (512 2x2 tiles' worth), the
+// second's stride-1 one direct forward and Winograd F(4x4,3x3) weight
+// gradient (8x8 planes, conv_scratch.hpp's rules); the rest is BatchNorm
 // (with fused ReLUs), residual adds, the global average pool and the fc.
 std::unique_ptr<nn::ResNet<nn::BasicBlock>> small_resnet(DType dt) {
   return std::make_unique<nn::ResNet<nn::BasicBlock>>(16, std::vector<nn::ResNetStage>{{16, 1, 1}, {32, 1, 2}}, 10, 3,

@@ -244,32 +244,161 @@ TEST_CASE("conv2d kernels give the reference result for every chunk size and thr
 
 namespace {
 
-// The forward error bound of Winograd F(2x2, 3x3) for the output element at
-// (img, o, oy, ox) of conv(x, w) (x [n][I][h][w], w [O][I][3][3], padding
-// ph, pw): |err| <= (I + 11) 2^-24 * 9 * sum_i (sum |w[o][i]|) (sum |x| over
-// the 4x4 input window of its tile). Each transformed weight is at most the
-// sum of its kernel's magnitudes (|G| <= 1) and each transformed input at
-// most its window's (|B| <= 1); the output transform adds 9 of their
-// products; along any path there are 2 roundings in the input transform,
-// 4 in the weight's, I + 1 in the product and 4 in the output transform.
+// Per-element error bounds of Winograd F(m x m, 3x3)'s forward y =
+// conv(x, w) (x [n][I][h][w], w [O][I][3][3], padding ph, pw; y [n][O][ho][wo]).
+// Computed as the standard first-order bound of a sum-and-product
+// evaluation: |err| <= k 2^-24 (|Aᵀ| [Σ_i (|G| |g| |Gᵀ|) ⊙ (|Bᵀ| |d| |B|)] |A|),
+// the same computation on absolute values, where k is the most roundings
+// along any path from an input to the output:
+// - F(2x2, 3x3): 1 + 1 in the input transform (coefficients 0, ±1), 2 + 2
+//   in the weight's (±1/2 are exact), I + 1 in the products over the
+//   channels, 2 + 3 in the output transform with the bias: k = I + 12;
+// - F(4x4, 3x3): 2 + 2 in the input transform (×4 and ×2 are exact, ×5 is
+//   not), 4 + 4 in the weight's (two sums, the factor 1/6 or 1/24 that is
+//   itself rounded, and its product), I + 1, and 3 + 4 in the output
+//   transform (×2, ×4, ×8 exact): k = I + 20.
+// (conv_winograd.hpp's transforms add in the orders these counts assume.)
+struct WinogradMatrices {
+  int m;
+  std::vector<std::vector<double>> bt, g, at;  // |Bᵀ| (m+2)x(m+2), |G| (m+2)x3, |Aᵀ| m x(m+2)
+};
+WinogradMatrices winograd_matrices(int m) {
+  if (m == 2)
+    return {2,
+            {{1, 0, 1, 0}, {0, 1, 1, 0}, {0, 1, 1, 0}, {0, 1, 0, 1}},
+            {{1, 0, 0}, {.5, .5, .5}, {.5, .5, .5}, {0, 0, 1}},
+            {{1, 1, 1, 0}, {0, 1, 1, 1}}};
+  return {4,
+          {{4, 0, 5, 0, 1, 0}, {0, 4, 4, 1, 1, 0}, {0, 4, 4, 1, 1, 0},
+           {0, 2, 1, 2, 1, 0}, {0, 2, 1, 2, 1, 0}, {0, 4, 0, 5, 0, 1}},
+          {{.25, 0, 0}, {1. / 6, 1. / 6, 1. / 6}, {1. / 6, 1. / 6, 1. / 6},
+           {1. / 24, 1. / 12, 1. / 6}, {1. / 24, 1. / 12, 1. / 6}, {0, 0, 1}},
+          {{1, 1, 1, 1, 1, 0}, {0, 1, 1, 2, 2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, 1, 8, 8, 1}}};
+}
 template <class X, class W>
-double winograd_forward_bound(const std::vector<X>& x, const std::vector<W>& w, std::int64_t n,
-                              std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O, std::int64_t ph,
-                              std::int64_t pw, std::int64_t img, std::int64_t o, std::int64_t oy, std::int64_t ox) {
-  (void)n;
-  double sum = 0;
-  for (std::int64_t i = 0; i < I; ++i) {
-    double g1 = 0, d1 = 0;
-    for (int t = 0; t < 9; ++t) g1 += std::abs(double(w[std::size_t((o * I + i) * 9 + t)]));
-    for (std::int64_t a = 0; a < 4; ++a)
-      for (std::int64_t b = 0; b < 4; ++b) {
-        const std::int64_t iy = oy / 2 * 2 - ph + a, ix = ox / 2 * 2 - pw + b;
-        if (iy >= 0 && iy < h && ix >= 0 && ix < wd) d1 += std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
+std::vector<double> winograd_forward_bounds(int m, const std::vector<X>& x, const std::vector<W>& w, std::int64_t n,
+                                            std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O,
+                                            std::int64_t ph, std::int64_t pw) {
+  const WinogradMatrices t = winograd_matrices(m);
+  const int e = m + 2, P = e * e;
+  const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2, th = (ho + m - 1) / m, tw = (wo + m - 1) / m;
+  const double k = double(I + (m == 2 ? 12 : 20)) * std::ldexp(1.0, -24);
+  // |U| per kernel and |V| per channel's tile.
+  std::vector<double> U(std::size_t(O * I * P)), V(std::size_t(n * I * th * tw * P));
+  for (std::int64_t oi = 0; oi < O * I; ++oi)
+    for (int r = 0; r < e; ++r)
+      for (int c = 0; c < e; ++c) {
+        double sum = 0;
+        for (int a = 0; a < 3; ++a)
+          for (int b = 0; b < 3; ++b) sum += t.g[r][a] * std::abs(double(w[std::size_t(oi * 9 + a * 3 + b)])) * t.g[c][b];
+        U[std::size_t(oi * P + r * e + c)] = sum;
       }
-    sum += g1 * d1;
-  }
-  (void)O;
-  return double(I + 11) * std::ldexp(1.0, -24) * 9 * sum + 1e-30;
+  for (std::int64_t img = 0; img < n; ++img)
+    for (std::int64_t i = 0; i < I; ++i)
+      for (std::int64_t ty = 0; ty < th; ++ty)
+        for (std::int64_t tx = 0; tx < tw; ++tx) {
+          double d[6][6] = {};
+          for (int a = 0; a < e; ++a)
+            for (int b = 0; b < e; ++b) {
+              const std::int64_t iy = m * ty - ph + a, ix = m * tx - pw + b;
+              if (iy >= 0 && iy < h && ix >= 0 && ix < wd)
+                d[a][b] = std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
+            }
+          double* v = &V[std::size_t((((img * I + i) * th + ty) * tw + tx) * P)];
+          for (int r = 0; r < e; ++r)
+            for (int c = 0; c < e; ++c)
+              for (int a = 0; a < e; ++a)
+                for (int b = 0; b < e; ++b) v[r * e + c] += t.bt[r][a] * d[a][b] * t.bt[c][b];
+        }
+  std::vector<double> out(std::size_t(n * O * ho * wo));
+  std::vector<double> S(static_cast<std::size_t>(P));
+  for (std::int64_t img = 0; img < n; ++img)
+    for (std::int64_t o = 0; o < O; ++o)
+      for (std::int64_t ty = 0; ty < th; ++ty)
+        for (std::int64_t tx = 0; tx < tw; ++tx) {
+          std::fill(S.begin(), S.end(), 0.0);
+          for (std::int64_t i = 0; i < I; ++i) {
+            const double* u = &U[std::size_t((o * I + i) * P)];
+            const double* v = &V[std::size_t((((img * I + i) * th + ty) * tw + tx) * P)];
+            for (int q = 0; q < P; ++q) S[std::size_t(q)] += u[q] * v[q];
+          }
+          for (int a = 0; a < m; ++a)
+            for (int b = 0; b < m; ++b) {
+              const std::int64_t oy = m * ty + a, ox = m * tx + b;
+              if (oy >= ho || ox >= wo) continue;
+              double sum = 0;
+              for (int r = 0; r < e; ++r)
+                for (int c = 0; c < e; ++c) sum += t.at[a][r] * S[std::size_t(r * e + c)] * t.at[b][c];
+              out[std::size_t(((img * O + o) * ho + oy) * wo + ox)] = k * sum + 1e-30;
+            }
+        }
+  return out;
+}
+
+// Per-element error bounds of Winograd F(m x m, 3x3)'s weight gradient
+// dw[o][i] = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G, the same first-order form:
+// k 2^-24 (|Gᵀ| [Σ_tiles (|A| |dY| |Aᵀ|) ⊙ (|Bᵀ| |d| |B|)] |G|), with k the
+// transforms' roundings (F(2x2, 3x3): 2 for dY, 2 for d, 4 for the inverse
+// transform; F(4x4, 3x3): 4, 4 and 10, its factors 1/6, 1/12 and 1/24
+// rounded and multiplied) plus the sum over the T tiles, at most 2T + 4
+// roundings (the products' depth, one addition per chunk and per part).
+template <class X>
+std::vector<double> winograd_weight_bounds(int m, const std::vector<X>& x, const std::vector<X>& dy, std::int64_t n,
+                                           std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O,
+                                           std::int64_t ph, std::int64_t pw) {
+  const WinogradMatrices t = winograd_matrices(m);
+  const int e = m + 2, P = e * e;
+  const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2, th = (ho + m - 1) / m, tw = (wo + m - 1) / m;
+  const std::int64_t T = n * th * tw;
+  const double k = double(2 * T + 4 + (m == 2 ? 8 : 18)) * std::ldexp(1.0, -24);
+  // |Bᵀ d B| per input channel's tile, |A dY Aᵀ| per output channel's tile.
+  std::vector<double> V(std::size_t(n * I * th * tw * P)), D(std::size_t(n * O * th * tw * P));
+  for (std::int64_t img = 0; img < n; ++img)
+    for (std::int64_t ty = 0; ty < th; ++ty)
+      for (std::int64_t tx = 0; tx < tw; ++tx) {
+        for (std::int64_t i = 0; i < I; ++i) {
+          double* v = &V[std::size_t((((img * I + i) * th + ty) * tw + tx) * P)];
+          for (int a = 0; a < e; ++a)
+            for (int b = 0; b < e; ++b) {
+              const std::int64_t iy = m * ty - ph + a, ix = m * tx - pw + b;
+              if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+              const double d = std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
+              for (int r = 0; r < e; ++r)
+                for (int c = 0; c < e; ++c) v[r * e + c] += t.bt[r][a] * d * t.bt[c][b];
+            }
+        }
+        for (std::int64_t o = 0; o < O; ++o) {
+          double* dv = &D[std::size_t((((img * O + o) * th + ty) * tw + tx) * P)];
+          for (int a = 0; a < m; ++a)
+            for (int b = 0; b < m; ++b) {
+              const std::int64_t oy = m * ty + a, ox = m * tx + b;
+              if (oy >= ho || ox >= wo) continue;
+              const double d = std::abs(double(dy[std::size_t(((img * O + o) * ho + oy) * wo + ox)]));
+              for (int r = 0; r < e; ++r)
+                for (int c = 0; c < e; ++c) dv[r * e + c] += t.at[a][r] * d * t.at[b][c];
+            }
+        }
+      }
+  std::vector<double> out(std::size_t(O * I * 9));
+  std::vector<double> S(static_cast<std::size_t>(P));
+  for (std::int64_t o = 0; o < O; ++o)
+    for (std::int64_t i = 0; i < I; ++i) {
+      std::fill(S.begin(), S.end(), 0.0);
+      for (std::int64_t img = 0; img < n; ++img)
+        for (std::int64_t tile = 0; tile < th * tw; ++tile) {
+          const double* dv = &D[std::size_t(((img * O + o) * th * tw + tile) * P)];
+          const double* v = &V[std::size_t(((img * I + i) * th * tw + tile) * P)];
+          for (int q = 0; q < P; ++q) S[std::size_t(q)] += dv[q] * v[q];
+        }
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) {
+          double sum = 0;
+          for (int r = 0; r < e; ++r)
+            for (int c = 0; c < e; ++c) sum += t.g[r][a] * S[std::size_t(r * e + c)] * t.g[c][b];
+          out[std::size_t((o * I + i) * 9 + a * 3 + b)] = k * sum + 1e-30;
+        }
+    }
+  return out;
 }
 
 void expect_within(const std::string& what, const std::vector<float>& got, const ref::Array& want,
@@ -301,7 +430,7 @@ const WinogradShape kOddWinogradShapes[] = {
 
 }  // namespace
 
-TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float64, with the same bits at any thread count",
+TEST_CASE("Winograd F(2x2,3x3) and F(4x4,3x3) convolutions meet their error bound against float64, with the same bits at any thread count",
           "[conv][winograd][threads]") {
   using namespace frugal;
   // Odd and even planes (partial tiles), every padding Winograd takes,
@@ -331,56 +460,29 @@ TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float
     for (std::int64_t o = 0; o < g.cout; ++o)
       for (std::int64_t i = 0; i < g.cin; ++i)
         for (int t = 0; t < 9; ++t) wf[std::size_t((i * g.cout + o) * 9 + t)] = w[std::size_t((o * g.cin + i) * 9 + 8 - t)];
-    auto y_bound = [&](std::size_t e) {
-      const std::int64_t k = std::int64_t(e), ox = k % g.wo, oy = k / g.wo % g.ho, o = k / g.hw_out() % g.cout,
-                         img = k / (g.hw_out() * g.cout);
-      return winograd_forward_bound(x, w, g.n, g.cin, g.h, g.w, g.cout, g.ph, g.pw, img, o, oy, ox);
-    };
-    auto dx_bound = [&](std::size_t e) {
-      const std::int64_t k = std::int64_t(e), ix = k % g.w, iy = k / g.w % g.h, i = k / g.hw() % g.cin,
-                         img = k / (g.hw() * g.cin);
-      return winograd_forward_bound(dy, wf, g.n, g.cout, g.ho, g.wo, g.cin, 2 - g.ph, 2 - g.pw, img, i, iy, ix);
-    };
-    // dw[o][i][a][b]: 16 transformed products summed over the tiles, each
-    // at most (sum |dy| over the tile's 2x2) (sum |x| over its 4x4 window),
-    // through 2 + 2 transform roundings, a sum over the tiles plus one
-    // addition per chunk and per part (at most 2T + 4 in all), and 4 in the
-    // inverse transform.
-    const std::int64_t th = (g.ho + 1) / 2, tw = (g.wo + 1) / 2;
-    std::vector<double> dw_scale(std::size_t(g.cout * g.cin), 0.0);
-    for (std::int64_t o = 0; o < g.cout; ++o)
-      for (std::int64_t i = 0; i < g.cin; ++i) {
-        double sum = 0;
-        for (std::int64_t img = 0; img < g.n; ++img)
-          for (std::int64_t ty = 0; ty < th; ++ty)
-            for (std::int64_t tx = 0; tx < tw; ++tx) {
-              double a1 = 0, d1 = 0;
-              for (std::int64_t a = 0; a < 2; ++a)
-                for (std::int64_t b = 0; b < 2; ++b)
-                  if (2 * ty + a < g.ho && 2 * tx + b < g.wo)
-                    a1 += std::abs(double(dy[std::size_t(((img * g.cout + o) * g.ho + 2 * ty + a) * g.wo + 2 * tx + b)]));
-              for (std::int64_t a = 0; a < 4; ++a)
-                for (std::int64_t b = 0; b < 4; ++b) {
-                  const std::int64_t iy = 2 * ty - g.ph + a, ix = 2 * tx - g.pw + b;
-                  if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
-                    d1 += std::abs(double(x[std::size_t(((img * g.cin + i) * g.h + iy) * g.w + ix)]));
-                }
-              sum += a1 * d1;
-            }
-        dw_scale[std::size_t(o * g.cin + i)] = double(2 * g.n * th * tw + 13) * std::ldexp(1.0, -24) * 16 * sum + 1e-30;
-      }
-    auto dw_bound = [&](std::size_t e) { return dw_scale[e / 9]; };
+    std::vector<double> y_bounds[2], dx_bounds[2];  // F(2x2, 3x3), F(4x4, 3x3)
+    for (int f = 0; f < 2; ++f) {
+      y_bounds[f] = winograd_forward_bounds(2 + 2 * f, x, w, g.n, g.cin, g.h, g.w, g.cout, g.ph, g.pw);
+      dx_bounds[f] = winograd_forward_bounds(2 + 2 * f, dy, wf, g.n, g.cout, g.ho, g.wo, g.cin, 2 - g.ph, 2 - g.pw);
+    }
+    const std::vector<double> dw_bounds[2] = {
+        winograd_weight_bounds(2, x, dy, g.n, g.cin, g.h, g.w, g.cout, g.ph, g.pw),
+        winograd_weight_bounds(4, x, dy, g.n, g.cin, g.h, g.w, g.cout, g.ph, g.pw)};
+    for (int f = 0; f < 2; ++f)
     for (std::int64_t tiles : {std::int64_t(1), std::int64_t(7), std::int64_t(40), std::int64_t(0)}) {
       std::vector<float> first_y, first_dx, first_dw;
       for (int threads : {1, 2, 3}) {
         ThreadCount tc(threads);
-        const std::string what = cat(sh.name, ", ", threads, " threads, tile target ", tiles);
+        const std::string what = cat(sh.name, ", F(", 2 + 2 * f, "x", 2 + 2 * f, ",3x3), ", threads,
+                                     " threads, tile target ", tiles);
         Workspace wfw, wd, ww;
-        const auto wino = cpu::ConvAlgorithm::winograd;  // whatever the cost rules say of these small shapes
+        // Whatever the cost rules say of these small shapes.
+        const auto wino = f == 0 ? cpu::ConvAlgorithm::winograd_f2 : cpu::ConvAlgorithm::winograd_f4;
         auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, tiles, wino);
         auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, tiles, wino);
         auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, tiles, wino);
         REQUIRE((sf.winograd && sd.winograd && sw.winograd));
+        REQUIRE((sf.tiles.m == 2 + 2 * f && sd.tiles.m == 2 + 2 * f && sw.tiles.m == 2 + 2 * f));
         auto af = wfw.args(sf), ad = wd.args(sd), aw = ww.args(sw);
         std::vector<float> y(want_y.v.size()), dx(x.size()), dw(w.size());
         // Either engine: Winograd runs for both (its products on the float GEMM engine).
@@ -391,9 +493,9 @@ TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float
                                          w.data(), dx.data());
         cpu::conv2d_backward_weight<float>(engine, g, sw, cpu::conv_detail::carve<float>(sw, aw, "t"), x.data(),
                                            dy.data(), dw.data(), nullptr);
-        expect_within(what + " forward", y, want_y, y_bound);
-        expect_within(what + " data gradient", dx, want_dx, dx_bound);
-        expect_within(what + " weight gradient", dw, want_dw, dw_bound);
+        expect_within(what + " forward", y, want_y, [&](std::size_t e) { return y_bounds[f][e]; });
+        expect_within(what + " data gradient", dx, want_dx, [&](std::size_t e) { return dx_bounds[f][e]; });
+        expect_within(what + " weight gradient", dw, want_dw, [&](std::size_t e) { return dw_bounds[f][e]; });
         if (threads == 1) {
           first_y = y, first_dx = dx, first_dw = dw;
           continue;
@@ -407,7 +509,7 @@ TEST_CASE("Winograd F(2x2,3x3) convolutions meet their error bound against float
   }
 }
 
-TEST_CASE("Winograd's forward and data gradient give the same bits on the AVX-512 and AVX2 product tiles",
+TEST_CASE("Winograd's forward and data gradient give the same bits on the AVX-512 and AVX2 product tiles, F(2x2,3x3) and F(4x4,3x3)",
           "[conv][winograd][isa]") {
   using namespace frugal;
   namespace wg = cpu::winograd;
@@ -432,7 +534,7 @@ TEST_CASE("Winograd's forward and data gradient give the same bits on the AVX-51
       continue;  // this machine runs one of them on OpenBLAS, or lacks AVX-512
     auto x = random_floats(xs.numel(), 21), w = random_floats(ws.numel(), 22);
     auto dy = random_floats(g.n * g.cout * g.hw_out(), 23);
-    const auto wino = cpu::ConvAlgorithm::winograd;
+    for (auto wino : {cpu::ConvAlgorithm::winograd_f2, cpu::ConvAlgorithm::winograd_f4}) {
     auto sf = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, 0, wino);
     auto sd = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_data, 0, wino);
     REQUIRE((sf.winograd && sd.winograd));
@@ -450,10 +552,11 @@ TEST_CASE("Winograd's forward and data gradient give the same bits on the AVX-51
                                        w.data(), dx[k].data());
       cpu::forced_cpu_isa = -1;
     }
-    INFO(sh.name);
+    INFO(sh.name << ", F(" << sf.tiles.m << "x" << sf.tiles.m << ",3x3)");
     CHECK(std::memcmp(y[0].data(), y[1].data(), y[0].size() * 4) == 0);
     CHECK(std::memcmp(dx[0].data(), dx[1].data(), dx[0].size() * 4) == 0);
     ++compared;
+    }
   }
   if (compared == 0) WARN("not compared: this machine does not run both product tiles");
 }
@@ -467,6 +570,18 @@ TEST_CASE("Winograd is chosen by shape alone: 3x3 stride 1, enough channels and 
   CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward).winograd);
   CHECK(cpu::conv_scratch(resnet, DType::bf16, cpu::ConvPass::backward_data).winograd);
   CHECK(cpu::conv_scratch(resnet, DType::f16, cpu::ConvPass::backward_weight).winograd);
+  // F(4x4, 3x3) for planes from 8x8, every pass; F(2x2, 3x3) below, or when asked.
+  CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward).tiles.m == 4);
+  CHECK(cpu::conv_scratch(resnet, DType::bf16, cpu::ConvPass::backward_data).tiles.m == 4);
+  CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::backward_weight).tiles.m == 4);
+  CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::winograd_f2).tiles.m == 2);
+  CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::backward_weight, 0, cpu::ConvAlgorithm::winograd_f2)
+            .tiles.m == 2);
+  const auto narrow = geom({256, 64, 6, 6}, {64, 64, 3, 3}, {.padding = 1});
+  for (auto pass : {cpu::ConvPass::forward, cpu::ConvPass::backward_data, cpu::ConvPass::backward_weight}) {
+    CHECK(cpu::conv_scratch(narrow, DType::f32, pass).winograd);
+    CHECK(cpu::conv_scratch(narrow, DType::f32, pass).tiles.m == 2);
+  }
   // Small layers' weight gradients sum in parts, large ones' in one.
   CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::backward_weight).tiles.parts == cpu::kWinogradParts);
   const auto wide = geom({32, 256, 8, 8}, {256, 256, 3, 3}, {.padding = 1});
@@ -475,6 +590,7 @@ TEST_CASE("Winograd is chosen by shape alone: 3x3 stride 1, enough channels and 
   const auto late = geom({32, 512, 4, 4}, {512, 512, 3, 3}, {.padding = 1});
   CHECK_FALSE(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::forward).winograd);
   CHECK(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::backward_weight).winograd);
+  CHECK(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::backward_weight).tiles.m == 2);
   CHECK_FALSE(cpu::conv_scratch(resnet, DType::f64, cpu::ConvPass::forward).winograd);
   CHECK_FALSE(cpu::conv_scratch(resnet, DType::f64, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::winograd).winograd);
   CHECK_FALSE(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::direct).winograd);
@@ -607,7 +723,7 @@ void check_half_conv(const char* type, double u) {
     const char* name;
     Shape x, w;
     Conv2dOptions o;
-    bool winograd = false;  // the forward runs as Winograd F(2x2,3x3) (conv_scratch's rules)
+    bool winograd = false;  // the forward runs as Winograd (conv_scratch's rules)
   };
   const C cases[] = {
       {"3x3 pad 1, one chunk [3,4,6,6]*[5,4,3,3]", {3, 4, 6, 6}, {5, 4, 3, 3}, {.padding = 1}},
@@ -617,8 +733,8 @@ void check_half_conv(const char* type, double u) {
       // Odd depths (3 * 9 forward, 5 * 9 for the data gradient): the bf16
       // micro-kernel reads weight rows as pairs, so these widen instead.
       {"odd depth [2,3,6,6]*[5,3,3,3]", {2, 3, 6, 6}, {5, 3, 3, 3}, {.padding = 1}},
-      // 16 channels, 512 tiles: Winograd, whose transforms read and write
-      // 16-bit rows pairwise.
+      // 16 channels, 512 tiles: Winograd, here F(4x4, 3x3) (31 columns: a
+      // partial last tile), whose transforms widen and round 16-bit rows.
       {"Winograd [2,16,32,31]*[16,16,3,3]", {2, 16, 32, 31}, {16, 16, 3, 3}, {.padding = 1}, true},
   };
   for (const auto& c : cases) {
@@ -675,14 +791,15 @@ namespace {
 // distance from it, for either algorithm. Each convolution's rounding
 // error is at most the bound its own test states on the input it is given
 // (direct: 2 K u S with S the
-// convolution of the magnitudes; Winograd: winograd_forward_bound), and an
+// convolution of the magnitudes; Winograd F(m x m, 3x3):
+// winograd_forward_bounds), and an
 // error e in its input adds at most conv(e, |w|). relu moves no error. Each
 // square adds 2|y|e + e^2 and one rounding; the sum of N squares at most
 // gamma_(N-1) times their sum, in any order, and the mean 2 roundings more.
 struct LossAndBound {
   double loss, bound;
 };
-LossAndBound two_conv_loss(bool winograd, const std::vector<float>& x, const ref::Dims& xd,
+LossAndBound two_conv_loss(int winograd_m, const std::vector<float>& x, const ref::Dims& xd,
                            const std::vector<float>& w1, const std::vector<float>& w2, const ref::Dims& wd) {
   const double u = std::ldexp(1.0, -24);
   const auto p = ref_params({.padding = 1});
@@ -691,14 +808,10 @@ LossAndBound two_conv_loss(bool winograd, const std::vector<float>& x, const ref
   // The error bound of one convolution of `in` (magnitudes) by w.
   auto rounding = [&](const ref::Array& in, const std::vector<float>& w, const ref::Array& w_arr) {
     ref::Array e = ref::conv2d_abs(in, w_arr, p);
-    for (std::size_t q = 0; q < e.v.size(); ++q) {
-      if (!winograd) {
-        e.v[q] *= 2.0 * double(k) * u;
-        continue;
-      }
-      const std::int64_t i = std::int64_t(q), ox = i % wi, oy = i / wi % h, o = i / (h * wi) % wd[0],
-                         img = i / (h * wi * wd[0]);
-      e.v[q] = winograd_forward_bound(in.v, w, n, c, h, wi, wd[0], 1, 1, img, o, oy, ox);
+    if (winograd_m) {
+      e.v = winograd_forward_bounds(winograd_m, in.v, w, n, c, h, wi, wd[0], 1, 1);
+    } else {
+      for (double& v : e.v) v *= 2.0 * double(k) * u;
     }
     return e;
   };
@@ -730,8 +843,10 @@ TEST_CASE("conv_algorithm picks Winograd or direct per backend: either plans its
   const ref::Dims xd{2, 16, 12, 12}, wd{16, 16, 3, 3};
   const Shape xs(xd);
   auto xv = random_floats(xs.numel(), 9);
-  for (int k = 0; k < 2; ++k) {
-    const std::string algo = k == 0 ? "direct" : "winograd";
+  // Direct, and Winograd with either tile (the rules give this 12x12 plane F(4x4, 3x3)).
+  for (int k = 0; k < 4; ++k) {
+    const char* algos[] = {"direct", "winograd", "winograd-f2", "winograd-f4"};
+    const std::string algo = algos[k];
     INFO("conv_algorithm " << algo);
     nn::manual_seed(3);
     nn::Conv2d c1(16, 16, 3, {.padding = 1, .bias = false}), c2(16, 16, 3, {.padding = 1, .bias = false});
@@ -743,9 +858,10 @@ TEST_CASE("conv_algorithm picks Winograd or direct per backend: either plans its
     Step s = compile([&](Var x) { return mean(square(c2(relu(c1(x))))); }, {input<float>(xs)}, opt, {}, o);
     // Each conv op's planned scratch is the layout of the algorithm asked for.
     const auto g = ops::conv_geometry("test", xs, Shape(wd), {.padding = 1});
-    const auto want = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, 0,
-                                        k == 0 ? cpu::ConvAlgorithm::direct : cpu::ConvAlgorithm::winograd);
-    CHECK(want.winograd == (k == 1));
+    const auto want = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::forward, 0, cpu::conv_algorithm_from(algo));
+    CHECK(want.winograd == (k > 0));
+    const int m = k == 0 ? 0 : k == 2 ? 2 : 4;
+    if (m) CHECK(want.tiles.m == m);
     int forwards = 0;
     for (NodeId n : s.plan().schedule) {
       const Node& node = s.graph().node(n);
@@ -764,7 +880,7 @@ TEST_CASE("conv_algorithm picks Winograd or direct per backend: either plans its
     const std::vector<float> w1 = c1.weight.to_vector<float>(), w2 = c2.weight.to_vector<float>();
     std::vector<double> losses;
     for (int step = 0; step < 3; ++step) losses.push_back(s.run(x));
-    const auto [exact, bound] = two_conv_loss(k == 1, xv, xd, w1, w2, wd);
+    const auto [exact, bound] = two_conv_loss(m, xv, xd, w1, w2, wd);
     INFO("loss " << losses[0] << ", float64 " << exact << ", bound " << bound);
     CHECK(std::abs(losses[0] - exact) <= bound);
     CHECK(losses[1] < losses[0]);

@@ -185,9 +185,10 @@ struct BackendOptions {
   // the CPU has it, else BLAS; "blas"; "avx512", an error without it).
   std::string conv_engine = "auto";
   // cpu: which algorithm runs 3x3 stride-1 convolutions ("auto": Winograd
-  // F(2x2,3x3) where frugal's rules say it pays, pass by pass, else direct;
-  // "direct"; "winograd": wherever the shape allows). Either engine runs
-  // both; f64 is always direct.
+  // where frugal's rules say it pays, pass by pass, F(4x4,3x3) or F(2x2,3x3)
+  // by the plane's size, else direct; "direct"; "winograd": wherever the
+  // shape allows; "winograd-f2", "winograd-f4": so, with that tile).
+  // Either engine runs them all; f64 is always direct.
   std::string conv_algorithm = "auto";
   // Kernels for ops of the program's own, added to the backend's table after
   // frugal's (an entry for an op frugal already knows replaces frugal's).

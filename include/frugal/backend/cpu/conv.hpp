@@ -10,7 +10,7 @@
 //   col2im (data gradient). Runs f64 always, and everything on CPUs without
 //   AVX-512.
 //
-// Either engine runs a 3x3 stride-1 pass as Winograd F(2x2,3x3) instead
+// Either engine runs a 3x3 stride-1 pass as Winograd F(2x2,3x3) or F(4x4,3x3) instead
 // (conv_winograd.hpp) where its planned scratch says so (conv_scratch.hpp).
 //
 // Both work a chunk of images at a time inside one parallel region, each
@@ -885,7 +885,10 @@ inline ConvAlgorithm conv_algorithm_from(const std::string& name) {
   if (name == "auto" || name.empty()) return ConvAlgorithm::by_shape;
   if (name == "direct") return ConvAlgorithm::direct;
   if (name == "winograd") return ConvAlgorithm::winograd;
-  fail("cpu: unknown convolution algorithm '", name, "' (use \"auto\", \"direct\" or \"winograd\")");
+  if (name == "winograd-f2") return ConvAlgorithm::winograd_f2;
+  if (name == "winograd-f4") return ConvAlgorithm::winograd_f4;
+  fail("cpu: unknown convolution algorithm '", name,
+       "' (use \"auto\", \"direct\", \"winograd\", \"winograd-f2\" or \"winograd-f4\")");
 }
 
 template <class T>

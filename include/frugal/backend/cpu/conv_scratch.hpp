@@ -48,7 +48,8 @@ inline ConvGeometry conv_data_grad_geometry(const ConvGeometry& g) {
 
 // Winograd F(2x2, 3x3) (conv_winograd.hpp) runs the 3x3 stride-1
 // convolutions (ResNet's and VGG's bulk) with 16 multiplications per 2x2
-// outputs instead of 36, but adds transforms whose cost the products do
+// outputs instead of 36 (F(4x4, 3x3): 36 per 4x4 outputs instead of 144,
+// see winograd_tile_size), but adds transforms whose cost the products do
 // not share: the weight's (O x I kernels, each call) and the tiles' ((I + O)
 // per tile). It is chosen by shape alone, for f32/bf16/f16 (f64 stays
 // direct: it is the reference the gradient checks use), pass by pass:
@@ -93,11 +94,32 @@ inline constexpr std::int64_t kWinogradBlockTiles = 64;
 // layout, so that a plan does not depend on the machine.
 inline constexpr std::int64_t kWinogradSliver = 12, kWinogradPanel = 32;
 
-// The tiles of a Winograd convolution: 2x2 output tiles, tw across and th
-// down each image (the last ones partial where Ho or Wo is odd). A tile row
-// is one ty of one image, numbered image * th + ty; a chunk is `rows` of them.
+// Planes at least kWinogradF4MinPlane wide and high use F(4x4, 3x3), every
+// pass: 36 multiplications per 4x4 outputs, 2.25 an output instead of
+// F(2x2, 3x3)'s 4, and transforms that write 36 floats per 16 outputs
+// instead of 64; at the price of transform coefficients up to 8 (and 1/6,
+// 1/24), so each rounding is of a larger intermediate (conv_test.cpp
+// derives the bounds of both). Smaller planes waste too much of their
+// partial tiles. ResNet-18's 32x32, 16x16 and 8x8 layers, batch 32, on a
+// Zen 4 (bench/conv_kernels, alternating, ms per call at 2 threads):
+// forward 10.2-13.7 -> 8.3-9.3, 11.8-17.0 -> 6.7-9.6, 13.4-13.7 ->
+// 10.2-13.7; weight gradient 14.4-14.5 -> 9.4-11.4, 11.6-12.5 -> 7.7-12.6,
+// 10.4-11.8 -> 9.0-10.0 (bench/RESULTS.md, "Winograd F(4x4,3x3)").
+inline constexpr std::int64_t kWinogradF4MinPlane = 8;
+// Which F(m x m, 3x3) a pass whose tiles cover t takes by the rule above.
+inline int winograd_tile_size(const ConvGeometry& t, ConvPass) {
+  return t.ho >= kWinogradF4MinPlane && t.wo >= kWinogradF4MinPlane ? 4 : 2;
+}
+
+// The tiles of a Winograd convolution F(m x m, 3x3): m x m output tiles, tw
+// across and th down each image (the last ones partial where m does not
+// divide Ho or Wo), each (m + 2) x (m + 2) positions once transformed. A
+// tile row is one ty of one image, numbered image * th + ty; a chunk is
+// `rows` of them.
 struct WinogradTiles {
+  int m = 2;
   std::int64_t tw = 0, th = 0, rows = 0;
+  int positions() const { return (m + 2) * (m + 2); }
   // Weight gradient only: the tile rows of each chunk are cut into `parts`
   // fixed parts, each summing its own 16 products (conv_winograd.hpp).
   std::int64_t parts = 1;
@@ -112,16 +134,22 @@ struct WinogradTiles {
 // where the parts' 16 O x I sums take at most kWinogradPartFloats floats.
 inline constexpr std::int64_t kWinogradParts = 4;
 inline constexpr std::int64_t kWinogradPartFloats = std::int64_t(1) << 21;
-inline WinogradTiles winograd_tiles(const ConvGeometry& g, std::int64_t target = kWinogradTargetTiles) {
+// `target` counts 2x2 tiles; F(4x4, 3x3) takes a quarter as many (the same
+// outputs), and blocks of half as many tiles (36 positions a tile, not 16,
+// so a block's transformed tiles stay about as large).
+inline WinogradTiles winograd_tiles(const ConvGeometry& g, std::int64_t target = kWinogradTargetTiles, int m = 2) {
   WinogradTiles t;
-  t.tw = (g.wo + 1) / 2;
-  t.th = (g.ho + 1) / 2;
+  t.m = m;
+  t.tw = (g.wo + m - 1) / m;
+  t.th = (g.ho + m - 1) / m;
+  if (m == 4) target = std::max<std::int64_t>(target / 4, 1);
   const std::int64_t all = std::max<std::int64_t>(g.n, 1) * t.th;
   t.rows = std::clamp<std::int64_t>((target + t.tw - 1) / t.tw, 1, all);
-  // The chunk's transformed tiles and products: 16 * (Cin + Cout) floats a tile.
-  const std::int64_t row_bytes = 16 * (g.cin + g.cout) * t.tw * 4;
+  // The chunk's transformed tiles and products: positions * (Cin + Cout) floats a tile.
+  const std::int64_t row_bytes = t.positions() * (g.cin + g.cout) * t.tw * 4;
   t.rows = std::clamp<std::int64_t>(kConvMaxColumnBytes / std::max<std::int64_t>(row_bytes, 1), 1, t.rows);
-  t.block_rows = std::clamp<std::int64_t>(kWinogradBlockTiles / std::max<std::int64_t>(t.tw, 1), 1, t.rows);
+  const std::int64_t block_tiles = m == 4 ? kWinogradBlockTiles / 2 : kWinogradBlockTiles;
+  t.block_rows = std::clamp<std::int64_t>(block_tiles / std::max<std::int64_t>(t.tw, 1), 1, t.rows);
   return t;
 }
 // Floats of one position's packed weight (slivers of O rows by I), and of
@@ -137,8 +165,9 @@ inline std::int64_t winograd_panel_plane(const WinogradTiles& t, std::int64_t c)
 // Which algorithm a scratch layout is for: the shape's (Winograd where
 // winograd_shape and the pass's rule above hold, else direct), or direct
 // or Winograd (where winograd_shape holds) whatever the rules say, for
-// tests and benchmarks.
-enum class ConvAlgorithm { by_shape, direct, winograd };
+// tests and benchmarks; Winograd with the tile size the rule picks, or
+// forced to F(2x2, 3x3) or F(4x4, 3x3).
+enum class ConvAlgorithm { by_shape, direct, winograd, winograd_f2, winograd_f4 };
 
 // Whether the pass runs as Winograd by the rules above (dt not f64, and
 // winograd_shape).
@@ -158,10 +187,10 @@ struct ConvScratch {
   std::size_t weight = 0;       // [Cout, k] the weight widened to f32 (bf16/f16)
   std::size_t rows = 0;         // [Cout/groups, P] GEMM output (forward) or gathered dy (backward)
   std::size_t acc = 0;          // f32 accumulator for bf16/f16: dx of a chunk, or dw
-  // Winograd's, each 16 planes (winograd_plane apart):
-  std::size_t wu = 0;           // [16][Cout, Cin] the transformed weight (or packed), or its gradient (one per part)
-  std::size_t wv = 0;           // [16][Cin, T] a chunk's T transformed input tiles (or per block, packed)
-  std::size_t wm = 0;           // [16][Cout, T] their products, or dy's transformed tiles
+  // Winograd's, each P = tiles.positions() planes (winograd_plane apart):
+  std::size_t wu = 0;           // [P][Cout, Cin] the transformed weight (or packed), or its gradient (one per part)
+  std::size_t wv = 0;           // [P][Cin, T] a chunk's T transformed input tiles (or per block, packed)
+  std::size_t wm = 0;           // [P][Cout, T] their products, or dy's transformed tiles
   static constexpr std::size_t kAlign = 256;
   static std::size_t round(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   std::size_t col_offset() const { return 0; }
@@ -197,20 +226,21 @@ inline std::int64_t conv_chunk_images(const ConvGeometry& g, std::size_t elem,
 
 // The Winograd layout of a pass whose tiles cover `t` (g itself, or the
 // data gradient's convolution of dy).
-inline ConvScratch winograd_scratch(const ConvGeometry& t, ConvPass pass, std::int64_t target_tiles) {
+inline ConvScratch winograd_scratch(const ConvGeometry& t, ConvPass pass, std::int64_t target_tiles, int m) {
   ConvScratch s;
   s.winograd = true;
-  s.tiles = winograd_tiles(t, target_tiles);
-  const std::int64_t sums = 16 * winograd_plane(t.cout * t.cin);
+  s.tiles = winograd_tiles(t, target_tiles, m);
+  const std::size_t P = std::size_t(s.tiles.positions());
+  const std::int64_t sums = std::int64_t(P) * winograd_plane(t.cout * t.cin);
   if (pass == ConvPass::backward_weight && kWinogradParts * sums <= kWinogradPartFloats)
     s.tiles.parts = kWinogradParts;
   const auto chunk = std::size_t(s.tiles.chunk_tiles());
   s.wu = std::size_t(s.tiles.parts * sums);
-  s.wv = 16 * std::size_t(winograd_plane(t.cin * std::int64_t(chunk)));
-  s.wm = 16 * std::size_t(winograd_plane(t.cout * std::int64_t(chunk)));
+  s.wv = P * std::size_t(winograd_plane(t.cin * std::int64_t(chunk)));
+  s.wm = P * std::size_t(winograd_plane(t.cout * std::int64_t(chunk)));
   if (pass != ConvPass::backward_weight) {  // or packed for the AVX-512 GEMM
-    s.wu = std::max(s.wu, 16 * std::size_t(winograd_sliver_plane(t.cout, t.cin)));
-    s.wv = std::max(s.wv, std::size_t(s.tiles.blocks() * 16 * winograd_panel_plane(s.tiles, t.cin)));
+    s.wu = std::max(s.wu, P * std::size_t(winograd_sliver_plane(t.cout, t.cin)));
+    s.wv = std::max(s.wv, std::size_t(s.tiles.blocks()) * P * std::size_t(winograd_panel_plane(s.tiles, t.cin)));
   }
   return s;
 }
@@ -224,8 +254,12 @@ inline ConvScratch conv_scratch(const ConvGeometry& g, DType dt, ConvPass pass, 
     // The data gradient's tiles are those of its convolution of dy.
     const bool as_conv = pass != ConvPass::backward_data || conv_data_grad_is_conv(g);
     const ConvGeometry t = pass == ConvPass::backward_data ? conv_data_grad_geometry(g) : g;
-    if (as_conv && winograd_shape(t) && (algo == ConvAlgorithm::winograd || winograd_pays(t, pass)))
-      return winograd_scratch(t, pass, target);
+    if (as_conv && winograd_shape(t) && (algo != ConvAlgorithm::by_shape || winograd_pays(t, pass))) {
+      const int m = algo == ConvAlgorithm::winograd_f2   ? 2
+                    : algo == ConvAlgorithm::winograd_f4 ? 4
+                                                         : winograd_tile_size(t, pass);
+      return winograd_scratch(t, pass, target, m);
+    }
   }
   ConvScratch s;
   s.elem = dt == DType::f64 ? 8 : 4;

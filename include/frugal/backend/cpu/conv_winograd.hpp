@@ -1,6 +1,9 @@
 #pragma once
-// Winograd F(2x2, 3x3) for the 3x3 stride-1 convolutions (conv_scratch.hpp,
-// winograd_shape, says which): forward, data gradient and weight gradient.
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) for the 3x3 stride-1 convolutions
+// (conv_scratch.hpp, winograd_shape, says which, and winograd_tile_size
+// which tile): forward, data gradient and weight gradient. F(4x4, 3x3)
+// has 36 positions per 4x4 outputs, with Lavin & Gray's transforms (points
+// 0, ±1, ±2, ∞); the formulas below are F(2x2, 3x3)'s, the same in form.
 //
 // Why: those layers are nearly all of ResNet's and VGG's arithmetic, and a
 // direct (im2col) convolution spends 36 multiplications on each 2x2 block
@@ -16,9 +19,10 @@
 // by the float GEMM engine (blas.hpp: frugal's AVX-512 kernel or OpenBLAS),
 // so the AVX2 machines gain too (more: bench/RESULTS.md).
 //
-// Numerics: the transforms use only 0, ±1 and ±1/2, so the result differs
-// from a direct convolution by a few float roundings (the tests bound it
-// against float64).
+// Numerics: F(2x2, 3x3)'s transforms use only 0, ±1 and ±1/2, so the
+// result differs from a direct convolution by a few float roundings;
+// F(4x4, 3x3)'s use coefficients up to 8 (and 1/6, 1/24), so its roundings
+// are of larger intermediate values (the tests bound both against float64).
 //
 // Determinism: chunks, blocks and parts are cut by shape alone
 // (conv_scratch.hpp); each product is one single-threaded GEMM call
@@ -42,7 +46,10 @@
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::winograd {
 
-inline constexpr int kPositions = 16;  // ξ = 4 * i + j of the 4x4 transformed tile
+inline constexpr int kPositions = 16;  // ξ = 4 * i + j of F(2x2, 3x3)'s 4x4 transformed tile
+// F(m x m, 3x3)'s positions: ξ = (m + 2) i + j of its (m + 2)^2 transformed tile.
+template <int M>
+inline constexpr int kPositionsOf = (M + 2) * (M + 2);
 
 // A value read as f32 and one rounded once to T (bf16/f16: branch-free,
 // convert.hpp, so the transforms' gathers and stores vectorise).
@@ -122,11 +129,32 @@ inline WeightLayout weight_layout(std::int64_t O, std::int64_t I, bool packed) {
   return {I, packed ? winograd_sliver_plane(O, I) : winograd_plane(O * I), packed};
 }
 
-// U_ξ[o][i] = (G g_oi Gᵀ)[ξ] for the O x I kernels of a convolution, in
-// layout l. Its kernel g_oi is w[o][i] (flipped false), or for the data
-// gradient's convolution w[i][o] turned by 180 degrees (flipped true; w is
-// then [I][O][3][3]).
-template <class T>
+// G g Gᵀ of F(4x4, 3x3) for one kernel g (row-major 3x3), position ξ into
+// u[ξ * plane]. G's rows: (1/4, 0, 0), -(1, 1, 1)/6, -(1, -1, 1)/6,
+// (1/24, 1/12, 1/6), (1/24, -1/12, 1/6), (0, 0, 1).
+inline void weight_tile_f4(const float (&g)[9], float* u, std::int64_t plane) {
+  auto col = [](float a, float b, float c, float (&t)[6]) {
+    t[0] = 0.25f * a;
+    t[1] = -((a + c) + b) * (1.f / 6);
+    t[2] = -((a + c) - b) * (1.f / 6);
+    t[3] = (a * (1.f / 24) + c * (1.f / 6)) + b * (1.f / 12);
+    t[4] = (a * (1.f / 24) + c * (1.f / 6)) - b * (1.f / 12);
+    t[5] = c;
+  };
+  float t[3][6];  // (G g)ᵀ: t[c] is column c of G g
+  for (int c = 0; c < 3; ++c) col(g[c], g[3 + c], g[6 + c], t[c]);
+  for (int r = 0; r < 6; ++r) {  // row r of (G g) Gᵀ
+    float u6[6];
+    col(t[0][r], t[1][r], t[2][r], u6);
+    for (int j = 0; j < 6; ++j) u[(r * 6 + j) * plane] = u6[j];
+  }
+}
+
+// U_ξ[o][i] = (G g_oi Gᵀ)[ξ] for the O x I kernels of a convolution
+// F(M x M, 3x3), in layout l. Its kernel g_oi is w[o][i] (flipped false), or
+// for the data gradient's convolution w[i][o] turned by 180 degrees (flipped
+// true; w is then [I][O][3][3]).
+template <int M, class T>
 void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped, float* U, const WeightLayout& l) {
   constexpr std::int64_t kBlock = 64;  // kernels gathered at once, so the arithmetic runs across them
   // Packed, the rows of a sliver interleave in every cache line of it: a
@@ -148,19 +176,27 @@ void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped,
         // Kernel (o, i0 + q)'s position ξ at u[ξ * plane + q * step].
         float* u = U + l.at(0, o, i0);
         const std::int64_t plane = l.plane, step = l.packed ? kWinogradSliver : 1;
-        for (std::int64_t q = 0; q < n; ++q) {
-          float t[4][3];  // G g
-          for (int c = 0; c < 3; ++c) {
-            t[0][c] = g[c][q];
-            t[1][c] = 0.5f * (g[c][q] + g[3 + c][q] + g[6 + c][q]);
-            t[2][c] = 0.5f * (g[c][q] - g[3 + c][q] + g[6 + c][q]);
-            t[3][c] = g[6 + c][q];
+        if constexpr (M == 4) {
+          for (std::int64_t q = 0; q < n; ++q) {
+            float k[9];
+            for (int e = 0; e < 9; ++e) k[e] = g[e][q];
+            weight_tile_f4(k, u + q * step, plane);
           }
-          for (int r = 0; r < 4; ++r) {  // (G g) Gᵀ
-            u[(r * 4 + 0) * plane + q * step] = t[r][0];
-            u[(r * 4 + 1) * plane + q * step] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
-            u[(r * 4 + 2) * plane + q * step] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
-            u[(r * 4 + 3) * plane + q * step] = t[r][2];
+        } else {
+          for (std::int64_t q = 0; q < n; ++q) {
+            float t[4][3];  // G g
+            for (int c = 0; c < 3; ++c) {
+              t[0][c] = g[c][q];
+              t[1][c] = 0.5f * (g[c][q] + g[3 + c][q] + g[6 + c][q]);
+              t[2][c] = 0.5f * (g[c][q] - g[3 + c][q] + g[6 + c][q]);
+              t[3][c] = g[6 + c][q];
+            }
+            for (int r = 0; r < 4; ++r) {  // (G g) Gᵀ
+              u[(r * 4 + 0) * plane + q * step] = t[r][0];
+              u[(r * 4 + 1) * plane + q * step] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+              u[(r * 4 + 2) * plane + q * step] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+              u[(r * 4 + 3) * plane + q * step] = t[r][2];
+            }
           }
         }
       }
@@ -168,7 +204,7 @@ void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped,
     // stores them, but stale scratch there could be subnormal, which some
     // CPUs multiply hundreds of times slower.
     for (std::int64_t o = O; o < se * rows; ++o)
-      for (int xi = 0; xi < kPositions; ++xi)
+      for (int xi = 0; xi < kPositionsOf<M>; ++xi)
         for (std::int64_t i = 0; i < I; ++i) U[l.at(xi, o, i)] = 0.f;
     });
   });
@@ -393,12 +429,214 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
   for (int xi = 0; xi < kPositions; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
 }
 
+// F(4x4, 3x3)'s lines: a tile reads 6 input rows at columns 4 tx - pw + 0..5,
+// so each row segment is split by column phase (ph[a][k][q] holds column
+// 4 (s0 + q) - pw + k of input row a); the 36 transformed streams; the
+// output transform's 4 rows of 4 column phases (in ph's first rows).
+struct Lines4 {
+  static constexpr std::int64_t kWidth = kSegment + kLanes;
+  alignas(64) float ph[6][4][kWidth], out[36][kWidth];
+  alignas(64) float wide[4 * kWidth];
+};
+
+// Elements 4q + k of a row (q < n, k < 4) into p[k][q] as f32, and back,
+// rounded once.
+// (Into p[k][q0 + q].)
+template <class T>
+inline void split_quads(const T* __restrict src, float (*__restrict p)[Lines4::kWidth], std::int64_t q0,
+                        std::int64_t n, float* __restrict wide) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::int64_t q = 0; q < n; ++q)
+      for (int k = 0; k < 4; ++k) p[k][q0 + q] = src[4 * q + k];
+  } else {
+    for (std::int64_t e = 0; e < 4 * n; ++e) wide[e] = to_f32(src[e]);
+    for (std::int64_t q = 0; q < n; ++q)
+      for (int k = 0; k < 4; ++k) p[k][q0 + q] = wide[4 * q + k];
+  }
+}
+template <class T>
+inline void join_quads(const float (*__restrict p)[Lines4::kWidth], T* __restrict dst, std::int64_t n,
+                       float* __restrict wide) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::int64_t q = 0; q < n; ++q)
+      for (int k = 0; k < 4; ++k) dst[4 * q + k] = p[k][q];
+  } else {
+    for (std::int64_t q = 0; q < n; ++q)
+      for (int k = 0; k < 4; ++k) wide[4 * q + k] = p[k][q];
+    for (std::int64_t e = 0; e < 4 * n; ++e) dst[e] = from_f32<T>(wide[e]);
+  }
+}
+
+// Bᵀ d of F(4x4, 3x3) on six values (a row or a column of a tile): Bᵀ's rows
+// are (4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+// (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1). The
+// factors 2 and 4 are exact, so each output takes at most 2 roundings.
+inline void input_f4(const Vec (&d)[6], Vec (&r)[6]) {
+  r[0] = (4.f * d[0] + d[4]) - 5.f * d[2];
+  r[1] = (d[3] + d[4]) - 4.f * (d[1] + d[2]);
+  r[2] = (d[4] - d[3]) + 4.f * (d[1] - d[2]);
+  r[3] = (d[4] - d[2]) + 2.f * (d[3] - d[1]);
+  r[4] = (d[4] - d[2]) - 2.f * (d[3] - d[1]);
+  r[5] = (4.f * d[1] + d[5]) - 5.f * d[3];
+}
+// Aᵀ m of F(4x4, 3x3) on six values: Aᵀ's rows are (1, 1, 1, 1, 1, 0),
+// (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1).
+inline void output_f4(const Vec (&m)[6], Vec (&o)[4]) {
+  const Vec p12 = m[1] + m[2], m12 = m[1] - m[2], p34 = m[3] + m[4], m34 = m[3] - m[4];
+  o[0] = (m[0] + p12) + p34;
+  o[1] = m12 + 2.f * m34;
+  o[2] = p12 + 4.f * p34;
+  o[3] = (m12 + 8.f * m34) + m[5];
+}
+
+// Bᵀ d B of F(4x4, 3x3) for an item's tiles in channel c of x ([n][C][h][w],
+// padding ph, pw), stored in layout `to` as channel c's columns from col.
+template <class T>
+void input_tiles_f4(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it,
+                    const TileLayout& to, std::int64_t col, Lines4& L) {
+  const TileRow tr = tile_row(t, it.row);
+  const std::int64_t n = it.n, n1 = n + 1;
+  const T* plane = x + (tr.img * g.cin + it.c) * g.h * g.w;
+  // Tile tx reads input columns 4 tx - pw + 0..5: ph[a][k][q] holds column
+  // 4 (s0 + q) - pw + k. All four exist for s0 + q in [lo, hi); the
+  // padding is around them.
+  const std::int64_t lo = std::clamp((g.pw + 3) / 4 - it.s0, std::int64_t(0), n1);
+  const std::int64_t hi = std::clamp((g.w + g.pw) / 4 - it.s0, lo, n1);
+  for (int a = 0; a < 6; ++a) {
+    auto* p = L.ph[a];
+    const std::int64_t iy = 4 * tr.ty - g.ph + a;
+    if (iy < 0 || iy >= g.h) {
+      for (int k = 0; k < 4; ++k) std::fill(p[k], p[k] + n1, 0.f);
+      continue;
+    }
+    const T* src = plane + iy * g.w + 4 * it.s0 - g.pw;  // src[4q + k] is p[k][q]'s column
+    auto edge = [&](std::int64_t q) {
+      for (int k = 0; k < 4; ++k) {
+        const std::int64_t ix = 4 * (it.s0 + q) - g.pw + k;
+        p[k][q] = ix >= 0 && ix < g.w ? to_f32(src[4 * q + k]) : 0.f;
+      }
+    };
+    for (std::int64_t q = 0; q < lo; ++q) edge(q);
+    split_quads(src + 4 * lo, p, lo, hi - lo, L.wide);
+    for (std::int64_t q = hi; q < n1; ++q) edge(q);
+  }
+  // Tile q reads d0..d5 = p0[q], p1[q], p2[q], p3[q], p0[q + 1], p1[q + 1]
+  // of each row; Bᵀ along the rows, then down the columns. Lanes past n
+  // compute what is never stored.
+  for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
+    Vec r[6][6];  // r[a]: row a's Bᵀ d
+    for (int a = 0; a < 6; ++a) {
+      const auto* p = L.ph[a];
+      const Vec d[6] = {load16(p[0] + q0),     load16(p[1] + q0),     load16(p[2] + q0),
+                        load16(p[3] + q0),     load16(p[0] + q0 + 1), load16(p[1] + q0 + 1)};
+      input_f4(d, r[a]);
+    }
+    for (int j = 0; j < 6; ++j) {
+      const Vec d[6] = {r[0][j], r[1][j], r[2][j], r[3][j], r[4][j], r[5][j]};
+      Vec c[6];
+      input_f4(d, c);
+      for (int i = 0; i < 6; ++i) store16(L.out[i * 6 + j] + q0, c[i]);
+    }
+  }
+  for (int xi = 0; xi < 36; ++xi) to.store(xi, it.c, col, L.out[xi], n);
+}
+
+// Aᵀ M A of F(4x4, 3x3) for an item's tiles in output channel c
+// (M[ξ][c][col + tx - s0]), plus the bias, stored into y ([n][O][ho][wo]);
+// partial tiles past the edge are dropped. M's planes are read a whole
+// vector at a time, past the segment's end too.
+template <class T>
+void output_tiles_f4(const float* M, std::int64_t ld, std::int64_t col, const ops::ConvGeometry& g,
+                     const WinogradTiles& t, const Item& it, float bias, T* y, Lines4& L) {
+  const TileRow tr = tile_row(t, it.row);
+  const std::int64_t n = it.n, pstride = winograd_plane(g.cout * ld);
+  const float* m = M + it.c * ld + col;
+  const Vec vb = Vec{} + bias;
+  // Output row a of the tiles, column phase b, at L.ph[a][b].
+  for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
+    Vec s[6][4];  // M A along each row i
+    for (int i = 0; i < 6; ++i) {
+      Vec v[6];
+      for (int j = 0; j < 6; ++j) v[j] = load16(m + (i * 6 + j) * pstride + q0);
+      output_f4(v, s[i]);
+    }
+    for (int b = 0; b < 4; ++b) {  // Aᵀ down the columns
+      const Vec v[6] = {s[0][b], s[1][b], s[2][b], s[3][b], s[4][b], s[5][b]};
+      Vec o[4];
+      output_f4(v, o);
+      for (int a = 0; a < 4; ++a) store16(L.ph[a][b] + q0, o[a] + vb);
+    }
+  }
+  // Tiles [0, full) have all 4 columns inside the plane; the row's last
+  // tile may have fewer.
+  const std::int64_t full = std::clamp(g.wo / 4 - it.s0, std::int64_t(0), n);
+  const std::int64_t rest = full < n ? std::min<std::int64_t>(4, g.wo - 4 * (it.s0 + full)) : 0;
+  for (int a = 0; a < 4; ++a) {
+    const std::int64_t oy = 4 * tr.ty + a;
+    if (oy >= g.ho) break;
+    T* line = y + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 4 * it.s0;
+    join_quads(L.ph[a], line, full, L.wide);
+    for (std::int64_t b = 0; b < rest; ++b) line[4 * full + b] = from_f32<T>(L.ph[a][b][full]);
+  }
+}
+
+// A y of F(4x4, 3x3) on four values: A's rows are (1, 0, 0, 0), (1, 1, 1, 1),
+// (1, -1, 1, -1), (1, 2, 4, 8), (1, -2, 4, -8), (0, 0, 0, 1).
+inline void dy_f4(const Vec (&y)[4], Vec (&e)[6]) {
+  const Vec p02 = y[0] + y[2], p13 = y[1] + y[3], q02 = y[0] + 4.f * y[2], q13 = 2.f * y[1] + 8.f * y[3];
+  e[0] = y[0];
+  e[1] = p02 + p13;
+  e[2] = p02 - p13;
+  e[3] = q02 + q13;
+  e[4] = q02 - q13;
+  e[5] = y[3];
+}
+
+// A dY Aᵀ of F(4x4, 3x3) for an item's tiles in channel c of dy
+// ([n][O][ho][wo]; outputs past the edge count as zero), stored at
+// D[ξ][c][col + tx - s0].
+template <class T>
+void dy_tiles_f4(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it, float* D,
+                 std::int64_t ld, std::int64_t col, Lines4& L) {
+  const TileRow tr = tile_row(t, it.row);
+  const std::int64_t n = it.n, full = std::clamp(g.wo / 4 - it.s0, std::int64_t(0), n);
+  const std::int64_t rest = full < n ? std::min<std::int64_t>(4, g.wo - 4 * (it.s0 + full)) : 0;
+  for (int a = 0; a < 4; ++a) {  // row a of each tile: ph[a][b] its column b
+    auto* p = L.ph[a];
+    const std::int64_t oy = 4 * tr.ty + a;
+    if (oy >= g.ho) {
+      for (int b = 0; b < 4; ++b) std::fill(p[b], p[b] + n, 0.f);
+      continue;
+    }
+    const T* line = dy + ((tr.img * g.cout + it.c) * g.ho + oy) * g.wo + 4 * it.s0;
+    split_quads(line, p, 0, full, L.wide);
+    if (full < n)
+      for (int b = 0; b < 4; ++b) p[b][full] = b < rest ? to_f32(line[4 * full + b]) : 0.f;
+  }
+  for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
+    Vec r[4][6];  // r[a]: dY's row a times Aᵀ
+    for (int a = 0; a < 4; ++a) {
+      const Vec y[4] = {load16(L.ph[a][0] + q0), load16(L.ph[a][1] + q0), load16(L.ph[a][2] + q0),
+                        load16(L.ph[a][3] + q0)};
+      dy_f4(y, r[a]);
+    }
+    for (int j = 0; j < 6; ++j) {  // A down the columns
+      const Vec y[4] = {r[0][j], r[1][j], r[2][j], r[3][j]};
+      Vec e[6];
+      dy_f4(y, e);
+      for (int i = 0; i < 6; ++i) store16(L.out[i * 6 + j] + q0, e[i]);
+    }
+  }
+  const std::int64_t pstride = winograd_plane(g.cout * ld);
+  for (int xi = 0; xi < 36; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
+}
+
 #pragma GCC diagnostic pop
 
-// The 16 products of a chunk, one GEMM per position, spread over the team.
+// The P products of a chunk, one GEMM per position, spread over the team.
 template <class Product>
-void each_position(Product&& product) {
-  run_chunks(kPositions, [&](std::int64_t xi) { product(xi); });
+void each_position(int P, Product&& product) {
+  run_chunks(P, [&](std::int64_t xi) { product(xi); });
 }
 
 // The forward works each chunk in blocks of about kWinogradBlockTiles
@@ -444,10 +682,13 @@ inline void packed_products(ProductTile tile, std::int64_t xi, std::int64_t O, s
 }
 
 // y = conv(x, w) + bias over the tiles of g (the forward, or with
-// `flipped` the data gradient's convolution of dy, g its geometry).
-template <class T>
-void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* V, float* M, const T* x, const T* w,
-             bool flipped, const T* bias, T* y) {
+// `flipped` the data gradient's convolution of dy, g its geometry), by
+// F(Mt x Mt, 3x3).
+template <int Mt, class T>
+void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* V, float* M, const T* x,
+                   const T* w, bool flipped, const T* bias, T* y) {
+  constexpr int P = kPositionsOf<Mt>;
+  using LinesM = std::conditional_t<Mt == 4, Lines4, Lines>;
   const WinogradTiles& t = s.tiles;
   const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th;
   const std::int64_t ld = t.chunk_tiles(), pm = winograd_plane(O * ld);
@@ -455,12 +696,12 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
   const ProductTile tile = product_tile(engine);
   const bool packed = tile != ProductTile::blas;
   const WeightLayout ul = weight_layout(O, I, packed);
-  transform_weights(w, O, I, flipped, U, ul);
+  transform_weights<Mt>(w, O, I, flipped, U, ul);
   const std::int64_t blocks = t.blocks();  // of a full chunk
   const std::int64_t vplane = packed ? winograd_panel_plane(t, I) : winograd_plane(I * ld);
   const std::int64_t nt = std::min<std::int64_t>(team_threads(), blocks);
   run_chunks(nt, [&](std::int64_t share) {
-    Lines L{};
+    LinesM L{};
     for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
       const std::int64_t nr = std::min(t.rows, all - r0);
       for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
@@ -468,24 +709,25 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
         if (b0 >= b1) break;
         const std::int64_t cols = (b1 - b0) * t.tw, col0 = b0 * t.tw;
         // Packed, the block's own panels from its first column; else the chunk's rows.
-        float* Vb = packed ? V + blk * kPositions * vplane : V;
+        float* Vb = packed ? V + blk * P * vplane : V;
         const TileLayout to{Vb, vplane, packed ? I : ld, packed};
         const std::int64_t first = packed ? col0 : 0;
         run_widest([&] {
           each_item(I, nr, t.tw, b0, b1, [&](std::int64_t k) {
             const Item it = item(k, nr, r0, t.tw);
-            input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
+            if constexpr (Mt == 4) input_tiles_f4(x, g, t, it, to, column(it, r0, t.tw) - first, L);
+            else input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
           });
         });
         if (packed && cols % kWinogradPanel) {  // the last panel's columns past the block: as U's rows past O
           const std::int64_t last = cols / kWinogradPanel * I * kWinogradPanel, j0 = cols % kWinogradPanel;
-          for (std::int64_t xi = 0; xi < kPositions; ++xi)
+          for (std::int64_t xi = 0; xi < P; ++xi)
             for (std::int64_t c = 0; c < I; ++c) {
               float* p = Vb + xi * vplane + last + c * kWinogradPanel;
               std::fill(p + j0, p + kWinogradPanel, 0.f);
             }
         }
-        for (std::int64_t xi = 0; xi < kPositions; ++xi) {
+        for (std::int64_t xi = 0; xi < P; ++xi) {
           if (packed) {
             packed_products(tile, xi, O, I, U, ul, Vb, vplane, cols, M, pm, ld, col0);
           } else {
@@ -496,7 +738,9 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
         run_widest([&] {
           each_item(O, nr, t.tw, b0, b1, [&](std::int64_t k) {
             const Item it = item(k, nr, r0, t.tw);
-            output_tiles(M, ld, column(it, r0, t.tw), g, t, it, bias ? to_f32(bias[it.c]) : 0.f, y, L);
+            const float b = bias ? to_f32(bias[it.c]) : 0.f;
+            if constexpr (Mt == 4) output_tiles_f4(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
+            else output_tiles(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
           });
         });
       }
@@ -504,47 +748,70 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
   });
 }
 
+// The forward (or data gradient) by the tile size its scratch was laid out for.
+template <class T>
+void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* V, float* M, const T* x, const T* w,
+             bool flipped, const T* bias, T* y) {
+  if (s.tiles.m == 4) return forward_tiles<4>(g, s, U, V, M, x, w, flipped, bias, y);
+  forward_tiles<2>(g, s, U, V, M, x, w, flipped, bias, y);
+}
+
 // Transforms item k of the weight gradient's chunk from r0: its channels
 // are [0, I) of x (into V), then [0, O) of dy (into D).
-template <class T>
+template <int Mt, class T, class LinesM>
 void weight_item(std::int64_t k, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0,
-                 std::int64_t nr, std::int64_t ld, float* V, float* D, const T* x, const T* dy, Lines& L) {
+                 std::int64_t nr, std::int64_t ld, float* V, float* D, const T* x, const T* dy, LinesM& L) {
   Item it = item(k, nr, r0, t.tw);
   const std::int64_t col = column(it, r0, t.tw);
   if (it.c < g.cin) {
-    input_tiles(x, g, t, it, TileLayout{V, winograd_plane(g.cin * ld), ld, false}, col, L);
+    const TileLayout to{V, winograd_plane(g.cin * ld), ld, false};
+    if constexpr (Mt == 4) input_tiles_f4(x, g, t, it, to, col, L);
+    else input_tiles(x, g, t, it, to, col, L);
   } else {
     it.c -= g.cin;
-    dy_tiles(dy, g, t, it, D, ld, col, L);
+    if constexpr (Mt == 4) dy_tiles_f4(dy, g, t, it, D, ld, col, L);
+    else dy_tiles(dy, g, t, it, D, ld, col, L);
   }
 }
 
 // Transforms tile rows [a, b) of the chunk from r0 (all of x's channels
-// into V, all of dy's into D, rows of ld columns) and adds their 16
+// into V, all of dy's into D, rows of ld columns) and adds their P
 // products into dU.
-template <class T>
+template <int Mt, class T, class LinesM>
 void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0, std::int64_t nr,
                  std::int64_t ld, std::int64_t a, std::int64_t b, float* dU, bool first, float* V, float* D,
-                 const T* x, const T* dy, Lines& L) {
+                 const T* x, const T* dy, LinesM& L) {
   const std::int64_t O = g.cout, I = g.cin;
   const std::int64_t col0 = a * t.tw, cols = (b - a) * t.tw, plane = winograd_plane(O * I);
   run_widest([&] {
-    each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
+    each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item<Mt>(k, g, t, r0, nr, ld, V, D, x, dy, L); });
   });
   // dU_ξ (+)= D_ξ V_ξᵀ: the rows' tiles are the products' depth.
   const SgemmEngine engine = sgemm_engine(cols);
-  for (std::int64_t xi = 0; xi < kPositions; ++xi)
+  for (std::int64_t xi = 0; xi < kPositionsOf<Mt>; ++xi)
     gemm_serial(engine, false, true, O, I, cols, 1.f, D + xi * winograd_plane(O * ld) + col0, ld,
                 V + xi * winograd_plane(I * ld) + col0, ld, first ? 0.f : 1.f, dU + xi * plane, I);
 }
 
-// dw = the gradient of conv(x, w) given dy, over the tiles of g.
-template <class T>
-void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU, float* V, float* D, const T* x,
-                     const T* dy, T* dw) {
+// Gᵀ u of F(4x4, 3x3) on six values: Gᵀ's rows are
+// (1/4, -1/6, -1/6, 1/24, 1/24, 0), (0, -1/6, 1/6, 1/12, -1/12, 0),
+// (0, -1/6, -1/6, 1/6, 1/6, 1).
+inline void weight_grad_f4(const float (&u)[6], float (&c)[3]) {
+  const float p12 = u[1] + u[2], p34 = u[3] + u[4];
+  c[0] = (0.25f * u[0] - p12 * (1.f / 6)) + p34 * (1.f / 24);
+  c[1] = (u[2] - u[1]) * (1.f / 6) + (u[3] - u[4]) * (1.f / 12);
+  c[2] = (p34 - p12) * (1.f / 6) + u[5];
+}
+
+// dw = the gradient of conv(x, w) given dy, over the F(Mt x Mt, 3x3) tiles of g.
+template <int Mt, class T>
+void backward_weight_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* dU, float* V, float* D,
+                           const T* x, const T* dy, T* dw) {
+  constexpr int P = kPositionsOf<Mt>;
+  using LinesM = std::conditional_t<Mt == 4, Lines4, Lines>;
   const WinogradTiles& t = s.tiles;
   const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th;
-  const std::int64_t plane = winograd_plane(O * I), sums = kPositions * plane;
+  const std::int64_t plane = winograd_plane(O * I), sums = P * plane;
   if (t.parts > 1) {
     // Part p takes its share of every chunk's tile rows, on one thread for
     // the whole call: its transformed tiles and its sums stay in that core's
@@ -555,7 +822,7 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
     // of a full chunk, the last one's too). The parts add up in part order.
     const std::int64_t nt = std::min<std::int64_t>(team_threads(), t.parts), ld = t.chunk_tiles();
     run_chunks(nt, [&](std::int64_t share) {
-      Lines L{};
+      LinesM L{};
       for (std::int64_t p = t.parts * share / nt; p < t.parts * (share + 1) / nt; ++p) {
         float* dUp = dU + p * sums;
         bool first = true;
@@ -563,7 +830,7 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
           const std::int64_t nr = std::min(t.rows, all - r0);
           const std::int64_t a = std::min(nr, t.rows * p / t.parts), b = std::min(nr, t.rows * (p + 1) / t.parts);
           if (a == b) continue;
-          weight_rows(g, t, r0, nr, ld, a, b, dUp, first, V, D, x, dy, L);
+          weight_rows<Mt>(g, t, r0, nr, ld, a, b, dUp, first, V, D, x, dy, L);
           first = false;
         }
         if (first) std::fill(dUp, dUp + sums, 0.f);
@@ -578,15 +845,15 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
     if (all == 0) std::fill(dU, dU + sums, 0.f);
     for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
       const std::int64_t nr = std::min(t.rows, all - r0), ld = nr * t.tw;
-      parallel_for((I + O) * nr * ns, 16 * kSegment, [&](std::int64_t b, std::int64_t e) {
-        Lines L{};
+      parallel_for((I + O) * nr * ns, P * kSegment, [&](std::int64_t b, std::int64_t e) {
+        LinesM L{};
         run_widest([&] {
-          for (std::int64_t k = b; k < e; ++k) weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L);
+          for (std::int64_t k = b; k < e; ++k) weight_item<Mt>(k, g, t, r0, nr, ld, V, D, x, dy, L);
         });
       });
       // dU_ξ (+)= D_ξ V_ξᵀ, a position per task: the chunk's tiles are the products' depth.
       const SgemmEngine engine = sgemm_engine(ld);
-      each_position([&](std::int64_t xi) {
+      each_position(P, [&](std::int64_t xi) {
         gemm_serial(engine, false, true, O, I, ld, 1.f, D + xi * winograd_plane(O * ld), ld,
                     V + xi * winograd_plane(I * ld), ld, r0 == 0 ? 0.f : 1.f, dU + xi * plane, I);
       });
@@ -595,23 +862,47 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
   parallel_for(O * I, 64, [&](std::int64_t b, std::int64_t e) {
     run_widest([&] {
     for (std::int64_t k = b; k < e; ++k) {
-      float u[4][4];
-      for (int xi = 0; xi < kPositions; ++xi) u[xi / 4][xi % 4] = dU[xi * plane + k];
-      float tt[3][4];  // Gᵀ dU
-      for (int j = 0; j < 4; ++j) {
-        tt[0][j] = u[0][j] + 0.5f * (u[1][j] + u[2][j]);
-        tt[1][j] = 0.5f * (u[1][j] - u[2][j]);
-        tt[2][j] = 0.5f * (u[1][j] + u[2][j]) + u[3][j];
-      }
-      T* d = dw + k * 9;
-      for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
-        d[r * 3 + 0] = from_f32<T>(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
-        d[r * 3 + 1] = from_f32<T>(0.5f * (tt[r][1] - tt[r][2]));
-        d[r * 3 + 2] = from_f32<T>(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
+      if constexpr (Mt == 4) {
+        float tt[3][6];  // Gᵀ dU: column j of dU through weight_grad_f4
+        for (int j = 0; j < 6; ++j) {
+          float u[6], c[3];
+          for (int i = 0; i < 6; ++i) u[i] = dU[(i * 6 + j) * plane + k];
+          weight_grad_f4(u, c);
+          for (int r = 0; r < 3; ++r) tt[r][j] = c[r];
+        }
+        T* d = dw + k * 9;
+        for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
+          float c[3];
+          weight_grad_f4(tt[r], c);
+          for (int j = 0; j < 3; ++j) d[r * 3 + j] = from_f32<T>(c[j]);
+        }
+      } else {
+        float u[4][4];
+        for (int xi = 0; xi < kPositions; ++xi) u[xi / 4][xi % 4] = dU[xi * plane + k];
+        float tt[3][4];  // Gᵀ dU
+        for (int j = 0; j < 4; ++j) {
+          tt[0][j] = u[0][j] + 0.5f * (u[1][j] + u[2][j]);
+          tt[1][j] = 0.5f * (u[1][j] - u[2][j]);
+          tt[2][j] = 0.5f * (u[1][j] + u[2][j]) + u[3][j];
+        }
+        T* d = dw + k * 9;
+        for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
+          d[r * 3 + 0] = from_f32<T>(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
+          d[r * 3 + 1] = from_f32<T>(0.5f * (tt[r][1] - tt[r][2]));
+          d[r * 3 + 2] = from_f32<T>(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
+        }
       }
     }
     });
   });
+}
+
+// The weight gradient by the tile size its scratch was laid out for.
+template <class T>
+void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU, float* V, float* D, const T* x,
+                     const T* dy, T* dw) {
+  if (s.tiles.m == 4) return backward_weight_tiles<4>(g, s, dU, V, D, x, dy, dw);
+  backward_weight_tiles<2>(g, s, dU, V, D, x, dy, dw);
 }
 
 }  // namespace frugal::cpu::winograd
