@@ -656,15 +656,21 @@ void each_position(int P, Product&& product) {
 // chain of fused multiply-adds as the AVX-512 engine's GEMM computes, so the
 // bits are the same on both tiles.
 
-// Which tile runs the forward's products: the AVX-512 engine's, its AVX2
-// twin on the same packed operands (where the float engine is OpenBLAS on
-// its AVX2 kernels: no AVX-512, a half-width one, or FRUGAL_CPU_ISA=avx2),
-// or OpenBLAS on the unpacked operands (where it runs AVX-512 kernels of
-// its own, FRUGAL_SGEMM=openblas asks for it, or the CPU lacks AVX2/FMA).
+// Which tile runs the forward's products of depth I: the AVX-512 engine's
+// wherever the CPU has AVX-512 (frugal's engine for the float GEMMs or not:
+// what the packed operands save is OpenBLAS packing a whole U_ξ again for
+// every product of a block, which F(4x4, 3x3)'s 36 positions made costly),
+// its AVX2 twin on the same packed operands where the CPU has AVX2 and FMA
+// (or FRUGAL_CPU_ISA=avx2), else OpenBLAS on the unpacked operands, as also
+// where FRUGAL_SGEMM=openblas asks for it or the depth is past the AVX-512
+// engine's. On a Zen 4, whose OpenBLAS runs AVX-512 kernels of its own, the
+// packed tile took ResNet-18's 16x16 and 8x8 layers' forward and data
+// gradient from 8.1-10.4 to 6.1-7.7 ms per call (bench/RESULTS.md, "Winograd
+// F(4x4,3x3)").
 enum class ProductTile { blas, avx512, avx2 };
-inline ProductTile product_tile(SgemmEngine engine) {
-  if (engine == SgemmEngine::avx512) return ProductTile::avx512;
-  if (gemm_detail::openblas_forced() || gemm_detail::openblas_runs_avx512()) return ProductTile::blas;
+inline ProductTile product_tile(std::int64_t depth) {
+  if (gemm_detail::openblas_forced() || depth > sgemm512::kMaxDepth) return ProductTile::blas;
+  if (cpu_isa() >= CpuIsa::avx512 && sgemm512::available()) return ProductTile::avx512;
   return cpu_isa() >= CpuIsa::avx2 && sgemm_avx2::available() ? ProductTile::avx2 : ProductTile::blas;
 }
 
@@ -693,7 +699,7 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
   const std::int64_t O = g.cout, I = g.cin, all = g.n * t.th;
   const std::int64_t ld = t.chunk_tiles(), pm = winograd_plane(O * ld);
   const SgemmEngine engine = sgemm_engine(I);
-  const ProductTile tile = product_tile(engine);
+  const ProductTile tile = product_tile(I);
   const bool packed = tile != ProductTile::blas;
   const WeightLayout ul = weight_layout(O, I, packed);
   transform_weights<Mt>(w, O, I, flipped, U, ul);
