@@ -275,13 +275,26 @@ WinogradMatrices winograd_matrices(int m) {
            {1. / 24, 1. / 12, 1. / 6}, {1. / 24, 1. / 12, 1. / 6}, {0, 0, 1}},
           {{1, 1, 1, 1, 1, 0}, {0, 1, 1, 2, 2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, 1, 8, 8, 1}}};
 }
+// A 3x3 convolution's Winograd tiles over an h x wd plane padded by ph, pw:
+// the matrices, the transformed tile's side e and positions P, the output
+// plane and the tiles across (tw) and down (th).
+struct WinogradGrid {
+  WinogradMatrices t;
+  int e, P;
+  std::int64_t ho, wo, th, tw;
+};
+WinogradGrid winograd_grid(int m, std::int64_t h, std::int64_t wd, std::int64_t ph, std::int64_t pw) {
+  const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2;
+  return {winograd_matrices(m), m + 2, (m + 2) * (m + 2), ho, wo, (ho + m - 1) / m, (wo + m - 1) / m};
+}
 template <class X, class W>
 std::vector<double> winograd_forward_bounds(int m, const std::vector<X>& x, const std::vector<W>& w, std::int64_t n,
                                             std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O,
                                             std::int64_t ph, std::int64_t pw) {
-  const WinogradMatrices t = winograd_matrices(m);
-  const int e = m + 2, P = e * e;
-  const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2, th = (ho + m - 1) / m, tw = (wo + m - 1) / m;
+  const WinogradGrid grid = winograd_grid(m, h, wd, ph, pw);
+  const WinogradMatrices& t = grid.t;
+  const int e = grid.e, P = grid.P;
+  const std::int64_t ho = grid.ho, wo = grid.wo, th = grid.th, tw = grid.tw;
   const double k = double(I + (m == 2 ? 12 : 20)) * std::ldexp(1.0, -24);
   // |U| per kernel and |V| per channel's tile.
   std::vector<double> U(std::size_t(O * I * P)), V(std::size_t(n * I * th * tw * P));
@@ -346,9 +359,10 @@ template <class X>
 std::vector<double> winograd_weight_bounds(int m, const std::vector<X>& x, const std::vector<X>& dy, std::int64_t n,
                                            std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O,
                                            std::int64_t ph, std::int64_t pw) {
-  const WinogradMatrices t = winograd_matrices(m);
-  const int e = m + 2, P = e * e;
-  const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2, th = (ho + m - 1) / m, tw = (wo + m - 1) / m;
+  const WinogradGrid grid = winograd_grid(m, h, wd, ph, pw);
+  const WinogradMatrices& t = grid.t;
+  const int e = grid.e, P = grid.P;
+  const std::int64_t ho = grid.ho, wo = grid.wo, th = grid.th, tw = grid.tw;
   const std::int64_t T = n * th * tw;
   const double k = double(2 * T + 4 + (m == 2 ? 8 : 18)) * std::ldexp(1.0, -24);
   // |Bᵀ d B| per input channel's tile, |A dY Aᵀ| per output channel's tile.
