@@ -439,9 +439,8 @@ struct Lines4 {
   alignas(64) float wide[4 * kWidth];
 };
 
-// Elements 4q + k of a row (q < n, k < 4) into p[k][q] as f32, and back,
-// rounded once.
-// (Into p[k][q0 + q].)
+// Elements 4q + k of a row (q < n, k < 4) into p[k][q0 + q] as f32
+// (split_quads), and back from p[k][q], rounded once (join_quads).
 template <class T>
 inline void split_quads(const T* __restrict src, float (*__restrict p)[Lines4::kWidth], std::int64_t q0,
                         std::int64_t n, float* __restrict wide) {
