@@ -1042,6 +1042,140 @@ TEST_CASE("zero: a step that does not fit at the stage its optimizer's steps tra
   }
 }
 
+namespace {
+// A single-process step whose least device budget grows with n: an n x 1
+// linear layer trained by SGD.
+struct Ballast {
+  explicit Ballast(std::int64_t n) : fc(n, 1), inputs{input<float>({1, n})} {}
+  nn::Linear fc;
+  std::vector<InputSpec> inputs;
+  Var loss(Var x) { return mean(fc(x)); }
+  std::size_t least() {
+    optim::SGD scratch(fc.parameters(), {.lr = 0.1});
+    try {
+      plan_training([&](Var x) { return loss(x); }, inputs, scratch, Budget{.device = 1}, {.threads = 1});
+    } catch (const BudgetError& e) {
+      return e.smallest_feasible_bytes;
+    }
+    FAIL("a budget of one byte was not refused");
+    return 0;
+  }
+};
+// The least and the unconstrained bytes a rank plans `w`'s step in over
+// `comm` on one thread, at `stage` (unset: the planner's search), from its
+// refusal of a one-byte budget, as a broker's probe finds them (planning
+// alone runs no collective).
+struct Refusal {
+  std::size_t least = 0, unconstrained = 0;
+};
+Refusal refusal_over(WideLayer& w, std::shared_ptr<Communicator> comm, std::optional<int> stage) {
+  optim::AdamW scratch(w.fc.parameters(), {});
+  CompileOptions o;
+  o.communicator = std::move(comm);
+  o.zero_stage = stage;
+  o.threads = 1;
+  try {
+    plan_training([&](Var x) { return w.loss(x); }, w.inputs, scratch, Budget{.device = 1}, o);
+  } catch (const BudgetError& e) {
+    return {e.smallest_feasible_bytes, e.unconstrained_bytes};
+  }
+  FAIL("a budget of one byte was not refused");
+  return {};
+}
+}  // namespace
+
+// A broker probes a joining step for its least and unconstrained bytes
+// before its first compile, when its optimizer's ZeRO stage is not fixed
+// yet: the planner's refusal then names the least of any stage, and stage
+// 0's unconstrained bytes (where its search stops), so the step gets a share
+// up to those. The first compile fixes a stage, which every later compile of
+// the step must plan at, so the broker probes it again: the step's least is
+// that stage's from then on, and a step that joins later and would cut it
+// below that is refused at admission with the bytes both need (not by the
+// first step's compile failing midway through the re-share).
+TEST_CASE("zero: a broker gives a step of unpinned stage up to stage 0's unconstrained bytes, then counts the least of "
+          "the stage its first compile fixed",
+          "[zero][broker]") {
+  nn::manual_seed(5);
+  std::array<WideLayer, 2> layers;
+  struct Seen {
+    std::size_t any = 0, total = 0, stage0_total = 0, fixed = 0, ballast = 0;
+    std::optional<int> stage;
+    MemoryBroker::Share share;
+    bool evicts = true;
+    std::string refusal;
+    float loss = 0;
+  };
+  std::array<Seen, 2> seen;
+  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    WideLayer& w = layers[std::size_t(r)];
+    Seen& s = seen[std::size_t(r)];
+    const Refusal search = refusal_over(w, comm, std::nullopt), stage0 = refusal_over(w, comm, 0);
+    s.any = search.least;
+    s.total = search.unconstrained;
+    s.stage0_total = stage0.unconstrained;
+    optim::AdamW opt(w.fc.parameters(), {});
+    CompileOptions o;
+    o.communicator = comm;
+    o.threads = 1;
+    auto fn = [&](Var x) { return w.loss(x); };
+    MemoryBroker broker(Budget{.device = s.total});
+    const auto a = broker.join(
+        "wide", [&](const Budget& b) { return compile(fn, w.inputs, opt, b, o); },
+        [&](const Budget& b) { return plan_training(fn, w.inputs, opt, b, o); });
+    s.stage = opt.zero_stage();
+    s.evicts = !broker.step(a).plan().decisions.empty();
+    s.fixed = refusal_over(w, comm, s.stage.value_or(-1)).least;
+    s.share = broker.shares().at(0);
+    // The smallest ballast that does not fit beside the first step at the
+    // least of its fixed stage.
+    std::int64_t lo = 1, hi = 1 << 16;
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (Ballast(mid).least() > s.total - s.fixed) hi = mid;
+      else lo = mid + 1;
+    }
+    Ballast ballast(lo);
+    s.ballast = ballast.least();
+    optim::SGD sgd(ballast.fc.parameters(), {.lr = 0.1});
+    auto bfn = [&](Var x) { return ballast.loss(x); };
+    try {
+      broker.join(
+          "ballast", [&](const Budget& b) { return compile(bfn, ballast.inputs, sgd, b, {.threads = 1}); },
+          [&](const Budget& b) { return plan_training(bfn, ballast.inputs, sgd, b, {.threads = 1}); });
+    } catch (const BudgetError& e) {
+      s.refusal = e.what();
+    }
+    if (broker.size() != 1) fail("the ballast was admitted");
+    Tensor x({4, 64});
+    s.loss = broker.step(a).run(x);
+  });
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+  for (std::size_t r = 0; r < 2; ++r) {
+    const Seen& s = seen[r];
+    INFO("rank " << r << ": least of any stage " << s.any << ", stage 0 unconstrained " << s.total << "; share "
+                 << s.share.budget << " (least " << s.share.least << ", unconstrained " << s.share.unconstrained
+                 << "); stage " << s.stage.value_or(-1) << " with least " << s.fixed << "; ballast " << s.ballast
+                 << ": " << s.refusal);
+    // The search's refusal names stage 0's unconstrained bytes, and the
+    // broker gives the step up to them, where the planner takes stage 0
+    // with nothing evicted.
+    CHECK(s.total == s.stage0_total);
+    REQUIRE(s.total > s.any);
+    CHECK(s.share.budget == s.total);
+    CHECK(s.share.unconstrained == s.total);
+    CHECK(s.stage == 0);
+    CHECK_FALSE(s.evicts);
+    // Probed again at the stage fixed.
+    CHECK(s.fixed > s.any);
+    CHECK(s.share.least == s.fixed);
+    CHECK_THAT(s.refusal, Catch::Contains("memory broker: step 'ballast' needs at least") &&
+                              Catch::Contains(cat("together ", s.fixed + s.ballast, " bytes")));
+    CHECK(std::isfinite(s.loss));
+  }
+}
+
 // At a sharded stage each rank holds its shard of the state, cut for the
 // rank count the stage was fixed over: a step over no communicator, or
 // over another count, would find none of it and train fresh state from

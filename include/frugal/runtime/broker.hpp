@@ -395,12 +395,19 @@ class MemoryBroker {
       for (Id id : *list) {
         Member& m = member(id);
         std::int64_t steps = 0;
+        const bool first = !m.step;
         if (m.step) {
           steps = m.step->steps_run();
           m.step.reset();  // its memory goes before its new plan's comes
         }
         m.budget = share.at(id);
         m.step.emplace(m.compile(budget_for(m.budget)));
+        // A step's first compile can fix what its planner plans from then
+        // on: the ZeRO stage of its optimizer (Optimizer::zero_stage), which
+        // the probe at its join left to a search over every stage. Probed
+        // again, its least is that stage's, so no later share is cut below
+        // what its compiler can plan in.
+        if (first) probe(id);
         // A step may re-plan itself on measured op times (refined from
         // measurement, CompileOptions::replan) in the arena it reserved; the
         // broker takes the re-plan only if every step's device bytes still

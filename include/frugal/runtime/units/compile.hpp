@@ -809,6 +809,10 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
   std::optional<PlannedPrepared> best;
   std::string tried;
   std::size_t least_needed = 0;
+  // Where the search would stop: stage 0 with nothing evicted. A refusal
+  // carries it as the step's unconstrained bytes, so a broker's probe
+  // (MemoryBroker) can give the step up to that, not only its least.
+  std::size_t stage0_unconstrained = 0;
   for (int stage = 0; stage <= last; ++stage) {
     CompileOptions os = o;
     os.zero_stage = stage;
@@ -831,13 +835,14 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
     } catch (const BudgetError& e) {
       tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes));
       least_needed = least_needed ? std::min(least_needed, e.smallest_feasible_bytes) : e.smallest_feasible_bytes;
+      if (stage == 0) stage0_unconstrained = e.unconstrained_bytes;
       if (stage == last && !best)
         throw BudgetError(
             cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s", " (",
                 tried, comm.size() == 1 ? "; one rank has nothing to shard over"
                                         : last < 2 ? cat("; stages 2 and 3 were not tried, for ", no_stage2) : std::string(),
                 "). At stage ", stage, ": ", e.what()),
-            least_needed);
+            least_needed, stage0_unconstrained);
     }
   }
   // Each stage tried prepared the optimizer's state in its own layout
