@@ -28,7 +28,8 @@
 
 using namespace frugal;
 using Catch::Matchers::Contains;
-using test_support::run_two_ranks;
+using test_support::record_trained;
+using test_support::run_two_ranks_ok;
 
 namespace master_test {
 
@@ -405,7 +406,7 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
     INFO("stage " << stage);
     std::array<std::unique_ptr<Mlp16>, 2> models{make_mlp(DType::bf16), make_mlp(DType::bf16)};
     std::array<std::vector<Tensor>, 2> got_w;
-    const auto errors = run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+    run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
       Mlp16& m = *models[std::size_t(r)];
       optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
       CompileOptions o = one_thread();
@@ -417,8 +418,6 @@ TEST_CASE("master weights: ZeRO stages 0 to 3 over two ranks give the one-rank r
       got_w[std::size_t(r)] = masters(opt);
       if (stage == 1) io::save_gathered_checkpoint(dir / "gathered.safetensors", m, opt, steps, *comm);
     });
-    INFO(errors[0] << " | " << errors[1]);
-    REQUIRE((errors[0].empty() && errors[1].empty()));
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r);
       const auto ps = models[std::size_t(r)]->parameters();
@@ -555,7 +554,7 @@ TEST_CASE("master weights: rank 1 of 2 planned with rank 0's optimizer gets stat
       auto run = [&](bool plan_rank1) {
         std::array<std::unique_ptr<Mlp16>, 2> models{make_mlp(dt), make_mlp(dt)};
         std::array<Rank, 2> out;
-        const auto errors = run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+        run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
           Mlp16& m = *models[std::size_t(r)];
           Rank& got = out[std::size_t(r)];
           optim::AdamW opt(m.parameters(), {.lr = 3e-3, .master_weights = true});
@@ -578,11 +577,8 @@ TEST_CASE("master weights: rank 1 of 2 planned with rank 0's optimizer gets stat
             got.losses.push_back(train(s, batch, in, k, k + 1));
           }
           s.gather_parameters();
-          got.params = clone_each(m.parameters());
-          for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+          record_trained(got, m.parameters(), opt);
         });
-        INFO(errors[0] << " | " << errors[1]);
-        REQUIRE((errors[0].empty() && errors[1].empty()));
         return out;
       };
       const std::array<Rank, 2> want = run(false), got = run(true);

@@ -127,6 +127,22 @@ inline std::array<std::string, 2> run_two_ranks(
   return errors;
 }
 
+// run_two_ranks for ranks that must not fail: a rank's error fails the
+// test, naming both ranks' errors.
+inline void run_two_ranks_ok(const std::function<void(int, std::shared_ptr<frugal::Communicator>)>& rank) {
+  const std::array<std::string, 2> errors = run_two_ranks(rank);
+  INFO(errors[0] << " | " << errors[1]);
+  REQUIRE((errors[0].empty() && errors[1].empty()));
+}
+
+// What a rank trained, for check_same_training: copies of `params` (gathered
+// by the caller where they are sharded) and of `opt`'s state tensors.
+template <class Run>
+void record_trained(Run& got, const std::vector<frugal::Tensor>& params, const frugal::Optimizer& opt) {
+  for (const frugal::Tensor& p : params) got.params.push_back(p.clone());
+  for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+}
+
 inline bool same_bits(const frugal::Tensor& a, const frugal::Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }

@@ -920,7 +920,7 @@ struct RankRun {
 // trains on data of its own.
 std::array<RankRun, 2> train_two_ranks(int stage, bool second) {
   std::array<RankRun, 2> out;
-  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+  test_support::run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
     nn::manual_seed(3);
     ZeroMlp m;
     optim::AdamW opt(m.parameters(), {});
@@ -934,11 +934,8 @@ std::array<RankRun, 2> train_two_ranks(int stage, bool second) {
     }
     for (int k = 0; k < 6; ++k) got.losses.push_back(run_steps(other && k % 2 ? *other : first, 7 * k + r, 7 * k + r + 1));
     first.gather_parameters();
-    for (const Tensor& p : m.parameters()) got.params.push_back(p.clone());
-    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+    test_support::record_trained(got, m.parameters(), opt);
   });
-  INFO(errors[0] << " | " << errors[1]);
-  REQUIRE((errors[0].empty() && errors[1].empty()));
   return out;
 }
 }  // namespace
@@ -1016,7 +1013,7 @@ TEST_CASE("zero: a step that does not fit at the stage its optimizer's steps tra
   for (int rank : {0, 1}) REQUIRE(least_of_rank(w, rank, std::nullopt) <= tight.device);
   std::array<std::string, 2> refusals;
   std::array<std::size_t, 2> needed{};
-  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+  test_support::run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
     optim::AdamW opt(w.fc.parameters(), {});
     CompileOptions o;
     o.communicator = comm;
@@ -1032,8 +1029,6 @@ TEST_CASE("zero: a step that does not fit at the stage its optimizer's steps tra
       needed[std::size_t(r)] = e.smallest_feasible_bytes;
     }
   });
-  INFO(errors[0] << " | " << errors[1]);
-  REQUIRE((errors[0].empty() && errors[1].empty()));
   for (std::size_t r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << refusals[r]);
     CHECK(needed[r] > tight.device);
@@ -1107,7 +1102,7 @@ TEST_CASE("zero: a broker gives a step of unpinned stage up to stage 0's unconst
     float loss = 0;
   };
   std::array<Seen, 2> seen;
-  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+  test_support::run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
     WideLayer& w = layers[std::size_t(r)];
     Seen& s = seen[std::size_t(r)];
     const Refusal search = refusal_over(w, comm, std::nullopt), stage0 = refusal_over(w, comm, 0);
@@ -1150,8 +1145,6 @@ TEST_CASE("zero: a broker gives a step of unpinned stage up to stage 0's unconst
     Tensor x({4, 64});
     s.loss = broker.step(a).run(x);
   });
-  INFO(errors[0] << " | " << errors[1]);
-  REQUIRE((errors[0].empty() && errors[1].empty()));
   for (std::size_t r = 0; r < 2; ++r) {
     const Seen& s = seen[r];
     INFO("rank " << r << ": least of any stage " << s.any << ", stage 0 unconstrained " << s.total << "; share "
@@ -1186,7 +1179,7 @@ TEST_CASE("zero: a step over another rank count than its optimizer's sharded ste
   WideLayer w;
   std::array<std::string, 2> alone, over_one;
   std::array<bool, 2> stage0_alone_ok{};
-  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+  test_support::run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
     auto fn = [&](Var x) { return w.loss(x); };
     CompileOptions o;
     o.communicator = comm;
@@ -1214,8 +1207,6 @@ TEST_CASE("zero: a step over another rank count than its optimizer's sharded ste
     Step single = compile(fn, w.inputs, whole, {}, no_comm);
     stage0_alone_ok[std::size_t(r)] = single.plan().zero_stage <= 0;
   });
-  INFO(errors[0] << " | " << errors[1]);
-  REQUIRE((errors[0].empty() && errors[1].empty()));
   for (std::size_t r = 0; r < 2; ++r) {
     INFO("rank " << r);
     CHECK_THAT(alone[r], Catch::Contains("ZeRO stage 1 over 2 ranks") && Catch::Contains("over no communicator") &&
@@ -1263,7 +1254,7 @@ struct CacheRun {
 // 8 rows in turns.
 std::array<CacheRun, 2> train_cached(const Budget& total, std::optional<int> stage) {
   std::array<CacheRun, 2> out;
-  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+  test_support::run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
     nn::manual_seed(3);
     WideLayer w;
     optim::AdamW opt(w.fc.parameters(), {});
@@ -1283,11 +1274,8 @@ std::array<CacheRun, 2> train_cached(const Budget& total, std::optional<int> sta
       }
     }
     cache->gather_parameters();
-    for (const Tensor& p : w.fc.parameters()) got.params.push_back(p.clone());
-    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+    test_support::record_trained(got, w.fc.parameters(), opt);
   });
-  INFO(errors[0] << " | " << errors[1]);
-  REQUIRE((errors[0].empty() && errors[1].empty()));
   return out;
 }
 }  // namespace
@@ -1330,7 +1318,7 @@ std::string file_bytes(const std::filesystem::path& path) {
 // ZeRO `stage` (unset: the planner's pick), on data of each rank's own.
 std::array<WideRun, 2> train_wide(const Budget& budget, std::optional<int> stage) {
   std::array<WideRun, 2> out;
-  const auto errors = test_support::run_two_ranks([&](int r, std::shared_ptr<Communicator> comm) {
+  test_support::run_two_ranks_ok([&](int r, std::shared_ptr<Communicator> comm) {
     nn::manual_seed(3);
     WideLayer w;
     optim::AdamW opt(w.fc.parameters(), {});
@@ -1348,15 +1336,12 @@ std::array<WideRun, 2> train_wide(const Budget& budget, std::optional<int> stage
       got.losses.push_back(s.run(x));
     }
     s.gather_parameters();
-    for (const Tensor& p : w.fc.parameters()) got.params.push_back(p.clone());
-    for (const auto& st : opt.state()) got.state.push_back(st.tensor.clone());
+    test_support::record_trained(got, w.fc.parameters(), opt);
     const auto path = std::filesystem::temp_directory_path() / cat("frugal-zero-pick-", ::getpid(), "-", r, ".safetensors");
     io::save_checkpoint(path, w.fc, opt, 4);
     got.checkpoint = file_bytes(path);
     std::filesystem::remove(path);
   });
-  INFO(errors[0] << " | " << errors[1]);
-  REQUIRE((errors[0].empty() && errors[1].empty()));
   return out;
 }
 }  // namespace
