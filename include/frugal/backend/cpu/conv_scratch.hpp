@@ -107,7 +107,7 @@ inline constexpr std::int64_t kWinogradSliver = 12, kWinogradPanel = 32;
 // 10.4-11.8 -> 9.0-10.0 (bench/RESULTS.md, "Winograd F(4x4,3x3)").
 inline constexpr std::int64_t kWinogradF4MinPlane = 8;
 // Which F(m x m, 3x3) a pass whose tiles cover t takes by the rule above.
-inline int winograd_tile_size(const ConvGeometry& t, ConvPass) {
+inline int winograd_tile_size(const ConvGeometry& t) {
   return t.ho >= kWinogradF4MinPlane && t.wo >= kWinogradF4MinPlane ? 4 : 2;
 }
 
@@ -257,7 +257,7 @@ inline ConvScratch conv_scratch(const ConvGeometry& g, DType dt, ConvPass pass, 
     if (as_conv && winograd_shape(t) && (algo != ConvAlgorithm::by_shape || winograd_pays(t, pass))) {
       const int m = algo == ConvAlgorithm::winograd_f2   ? 2
                     : algo == ConvAlgorithm::winograd_f4 ? 4
-                                                         : winograd_tile_size(t, pass);
+                                                         : winograd_tile_size(t);
       return winograd_scratch(t, pass, target, m);
     }
   }

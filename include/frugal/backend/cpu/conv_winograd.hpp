@@ -429,7 +429,9 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
   for (int xi = 0; xi < kPositions; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
 }
 
-// F(4x4, 3x3)'s lines: a tile reads 6 input rows at columns 4 tx - pw + 0..5,
+// F(4x4, 3x3)'s lines (its transforms are the overloads of input_tiles,
+// output_tiles and dy_tiles that take them): a tile reads 6 input rows at
+// columns 4 tx - pw + 0..5,
 // so each row segment is split by column phase (ph[a][k][q] holds column
 // 4 (s0 + q) - pw + k of input row a); the 36 transformed streams; the
 // output transform's 4 rows of 4 column phases (in ph's first rows).
@@ -491,7 +493,7 @@ inline void output_f4(const Vec (&m)[6], Vec (&o)[4]) {
 // Bᵀ d B of F(4x4, 3x3) for an item's tiles in channel c of x ([n][C][h][w],
 // padding ph, pw), stored in layout `to` as channel c's columns from col.
 template <class T>
-void input_tiles_f4(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it,
+void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it,
                     const TileLayout& to, std::int64_t col, Lines4& L) {
   const TileRow tr = tile_row(t, it.row);
   const std::int64_t n = it.n, n1 = n + 1;
@@ -545,7 +547,7 @@ void input_tiles_f4(const T* x, const ops::ConvGeometry& g, const WinogradTiles&
 // partial tiles past the edge are dropped. M's planes are read a whole
 // vector at a time, past the segment's end too.
 template <class T>
-void output_tiles_f4(const float* M, std::int64_t ld, std::int64_t col, const ops::ConvGeometry& g,
+void output_tiles(const float* M, std::int64_t ld, std::int64_t col, const ops::ConvGeometry& g,
                      const WinogradTiles& t, const Item& it, float bias, T* y, Lines4& L) {
   const TileRow tr = tile_row(t, it.row);
   const std::int64_t n = it.n, pstride = winograd_plane(g.cout * ld);
@@ -595,7 +597,7 @@ inline void dy_f4(const Vec (&y)[4], Vec (&e)[6]) {
 // ([n][O][ho][wo]; outputs past the edge count as zero), stored at
 // D[ξ][c][col + tx - s0].
 template <class T>
-void dy_tiles_f4(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it, float* D,
+void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, const Item& it, float* D,
                  std::int64_t ld, std::int64_t col, Lines4& L) {
   const TileRow tr = tile_row(t, it.row);
   const std::int64_t n = it.n, full = std::clamp(g.wo / 4 - it.s0, std::int64_t(0), n);
@@ -720,8 +722,7 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
         run_widest([&] {
           each_item(I, nr, t.tw, b0, b1, [&](std::int64_t k) {
             const Item it = item(k, nr, r0, t.tw);
-            if constexpr (Mt == 4) input_tiles_f4(x, g, t, it, to, column(it, r0, t.tw) - first, L);
-            else input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
+            input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
           });
         });
         if (packed && cols % kWinogradPanel) {  // the last panel's columns past the block: as U's rows past O
@@ -744,8 +745,7 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
           each_item(O, nr, t.tw, b0, b1, [&](std::int64_t k) {
             const Item it = item(k, nr, r0, t.tw);
             const float b = bias ? to_f32(bias[it.c]) : 0.f;
-            if constexpr (Mt == 4) output_tiles_f4(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
-            else output_tiles(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
+            output_tiles(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
           });
         });
       }
@@ -763,19 +763,16 @@ void forward(const ops::ConvGeometry& g, const ConvScratch& s, float* U, float* 
 
 // Transforms item k of the weight gradient's chunk from r0: its channels
 // are [0, I) of x (into V), then [0, O) of dy (into D).
-template <int Mt, class T, class LinesM>
+template <class T, class LinesM>
 void weight_item(std::int64_t k, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0,
                  std::int64_t nr, std::int64_t ld, float* V, float* D, const T* x, const T* dy, LinesM& L) {
   Item it = item(k, nr, r0, t.tw);
   const std::int64_t col = column(it, r0, t.tw);
   if (it.c < g.cin) {
-    const TileLayout to{V, winograd_plane(g.cin * ld), ld, false};
-    if constexpr (Mt == 4) input_tiles_f4(x, g, t, it, to, col, L);
-    else input_tiles(x, g, t, it, to, col, L);
+    input_tiles(x, g, t, it, TileLayout{V, winograd_plane(g.cin * ld), ld, false}, col, L);
   } else {
     it.c -= g.cin;
-    if constexpr (Mt == 4) dy_tiles_f4(dy, g, t, it, D, ld, col, L);
-    else dy_tiles(dy, g, t, it, D, ld, col, L);
+    dy_tiles(dy, g, t, it, D, ld, col, L);
   }
 }
 
@@ -789,7 +786,7 @@ void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_
   const std::int64_t O = g.cout, I = g.cin;
   const std::int64_t col0 = a * t.tw, cols = (b - a) * t.tw, plane = winograd_plane(O * I);
   run_widest([&] {
-    each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item<Mt>(k, g, t, r0, nr, ld, V, D, x, dy, L); });
+    each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
   });
   // dU_ξ (+)= D_ξ V_ξᵀ: the rows' tiles are the products' depth.
   const SgemmEngine engine = sgemm_engine(cols);
@@ -853,7 +850,7 @@ void backward_weight_tiles(const ops::ConvGeometry& g, const ConvScratch& s, flo
       parallel_for((I + O) * nr * ns, P * kSegment, [&](std::int64_t b, std::int64_t e) {
         LinesM L{};
         run_widest([&] {
-          for (std::int64_t k = b; k < e; ++k) weight_item<Mt>(k, g, t, r0, nr, ld, V, D, x, dy, L);
+          for (std::int64_t k = b; k < e; ++k) weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L);
         });
       });
       // dU_ξ (+)= D_ξ V_ξᵀ, a position per task: the chunk's tiles are the products' depth.
