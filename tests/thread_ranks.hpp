@@ -106,13 +106,13 @@ class ThreadComm final : public frugal::Communicator {
   int rank_;
 };
 
-// Runs rank(r, communicator) as ranks 0 and 1 of a ThreadGroup, rank 1 on a
-// thread of its own; a rank that fails aborts the other's collectives.
-// Returns each rank's error, empty where it had none.
-inline std::array<std::string, 2> run_two_ranks(
-    const std::function<void(int, std::shared_ptr<frugal::Communicator>)>& rank) {
-  ThreadGroup group(2);
-  std::array<std::string, 2> errors;
+// Runs rank(r, communicator) as ranks 0 to n-1 of a ThreadGroup, each but
+// rank 0 on a thread of its own; a rank that fails aborts the others'
+// collectives. Returns each rank's error, empty where it had none.
+inline std::vector<std::string> run_ranks(int n,
+                                          const std::function<void(int, std::shared_ptr<frugal::Communicator>)>& rank) {
+  ThreadGroup group(n);
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
   auto run = [&](int r) {
     try {
       rank(r, std::make_shared<ThreadComm>(group, r));
@@ -121,10 +121,17 @@ inline std::array<std::string, 2> run_two_ranks(
       group.abort();
     }
   };
-  std::thread other(run, 1);
+  std::vector<std::thread> others;
+  for (int r = 1; r < n; ++r) others.emplace_back(run, r);
   run(0);
-  other.join();
+  for (auto& t : others) t.join();
   return errors;
+}
+
+inline std::array<std::string, 2> run_two_ranks(
+    const std::function<void(int, std::shared_ptr<frugal::Communicator>)>& rank) {
+  const std::vector<std::string> e = run_ranks(2, rank);
+  return {e[0], e[1]};
 }
 
 // run_two_ranks for ranks that must not fail: a rank's error fails the

@@ -16,6 +16,7 @@
 #include <frugal/frugal.hpp>
 
 #include "../common/session.hpp"
+#include "text_data.hpp"
 
 using namespace frugal;
 namespace fs = std::filesystem;
@@ -29,28 +30,6 @@ struct Options {
   std::int64_t eval_every = 250, eval_batches = 8, sample_chars = 500, stop_after = 0;
   std::string prompt = "ROMEO:\n";
 };
-
-// With no text file: sentences of made-up words from a fixed lexicon with a
-// Markov chain between them, so there is structure to learn.
-std::string generated_text(std::uint64_t seed, std::size_t bytes) {
-  Rng r(seed, 17);
-  std::vector<std::string> words;
-  for (int w = 0; w < 60; ++w) {
-    std::string s;
-    int len = 2 + int(r.below(6));
-    for (int c = 0; c < len; ++c) s += char('a' + r.below(26));
-    words.push_back(s);
-  }
-  std::string text;
-  std::size_t prev = 0;
-  while (text.size() < bytes) {
-    std::size_t next = r.uniform() < 0.7 ? (prev * 7 + 3) % words.size() : std::size_t(r.below(words.size()));
-    text += words[next];
-    text += r.uniform() < 0.12 ? ".\n" : " ";
-    prev = next;
-  }
-  return text;
-}
 
 // Mean next-character cross-entropy of logits [B, T, V] against targets [B, T], in double.
 double cross_entropy_of(const Tensor& logits, const Tensor& targets) {
@@ -99,7 +78,7 @@ int main(int argc, char** argv) try {
     text = data::read_text_file(file);
   } else {
     std::fprintf(stderr, "gpt: no text at '%s'; training on generated text instead\n", file.c_str());
-    text = generated_text(std::uint64_t(a.seed), 400000);
+    text = samples::generated_text(std::uint64_t(a.seed), 400000);
   }
   data::CharVocab vocab(text);
   data::TokenSplit split = data::split_tokens(vocab.encode(text), 0.1);

@@ -38,6 +38,17 @@ namespace frugal::dist {
 
 struct MpiOptions {
   double timeout_seconds = 300;
+  // A collective that fails or times out throws RankFailure and leaves MPI
+  // usable, so the surviving ranks can go on without the lost one (an
+  // elastic job, dist/elastic.hpp, does). Otherwise the process ends the
+  // job with MPI_Abort at exit.
+  bool recoverable = false;
+};
+
+// A collective did not complete: a rank died, stopped or is stuck. Its
+// communicator cannot be used again.
+struct RankFailure : Error {
+  using Error::Error;
 };
 
 namespace detail {
@@ -52,6 +63,10 @@ class MpiSession {
     return s;
   }
   void mark_broken() { broken_ = true; }
+  // This process is part of an elastic job, whose processes come and go:
+  // MPI_Finalize, which waits for every process it was started or
+  // connected with, is not called at exit.
+  void mark_left() { left_ = true; }
   // MPI_THREAD_SERIALIZED or more: any thread may call MPI, one at a time.
   bool serialized() const { return thread_level_ >= MPI_THREAD_SERIALIZED; }
   bool broken() const { return broken_; }
@@ -60,7 +75,7 @@ class MpiSession {
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (broken_) MPI_Abort(MPI_COMM_WORLD, 1);
-    if (initialized_here_) MPI_Finalize();
+    if (initialized_here_ && !left_) MPI_Finalize();
   }
 
  private:
@@ -83,6 +98,7 @@ class MpiSession {
   bool initialized_here_ = false;
   int thread_level_ = MPI_THREAD_SINGLE;
   std::atomic<bool> broken_{false};
+  bool left_ = false;
 };
 
 inline std::string mpi_error(int code) {
@@ -98,13 +114,16 @@ class Mpi final : public Communicator {
  public:
   // MPI_COMM_WORLD (duplicated, so frugal's traffic never matches the
   // program's own messages).
-  static std::shared_ptr<Mpi> world(MpiOptions o = {}) { return std::shared_ptr<Mpi>(new Mpi(o)); }
+  static std::shared_ptr<Mpi> world(MpiOptions o = {}) { return over(MPI_COMM_WORLD, o); }
+  // The ranks of `comm` (duplicated, as MPI_COMM_WORLD is): a communicator
+  // an elastic job formed, spawned or shrank.
+  static std::shared_ptr<Mpi> over(MPI_Comm comm, MpiOptions o = {}) { return std::shared_ptr<Mpi>(new Mpi(comm, o)); }
   ~Mpi() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     // After a timeout the other ranks may still be inside a collective on
     // this communicator: leave it to MPI_Abort.
-    if (finalized || detail::MpiSession::get().broken()) return;
+    if (finalized || detail::MpiSession::get().broken() || failed_) return;
     for (auto& [bytes, type] : types_) MPI_Type_free(&type);
     MPI_Comm_free(&comm_);
   }
@@ -115,6 +134,9 @@ class Mpi final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   double timeout_seconds() const { return timeout_; }
+  MPI_Comm handle() const { return comm_; }
+  // A collective on it failed (MpiOptions::recoverable): it is abandoned.
+  bool failed() const { return failed_; }
   bool serialized_threads() const override { return detail::MpiSession::get().serialized(); }
   int ranks_on_this_machine() const override { return local_size_; }
 
@@ -185,10 +207,10 @@ class Mpi final : public Communicator {
   }
 
  private:
-  explicit Mpi(MpiOptions o) : timeout_(o.timeout_seconds) {
+  Mpi(MPI_Comm comm, MpiOptions o) : timeout_(o.timeout_seconds), recoverable_(o.recoverable) {
     if (!(o.timeout_seconds > 0)) fail("mpi: MpiOptions::timeout_seconds must be > 0, got ", o.timeout_seconds);
     detail::MpiSession::get();
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_dup(comm, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -221,7 +243,7 @@ class Mpi final : public Communicator {
   }
   void check(int code, const char* collective, const std::string& what) {
     if (code != MPI_SUCCESS) {
-      detail::MpiSession::get().mark_broken();
+      lost(cat("mpi: ", collective, " (", what, ") failed at rank ", rank_, " of ", size_, ": ", detail::mpi_error(code)));
       fail("mpi: ", collective, " (", what, ") failed at rank ", rank_, " of ", size_, ": ", detail::mpi_error(code));
     }
   }
@@ -236,7 +258,8 @@ class Mpi final : public Communicator {
       // leaves the cores to the ranks still computing.
       if (polls < 2000) continue;
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_) {
-        detail::MpiSession::get().mark_broken();
+        lost(cat("mpi: ", collective, " (", what, ", ", bytes, " bytes) did not complete within ", timeout_,
+                 " s at rank ", rank_, " of ", size_, ": another rank has died, stopped or is stuck"));
         fail("mpi: ", collective, " (", what, ", ", bytes, " bytes) did not complete within ", timeout_, " s at rank ",
              rank_, " of ", size_,
              ": another rank has died, stopped or is stuck. The job cannot continue; this process ends it with "
@@ -246,9 +269,22 @@ class Mpi final : public Communicator {
     }
   }
 
+  // A collective failed: recoverable, this communicator is abandoned and
+  // the survivors are told (RankFailure); else the job ends at exit.
+  void lost(const std::string& why) {
+    if (!recoverable_) {
+      detail::MpiSession::get().mark_broken();
+      return;
+    }
+    failed_ = true;
+    throw RankFailure(why);
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_size_ = 1;
   double timeout_;
+  bool recoverable_ = false;
+  std::atomic<bool> failed_{false};
   std::vector<std::pair<std::size_t, MPI_Datatype>> types_;
 };
 

@@ -18,10 +18,10 @@ namespace frugal::io {
 namespace detail {
 // The rank's shard of a tensor of `whole` elements, checked against the
 // `length` it holds (a shard cut over another rank count is refused).
-inline ZeroShard shard_held(const Communicator& comm, std::int64_t whole, std::int64_t length, const std::string& what) {
-  const ZeroShard s = ZeroShard::of(whole, comm.rank(), comm.size());
+inline ZeroShard shard_held(int rank, int ranks, std::int64_t whole, std::int64_t length, const std::string& what) {
+  const ZeroShard s = ZeroShard::of(whole, rank, ranks);
   if (!s.every_rank_has_elements() || s.length != length)
-    fail(what, ": rank ", comm.rank(), " of ", comm.size(), " holds ", length, " elements of a tensor of ", whole,
+    fail(what, ": rank ", rank, " of ", ranks, " holds ", length, " elements of a tensor of ", whole,
          ", not its ZeRO shard over these ranks (", s.length, "): call it with the communicator the step was compiled with");
   return s;
 }
@@ -39,7 +39,7 @@ inline void save_gathered_checkpoint(const std::filesystem::path& path, const nn
   const std::string what = cat("save_gathered_checkpoint(", path.string(), ")");
   for (const auto& s : opt.parameter_shards()) {  // stage 3: the parameters trained
     Tensor whole = opt.params().at(s.param);
-    const ZeroShard z = detail::shard_held(comm, whole.numel(), s.tensor.numel(), what);
+    const ZeroShard z = detail::shard_held(comm.rank(), comm.size(), whole.numel(), s.tensor.numel(), what);
     gather_shards(comm, z, s.tensor.raw(), whole.raw(), whole.dtype(), cat(what, ": parameter ", s.param));
   }
   std::vector<Optimizer::StateTensor> whole_state;
@@ -49,7 +49,7 @@ inline void save_gathered_checkpoint(const std::filesystem::path& path, const nn
       continue;
     }
     const Tensor& p = opt.params().at(s.param);
-    const ZeroShard z = detail::shard_held(comm, p.numel(), s.tensor.numel(), what);
+    const ZeroShard z = detail::shard_held(comm.rank(), comm.size(), p.numel(), s.tensor.numel(), what);
     Tensor whole(p.shape(), s.tensor.dtype());
     gather_shards(comm, z, s.tensor.raw(), whole.raw(), whole.dtype(), cat(what, ": ", s.slot, " of parameter ", s.param));
     whole_state.push_back({s.param, s.slot, whole});
@@ -69,6 +69,30 @@ inline void save_gathered_checkpoint(const std::filesystem::path& path, const nn
   if (failed) fail(what, ": rank 0 could not write the checkpoint (its error says why); nothing was saved");
 }
 
+namespace detail {
+// load_gathered_checkpoint from the contents `f` of such a file (`path`
+// names it in errors), into the shards of rank `rank` of `ranks`.
+inline TrainingState load_gathered(const std::filesystem::path& path, const SafetensorsFile& f, nn::Module& model,
+                                   Optimizer& opt, int rank, int ranks) {
+  NvmeHomes::registry().bring_back_all();  // tensors a step keeps on NVMe (io/checkpoint.hpp)
+  auto slice = [&](const std::string&, const Tensor& live, const Tensor& file) -> std::optional<std::size_t> {
+    const ZeroShard z = ZeroShard::of(file.numel(), rank, ranks);
+    if (!z.every_rank_has_elements() || live.numel() != z.length) return std::nullopt;
+    return std::size_t(z.offset) * dtype_size(file.dtype());
+  };
+  TrainingState out = load_checkpoint_into(path, f, model, opt, opt.state(), slice);
+  const std::string what = cat("load_gathered_checkpoint(", path.string(), ")");
+  for (const auto& s : opt.parameter_shards()) {
+    const Tensor& whole = opt.params().at(s.param);
+    const ZeroShard z = shard_held(rank, ranks, whole.numel(), s.tensor.numel(), what);
+    const std::size_t es = dtype_size(whole.dtype());
+    std::memcpy(s.tensor.raw(), static_cast<const char*>(whole.raw()) + std::size_t(z.offset) * es,
+                std::size_t(z.length) * es);
+  }
+  return out;
+}
+}  // namespace detail
+
 // Every rank calls it (no communication: each reads the file). Loads a
 // checkpoint of whole tensors, as save_gathered_checkpoint or one process's
 // io::save_checkpoint writes, into a step compiled at any ZeRO stage over
@@ -78,22 +102,7 @@ inline void save_gathered_checkpoint(const std::filesystem::path& path, const nn
 // step.parameters_changed() on the step, as after io::load_checkpoint.
 inline TrainingState load_gathered_checkpoint(const std::filesystem::path& path, nn::Module& model, Optimizer& opt,
                                               Communicator& comm) {
-  NvmeHomes::registry().bring_back_all();  // tensors a step keeps on NVMe (io/checkpoint.hpp)
-  auto slice = [&](const std::string&, const Tensor& live, const Tensor& file) -> std::optional<std::size_t> {
-    const ZeroShard z = ZeroShard::of(file.numel(), comm.rank(), comm.size());
-    if (!z.every_rank_has_elements() || live.numel() != z.length) return std::nullopt;
-    return std::size_t(z.offset) * dtype_size(file.dtype());
-  };
-  TrainingState out = detail::load_checkpoint_into(path, model, opt, opt.state(), slice);
-  const std::string what = cat("load_gathered_checkpoint(", path.string(), ")");
-  for (const auto& s : opt.parameter_shards()) {
-    const Tensor& whole = opt.params().at(s.param);
-    const ZeroShard z = detail::shard_held(comm, whole.numel(), s.tensor.numel(), what);
-    const std::size_t es = dtype_size(whole.dtype());
-    std::memcpy(s.tensor.raw(), static_cast<const char*>(whole.raw()) + std::size_t(z.offset) * es,
-                std::size_t(z.length) * es);
-  }
-  return out;
+  return detail::load_gathered(path, read_safetensors(path), model, opt, comm.rank(), comm.size());
 }
 
 }  // namespace frugal::io
