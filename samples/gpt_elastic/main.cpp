@@ -29,6 +29,9 @@
 #include <frugal/dist/elastic.hpp>
 #include <frugal/frugal.hpp>
 #include <frugal/io/state_slices.hpp>
+#if defined(FRUGAL_SAMPLES_NCCL)
+#include <frugal/dist/nccl.hpp>
+#endif
 
 #include "../common/cli.hpp"
 #include "../common/json_line.hpp"
@@ -43,7 +46,7 @@ struct Options {
   std::int64_t zero = 0, seed = 1, threads = 1, log_every = 10;
   double lr = 2e-3, failure_timeout = 10;
   std::int64_t join_within = 0;
-  std::string data = "../shared/data/shakespeare", scale, kill;
+  std::string data = "../shared/data/shakespeare", scale, kill, device = "cpu";
   bool fixed = false, json = false;
 };
 
@@ -89,6 +92,7 @@ int main(int argc, char** argv) try {
   cli.option("--zero", o.zero, "ZeRO stage 0-3 (default 0)");
   cli.option("--seed", o.seed, "seed for initialisation and data order (default 1)");
   cli.option("--threads", o.threads, "threads per rank (default 1)");
+  cli.option("--device", o.device, "cpu, or cuda: a GPU per rank, with NCCL over each membership's ranks");
   cli.option("--data", o.data, "directory with input.txt (default ../shared/data/shakespeare; else generated text)");
   cli.option("--scale", o.scale, "STEP:N,...: ask for N ranks from STEP on (rank 0's scheduler)");
   cli.option("--kill", o.kill, "STEP:RANK,...: that rank SIGKILLs itself as that step starts (once), the others mid-step");
@@ -120,8 +124,15 @@ int main(int argc, char** argv) try {
   auto build = [&](const dist::Membership& m) {
     t.step.reset();  // the last membership's step and optimizer go first
     t.opt = std::make_unique<optim::AdamW>(model.parameters(), adamw);
-    CompileOptions c{.threads = int(o.threads), .replan = false};
+    CompileOptions c{.backend = o.device, .threads = int(o.threads), .replan = false};
     c.communicator = m.comm;
+    if (o.device == "cuda") {  // NCCL over this membership's ranks, bootstrapped through its MPI communicator
+#if defined(FRUGAL_SAMPLES_NCCL)
+      c.communicator = dist::Nccl::over(*m.comm, {.timeout_seconds = o.failure_timeout});
+#else
+      fail("--device cuda: this build of the samples has no NCCL (configure where the CUDA toolkit and NCCL are)");
+#endif
+    }
     c.zero_stage = int(o.zero);
     const std::int64_t rows = m.batch.rank_batch;
     t.step.emplace(compile([&](Var x, Var y) { return model.loss(x, y); },

@@ -45,11 +45,6 @@ struct MpiOptions {
   bool recoverable = false;
 };
 
-// A collective did not complete: a rank died, stopped or is stuck. Its
-// communicator cannot be used again.
-struct RankFailure : Error {
-  using Error::Error;
-};
 
 namespace detail {
 

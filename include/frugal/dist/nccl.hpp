@@ -222,15 +222,21 @@ class Nccl final : public Communicator {
       }
       ncclResult_t async = ncclSuccess;
       check(ncclCommGetAsyncError(comm_, &async), collective, what);
-      check(async, collective, what);
+      if (async != ncclSuccess && async != ncclInProgress) {  // a peer's connection lost
+        broken_ = true;
+        throw RankFailure(cat("nccl: ", collective, " (", what, ") at rank ", rank_, " of ", size_, ": ",
+                              ncclGetErrorString(async)));
+      }
       if (polls < 2000) continue;  // most finish within microseconds of the last rank arriving
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_) {
         broken_ = true;
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        fail("nccl: ", collective, " (", what, ", ", bytes, " bytes) did not complete within ", timeout_, " s at rank ",
-             rank_, " of ", size_, ": another rank has died, stopped or is stuck. This rank's NCCL communicator is "
-             "aborted and the job cannot continue (NcclOptions::timeout_seconds sets the limit)");
+        throw RankFailure(cat("nccl: ", collective, " (", what, ", ", bytes, " bytes) did not complete within ",
+                              timeout_, " s at rank ", rank_, " of ", size_, ": another rank has died, stopped or is "
+                              "stuck. This rank's NCCL communicator is aborted: the job cannot continue on it, an "
+                              "elastic job (dist/elastic.hpp) builds another over the survivors (NcclOptions::"
+                              "timeout_seconds sets the limit)"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

@@ -16,6 +16,13 @@
 
 namespace frugal {
 
+// A collective did not complete: a rank died, stopped or is stuck. The
+// communicator it ran on cannot be used again; an elastic job
+// (dist/elastic.hpp) goes on without the lost rank.
+struct RankFailure : Error {
+  using Error::Error;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
