@@ -202,6 +202,9 @@ TEST_CASE("elastic: the scaling policy keeps the global batch while the ranks di
   CHECK(five.lr_scale == Approx(std::sqrt(10.0 / 12.0)).epsilon(1e-15));
   p.lr_rule = dist::ScalingPolicy::LrRule::linear;
   CHECK(p.at(5).lr_scale == Approx(10.0 / 12.0).epsilon(1e-15));
+  p.lr_rule = dist::ScalingPolicy::LrRule::none;
+  CHECK((p.at(5).global_batch == 10 && p.at(5).lr_scale == 1.0));
+  p.lr_rule = dist::ScalingPolicy::LrRule::linear;
   // At most 4 a rank: 2 ranks take 8, not 12.
   p.max_rank_batch = 4;
   auto two = p.at(2);

@@ -46,7 +46,7 @@ struct Options {
   std::int64_t zero = 0, seed = 1, threads = 1, log_every = 10;
   double lr = 2e-3, failure_timeout = 10;
   std::int64_t join_within = 0;
-  std::string data = "../shared/data/shakespeare", scale, kill, device = "cpu";
+  std::string data = "../shared/data/shakespeare", scale, kill, device = "cpu", lr_rule = "sqrt";
   bool fixed = false, json = false;
 };
 
@@ -89,6 +89,8 @@ int main(int argc, char** argv) try {
   cli.option("--d-model", o.d_model, "model width (default 64)");
   cli.option("--heads", o.heads, "attention heads (default 4)");
   cli.option("--lr", o.lr, "learning rate for --global-batch (AdamW after 10 warm-up steps; default 2e-3)");
+  cli.option("--lr-rule", o.lr_rule, "where the ranks cannot keep --global-batch: scale the learning rate by sqrt "
+             "(default), linear, or none");
   cli.option("--zero", o.zero, "ZeRO stage 0-3 (default 0)");
   cli.option("--seed", o.seed, "seed for initialisation and data order (default 1)");
   cli.option("--threads", o.threads, "threads per rank (default 1)");
@@ -105,6 +107,11 @@ int main(int argc, char** argv) try {
   if (o.steps <= 0 || o.global_batch <= 0 || o.context <= 1 || o.d_model % o.heads || o.zero < 0 || o.zero > 3)
     cli.usage_error("--steps, --global-batch positive, --context above 1, --d-model a multiple of --heads, --zero 0-3");
   const auto schedule = pairs(o.scale, cli, "--scale");
+  if (o.lr_rule != "sqrt" && o.lr_rule != "linear" && o.lr_rule != "none") cli.usage_error("--lr-rule is sqrt, linear or none");
+  const dist::ScalingPolicy policy{o.global_batch, o.max_rank_batch,
+                                   o.lr_rule == "sqrt"     ? dist::ScalingPolicy::LrRule::sqrt
+                                   : o.lr_rule == "linear" ? dist::ScalingPolicy::LrRule::linear
+                                                           : dist::ScalingPolicy::LrRule::none};
   const auto kills = pairs(o.kill, cli, "--kill");
 
   const std::filesystem::path file = std::filesystem::path(o.data) / "input.txt";
@@ -176,7 +183,7 @@ int main(int argc, char** argv) try {
   if (o.fixed) {  // plain data parallelism over mpirun's ranks, the same batches
     auto comm = dist::Mpi::world();
     dist::Membership m{comm, comm->rank(), comm->size(), 0,
-                       dist::ScalingPolicy{o.global_batch, o.max_rank_batch}.at(comm->size())};
+                       policy.at(comm->size())};
     build(m);
     for (std::int64_t s = 0; s < o.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -192,7 +199,7 @@ int main(int argc, char** argv) try {
   }
 
   dist::ElasticOptions eo;
-  eo.scaling = {o.global_batch, o.max_rank_batch};
+  eo.scaling = policy;
   eo.failure_timeout_seconds = o.failure_timeout;
   eo.max_steps_to_join = o.join_within;
   eo.target_ranks = [&](std::int64_t s) {
@@ -203,8 +210,8 @@ int main(int argc, char** argv) try {
   auto last = std::chrono::steady_clock::now();
   dist::ElasticHooks hooks;
   hooks.build = build;
-  hooks.save = [&](const dist::Membership& m) {
-    return io::encode_slice(io::capture_slice(model, *t.opt, m.rank, m.ranks, t.opt->steps()));
+  hooks.save = [&](const dist::Membership& m, std::vector<char>& out, std::size_t at) {
+    io::capture_encoded_slice(model, *t.opt, m.rank, m.ranks, t.opt->steps(), {}, out, at);
   };
   hooks.load = [&](const dist::Membership& m, const std::vector<std::vector<char>>& blobs) {
     std::vector<io::StateSlice> slices;
@@ -263,7 +270,9 @@ int main(int argc, char** argv) try {
   if (o.json) {
     samples::JsonLine j;
     j.add("done", o.steps).add("ranks", std::int64_t(m.ranks)).add("samples", job.samples_seen())
-        .add("replica_bytes", std::int64_t(job.replica_bytes())).add("state_agrees", agree);
+        .add("replica_bytes", std::int64_t(job.replica_bytes())).add("replica_ms_per_step", 1e3 * job.replica_seconds_per_step())
+        .add("boundary_ms_per_step", 1e3 * job.boundary_seconds_per_step())
+        .add("state_agrees", agree);
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("trained %lld steps, %lld samples; %d ranks hold %s state\n", static_cast<long long>(o.steps),

@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,13 @@ struct ElasticOptions {
   double failure_timeout_seconds = 30;
   // Joining, handing state over and compiling wait this long for the others.
   double start_timeout_seconds = 600;
+  // Each rank's slice goes to its successor after every step. Overlapped,
+  // the exchange runs while the next step computes and is completed after
+  // it: a lost rank then costs at most the two steps since the newest slice
+  // every rank is sure to have sent. Not overlapped, the exchange is
+  // completed before the next step starts: at most the step in flight is
+  // lost, and each step waits for the exchange.
+  bool overlap_replication = true;
   // New ranks join at the first step boundary after they are ready; after
   // this many steps (if above 0), the others stop and wait for them.
   std::int64_t max_steps_to_join = 0;
@@ -106,8 +114,11 @@ struct ElasticHooks {
   // Compiles the program's step for this membership (with m.comm as its
   // communicator and m.batch.rank_batch rows), replacing the last one.
   std::function<void(const Membership& m)> build;
-  // This rank's slice of the state, after the steps so far.
-  std::function<std::vector<char>(const Membership& m)> save;
+  // Writes this rank's slice of the state, after the steps so far, into
+  // `out` from byte `at` on, sizing `out` to end with it. `out` is the
+  // buffer of an earlier slice, so a hook that overwrites it in place (as
+  // io::capture_encoded_slice does) allocates and clears nothing.
+  std::function<void(const Membership& m, std::vector<char>& out, std::size_t at)> save;
   // Every old rank's slice, in its old rank order, into the step just
   // built; returns a hash of the state loaded (every rank must get the same).
   std::function<std::uint64_t(const Membership& m, const std::vector<std::vector<char>>& slices)> load;
@@ -155,7 +166,9 @@ class ElasticJob {
     }
     while (version_ < steps) {
       try {
+        auto t0 = Clock::now();
         const Control c = boundary();
+        boundary_seconds_.push_back(since(t0));
         if (c.action == kSpawn) spawn(c.count);
         if (c.action == kMerge) {
           grow();
@@ -175,11 +188,17 @@ class ElasticJob {
         const std::int64_t done = version_;
         ++version_;
         samples_ += m_.batch.global_batch;
+        t0 = Clock::now();
         replicate();
+        replica_seconds_.push_back(since(t0));
         if (h_.on_step) h_.on_step(done, mean, m_);
       } catch (const RankFailure& e) {
         recover(e.what());
       }
+    }
+    try {
+      finish_exchange();
+    } catch (const RankFailure&) {  // training is done; the state every rank holds is whole
     }
     if (spawned_ != MPI_COMM_NULL) {  // ranks still starting: they are not needed now
       if (m_.rank == 0) {
@@ -196,6 +215,12 @@ class ElasticJob {
   std::int64_t steps_done() const { return version_; }
   std::int64_t samples_seen() const { return samples_; }
   const std::vector<ElasticEvent>& events() const { return events_; }
+  // The median seconds a step spent on elasticity itself: cutting, sending
+  // and receiving slices (all of it added work), and the boundary's message
+  // from rank 0 (mostly waiting for the slowest rank, which the step's first
+  // collective would wait for otherwise).
+  double replica_seconds_per_step() const { return median(replica_seconds_); }
+  double boundary_seconds_per_step() const { return median(boundary_seconds_); }
   // Host bytes held for recovery: this rank's last two slices and its
   // predecessor's.
   std::size_t replica_bytes() const {
@@ -215,9 +240,18 @@ class ElasticJob {
     std::int64_t version = -1, samples = 0;
     std::vector<char> blob;
   };
-  enum Tag : int { kReady = 7100, kGo, kReplica, kAlive, kView, kDropped };
+  enum Tag : int { kReady = 7100, kGo, kBoundary, kReplica, kAlive, kView, kDropped };
+  // Versions of its own slice and of its predecessor's a rank holds: with
+  // the exchange overlapped, a survivor may be two steps past the newest
+  // version every rank is sure to have sent.
+  static constexpr std::size_t kHeld = 3;
 
   using Clock = std::chrono::steady_clock;
+  static double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  }
   static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
   // Open MPI's mpirun ends the whole job when one process exits early, unless
@@ -246,6 +280,8 @@ class ElasticJob {
     ++m_.epoch;
     own_.clear();
     replica_.clear();
+    exchanging_ = false;
+    pred_bytes_ = 0;
   }
 
   void start() {
@@ -332,10 +368,17 @@ class ElasticJob {
       }
     }
     if (m_.ranks > 1) {
+      // Point to point from rank 0: a few microseconds, where a non-blocking
+      // broadcast took a millisecond to progress (Open MPI 4.1's libnbc).
       std::int64_t msg[2] = {c.action, c.count};
-      MPI_Request r;
-      check(MPI_Ibcast(msg, 2, MPI_INT64_T, 0, ctrl_, &r), "elastic: the step boundary");
-      wait_one(r, o_.failure_timeout_seconds, "elastic: the step boundary");
+      std::vector<MPI_Request> reqs;
+      if (m_.rank == 0) {
+        for (int r = 1; r < m_.ranks; ++r)
+          check(MPI_Isend(msg, 2, MPI_INT64_T, r, kBoundary, ctrl_, &reqs.emplace_back()), "elastic: the step boundary");
+      } else {
+        check(MPI_Irecv(msg, 2, MPI_INT64_T, 0, kBoundary, ctrl_, &reqs.emplace_back()), "elastic: the step boundary");
+      }
+      wait_all(reqs, o_.failure_timeout_seconds, "elastic: the step boundary");
       c = {msg[0], msg[1]};
     }
     return c;
@@ -403,6 +446,7 @@ class ElasticJob {
 
   void grow() {
     const auto t0 = Clock::now();
+    finish_exchange();
     tell_new_ranks(1);
     MPI_Comm merged;
     MPI_Intercomm_merge(spawned_, 0, &merged);
@@ -438,6 +482,7 @@ class ElasticJob {
   // The ranks above `to` hand their state over and leave.
   bool shrink(std::int64_t to) {
     const auto t0 = Clock::now();
+    finish_exchange();
     const int from = m_.ranks;
     const bool leaving = m_.rank >= to;
     std::vector<std::vector<char>> slices(static_cast<std::size_t>(from));
@@ -482,14 +527,8 @@ class ElasticJob {
 
   // -- replicas ---------------------------------------------------------------
 
-  // A held slice as sent: the version and sample count, then the hook's bytes.
-  static std::vector<char> wrap(std::int64_t version, std::int64_t samples, const std::vector<char>& slice) {
-    std::vector<char> out(16 + slice.size());
-    std::memcpy(out.data(), &version, 8);
-    std::memcpy(out.data() + 8, &samples, 8);
-    std::memcpy(out.data() + 16, slice.data(), slice.size());
-    return out;
-  }
+  // A held slice is sent as it is held: the version and the sample count,
+  // then the hook's bytes.
   static std::vector<char> unwrap(const std::vector<char>& blob) {
     if (blob.size() < 16) fail("elastic: a state slice of ", blob.size(), " bytes has no header");
     return std::vector<char>(blob.begin() + 16, blob.end());
@@ -501,49 +540,76 @@ class ElasticJob {
   }
 
   const Held& current_slice() {
-    if (own_.empty() || own_.back().version != version_) keep(own_, {version_, samples_, wrap(version_, samples_, h_.save(m_))});
+    if (own_.empty() || own_.back().version != version_) {
+      Held& h = next_slot(own_);
+      h.version = version_;
+      h.samples = samples_;
+      h.blob.resize(std::max<std::size_t>(h.blob.size(), 16));
+      std::memcpy(h.blob.data(), &version_, 8);
+      std::memcpy(h.blob.data() + 8, &samples_, 8);
+      h_.save(m_, h.blob, 16);
+    }
     return own_.back();
   }
-  static void keep(std::vector<Held>& v, Held h) {
-    v.push_back(std::move(h));
-    if (v.size() > 2) v.erase(v.begin());
+  // The slot for a new slice: a new one until kHeld are held, then the
+  // oldest one's, whose buffer the new slice overwrites.
+  static Held& next_slot(std::vector<Held>& v) {
+    if (v.size() < kHeld) return v.emplace_back();
+    std::rotate(v.begin(), v.begin() + 1, v.end());
+    v.back().version = -1;
+    return v.back();
   }
 
   // This rank's slice after the steps so far, kept, and sent to its
-  // successor; its predecessor's received.
+  // successor; its predecessor's received (after the next step, where
+  // overlapped).
   void replicate() {
+    finish_exchange();
     const Held& mine = current_slice();
     if (m_.ranks == 1) return;
     const int succ = (m_.rank + 1) % m_.ranks, pred = (m_.rank + m_.ranks - 1) % m_.ranks;
-    const std::string what = cat("elastic: the replica exchange after step ", version_);
-    MPI_Request send;
-    check(MPI_Issend(mine.blob.data(), int(mine.blob.size()), MPI_BYTE, succ, kReplica, ctrl_, &send), what);
-    MPI_Message msg;
-    MPI_Status st;
-    const auto t0 = Clock::now();
-    for (long polls = 0;; ++polls) {
-      int found = 0;
-      check(MPI_Improbe(pred, kReplica, ctrl_, &found, &msg, &st), what);
-      if (found) break;
-      if (polls > 2000) {
-        if (since(t0) > o_.failure_timeout_seconds) {
-          ctrl_failed_ = true;
-          throw RankFailure(cat(what, ": nothing from rank ", pred, " within ", o_.failure_timeout_seconds, " s"));
+    exchange_what_ = cat("elastic: the replica exchange after step ", version_);
+    check(MPI_Issend(mine.blob.data(), int(mine.blob.size()), MPI_BYTE, succ, kReplica, ctrl_, &exchange_[0]),
+          exchange_what_);
+    Held& h = next_slot(replica_);
+    if (pred_bytes_ == 0) {  // the first exchange of a membership learns the size of the predecessor's slices
+      MPI_Message msg;
+      MPI_Status st;
+      const auto t0 = Clock::now();
+      for (long polls = 0;; ++polls) {
+        int found = 0;
+        check(MPI_Improbe(pred, kReplica, ctrl_, &found, &msg, &st), exchange_what_);
+        if (found) break;
+        if (polls > 2000) {
+          if (since(t0) > o_.failure_timeout_seconds) {
+            ctrl_failed_ = true;
+            throw RankFailure(cat(exchange_what_, ": nothing from rank ", pred, " within ", o_.failure_timeout_seconds,
+                                  " s"));
+          }
+          usleep(50);
         }
-        usleep(50);
       }
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      pred_bytes_ = std::size_t(count);
+      h.blob.resize(pred_bytes_);
+      check(MPI_Imrecv(h.blob.data(), count, MPI_BYTE, &msg, &exchange_[1]), exchange_what_);
+    } else {
+      h.blob.resize(pred_bytes_);
+      check(MPI_Irecv(h.blob.data(), int(pred_bytes_), MPI_BYTE, pred, kReplica, ctrl_, &exchange_[1]), exchange_what_);
     }
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    Held h;
-    h.blob.resize(std::size_t(count));
-    MPI_Request recv;
-    check(MPI_Imrecv(h.blob.data(), count, MPI_BYTE, &msg, &recv), what);
-    std::vector<MPI_Request> both{send, recv};
-    wait_all(both, o_.failure_timeout_seconds, what);
+    exchanging_ = true;
+    if (!o_.overlap_replication) finish_exchange();
+  }
+  // Completes the exchange in flight: the predecessor's slice is held.
+  void finish_exchange() {
+    if (!exchanging_) return;
+    std::vector<MPI_Request> both{exchange_[0], exchange_[1]};
+    wait_all(both, o_.failure_timeout_seconds, exchange_what_);
+    exchanging_ = false;
+    Held& h = replica_.back();
     h.version = version_of(h.blob);
     std::memcpy(&h.samples, h.blob.data() + 8, 8);
-    keep(replica_, std::move(h));
   }
 
   // -- a rank lost ------------------------------------------------------------
@@ -558,7 +624,8 @@ class ElasticJob {
     std::vector<char> heard(std::size_t(n), 0);
     heard[std::size_t(me)] = 1;
     std::vector<MPI_Request> recvs(std::size_t(n), MPI_REQUEST_NULL), sends;
-    std::vector<int> flags(std::size_t(n), 0);
+    // Outlive the call: a receive from a rank that never sends is cancelled, not completed.
+    std::vector<int>& flags = abandoned_flags_.emplace_back(std::size_t(n), 0);
     static const int one = 1;
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
@@ -651,31 +718,41 @@ class ElasticJob {
     }
     // What each survivor holds: its old rank, its slices' versions, its
     // predecessor's slices' versions.
-    std::int64_t mine[5] = {me_old, -1, -1, -1, -1};
+    constexpr int kRow = 1 + 2 * int(kHeld);  // old rank, own versions, replica versions
+    std::int64_t mine[kRow];
+    std::fill(mine, mine + kRow, -1);
+    mine[0] = me_old;
     for (std::size_t i = 0; i < own_.size(); ++i) mine[1 + i] = own_[i].version;
-    for (std::size_t i = 0; i < replica_.size(); ++i) mine[3 + i] = replica_[i].version;
+    for (std::size_t i = 0; i < replica_.size(); ++i) mine[1 + kHeld + i] = replica_[i].version;
     std::vector<Held> own = own_, replica = replica_;
-    ctrl_failed_ = true;  // the old control communicator has requests that will never complete: abandon it
+    // The old control communicator has requests that may never complete: it
+    // is abandoned, and the buffers they read or write are kept for as long
+    // as the job lives.
+    ctrl_failed_ = true;
+    abandoned_.push_back(std::move(own_));
+    abandoned_.push_back(std::move(replica_));
     set_membership(next);
-    std::vector<std::int64_t> held(static_cast<std::size_t>(5 * m_.ranks));
+    std::vector<std::int64_t> held(static_cast<std::size_t>(kRow * m_.ranks));
     MPI_Request r;
-    check(MPI_Iallgather(mine, 5, MPI_INT64_T, held.data(), 5, MPI_INT64_T, ctrl_, &r), "elastic: recovery");
+    check(MPI_Iallgather(mine, kRow, MPI_INT64_T, held.data(), kRow, MPI_INT64_T, ctrl_, &r), "elastic: recovery");
     wait_one(r, o_.start_timeout_seconds, "elastic: recovery");
     // The newest version at which every old rank's slice exists: its own,
     // or its successor's replica of it.
     std::vector<int> new_rank_of(std::size_t(n_old), -1);
-    for (int k = 0; k < m_.ranks; ++k) new_rank_of[std::size_t(held[std::size_t(5 * k)])] = k;
+    for (int k = 0; k < m_.ranks; ++k) new_rank_of[std::size_t(held[std::size_t(kRow * k)])] = k;
     auto has = [&](int k, int first, std::int64_t v) {
-      return held[std::size_t(5 * k + first)] == v || held[std::size_t(5 * k + first + 1)] == v;
+      for (int i = 0; i < int(kHeld); ++i)
+        if (held[std::size_t(kRow * k + first + i)] == v) return true;
+      return false;
     };
     std::int64_t newest = -1, best = -1;
     for (int k = 0; k < m_.ranks; ++k)
-      for (int i = 1; i <= 2; ++i) newest = std::max(newest, held[std::size_t(5 * k + i)]);
-    for (std::int64_t v = newest; v >= std::max<std::int64_t>(0, newest - 1) && best < 0; --v) {
+      for (int i = 1; i <= int(kHeld); ++i) newest = std::max(newest, held[std::size_t(kRow * k + i)]);
+    for (std::int64_t v = newest; v >= std::max<std::int64_t>(0, newest - 2) && best < 0; --v) {
       bool ok = true;
       for (int o = 0; o < n_old && ok; ++o) {
         const int k = new_rank_of[std::size_t(o)], ks = new_rank_of[std::size_t((o + 1) % n_old)];
-        ok = (k >= 0 && has(k, 1, v)) || (ks >= 0 && has(ks, 3, v));
+        ok = (k >= 0 && has(k, 1, v)) || (ks >= 0 && has(ks, 1 + int(kHeld), v));
       }
       if (ok) best = v;
     }
@@ -712,7 +789,14 @@ class ElasticJob {
   std::vector<Held> own_, replica_;  // the last two of this rank's slices, and of its predecessor's
   std::vector<ElasticEvent> events_;
   std::vector<char> view_sent_;
+  MPI_Request exchange_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // the replica exchange in flight
+  bool exchanging_ = false;
+  std::string exchange_what_;
+  std::size_t pred_bytes_ = 0;  // the predecessor's slices' size in this membership, once known
+  std::vector<std::vector<Held>> abandoned_;     // buffers of requests a failure left in flight
+  std::list<std::vector<int>> abandoned_flags_;  // the roll calls' receive buffers
   double spawn_seconds_ = 0;
+  std::vector<double> replica_seconds_, boundary_seconds_;  // per step
   std::int64_t spawned_at_ = 0;
 };
 

@@ -18,7 +18,7 @@ namespace frugal::dist {
 struct ScalingPolicy {
   std::int64_t global_batch = 0;    // samples per step, kept while the rank count allows
   std::int64_t max_rank_batch = 0;  // most samples one rank's step takes (0: no limit)
-  enum class LrRule { sqrt, linear };
+  enum class LrRule { sqrt, linear, none };  // none: the same learning rate at any global batch
   LrRule lr_rule = LrRule::sqrt;
 
   struct At {
@@ -33,7 +33,7 @@ struct ScalingPolicy {
     const std::int64_t b =
         std::clamp<std::int64_t>(std::llround(double(global_batch) / double(ranks)), 1, most);
     const double ratio = double(b * ranks) / double(global_batch);
-    return {b, b * ranks, lr_rule == LrRule::linear ? ratio : std::sqrt(ratio)};
+    return {b, b * ranks, lr_rule == LrRule::linear ? ratio : lr_rule == LrRule::sqrt ? std::sqrt(ratio) : 1.0};
   }
 };
 

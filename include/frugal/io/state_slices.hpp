@@ -93,12 +93,56 @@ inline std::uint64_t state_layout_hash(const nn::Module& model, const Optimizer&
   return detail::layout_hash(detail::state_entries(model, opt), opt.kind());
 }
 
+namespace detail {
+inline void check_slice_args(int rank, int ranks, const Metadata& metadata) {
+  if (ranks < 1 || rank < 0 || rank >= ranks) fail("capture_slice: rank ", rank, " of ", ranks, " is not a rank");
+  for (const char* key : {"format", "step", "optimizer"})
+    if (metadata.count(key)) fail("capture_slice: metadata key '", key, "' is reserved for the state itself");
+}
+// Copies rank `rank`'s slice of each entry to `at`, which has room for it.
+inline void copy_slice(const std::vector<StateEntry>& entries, int rank, int ranks, char* at) {
+  for (const auto& e : entries) {
+    const std::int64_t whole = e.shape.numel();
+    const ZeroShard z = ZeroShard::of(whole, rank, ranks);
+    const std::size_t es = dtype_size(e.dtype), n = std::size_t(z.length) * es;
+    const char* from = static_cast<const char*>(e.live.raw());
+    if (e.live.numel() == whole) from += std::size_t(z.offset) * es;
+    else shard_held(rank, ranks, whole, e.live.numel(), cat("capture_slice: '", e.name, "'"));
+    if (n) std::memcpy(at, from, n);
+    at += n;
+  }
+}
+inline std::size_t slice_bytes(const std::vector<StateEntry>& entries, int rank, int ranks) {
+  std::size_t n = 0;
+  for (const auto& e : entries) n += std::size_t(ZeroShard::of(e.shape.numel(), rank, ranks).length) * dtype_size(e.dtype);
+  return n;
+}
+// encode_slice's header: everything but the slice's bytes, which follow it.
+inline void put_header(std::vector<char>& out, std::uint64_t layout, std::int64_t step, int rank, int ranks,
+                       const Metadata& metadata, std::size_t bytes) {
+  auto put = [&](const void* p, std::size_t n) {
+    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+  };
+  auto put_u64 = [&](std::uint64_t v) { put(&v, sizeof v); };
+  put("FRGSLICE", 8);
+  put_u64(layout);
+  put_u64(std::uint64_t(step));
+  put_u64(std::uint64_t(rank));
+  put_u64(std::uint64_t(ranks));
+  put_u64(metadata.size());
+  for (auto& [k, v] : metadata) {
+    put_u64(k.size());
+    put(k.data(), k.size());
+    put_u64(v.size());
+    put(v.data(), v.size());
+  }
+  put_u64(bytes);
+}
+}  // namespace detail
+
 // The bytes of rank `rank`'s slice of a state of this layout over `ranks`.
 inline std::size_t state_slice_bytes(const nn::Module& model, const Optimizer& opt, int rank, int ranks) {
-  std::size_t n = 0;
-  for (const auto& e : detail::state_entries(model, opt))
-    n += std::size_t(ZeroShard::of(e.shape.numel(), rank, ranks).length) * dtype_size(e.dtype);
-  return n;
+  return detail::slice_bytes(detail::state_entries(model, opt), rank, ranks);
 }
 
 // Rank `rank` of `ranks` cuts its slice of the state it trains, after
@@ -107,26 +151,27 @@ inline std::size_t state_slice_bytes(const nn::Module& model, const Optimizer& o
 // count is refused, naming the tensor).
 inline StateSlice capture_slice(const nn::Module& model, const Optimizer& opt, int rank, int ranks, std::int64_t step,
                                 const Metadata& metadata = {}) {
-  if (ranks < 1 || rank < 0 || rank >= ranks) fail("capture_slice: rank ", rank, " of ", ranks, " is not a rank");
-  for (const char* key : {"format", "step", "optimizer"})
-    if (metadata.count(key)) fail("capture_slice: metadata key '", key, "' is reserved for the state itself");
+  detail::check_slice_args(rank, ranks, metadata);
   const auto entries = detail::state_entries(model, opt);
   StateSlice out{step, rank, ranks, detail::layout_hash(entries, opt.kind()), metadata, {}};
-  std::size_t total = 0;
-  for (const auto& e : entries) total += std::size_t(ZeroShard::of(e.shape.numel(), rank, ranks).length) * dtype_size(e.dtype);
-  out.bytes.resize(total);
-  char* at = out.bytes.data();
-  for (const auto& e : entries) {
-    const std::int64_t whole = e.shape.numel();
-    const ZeroShard z = ZeroShard::of(whole, rank, ranks);
-    const std::size_t es = dtype_size(e.dtype), n = std::size_t(z.length) * es;
-    const char* from = static_cast<const char*>(e.live.raw());
-    if (e.live.numel() == whole) from += std::size_t(z.offset) * es;
-    else detail::shard_held(rank, ranks, whole, e.live.numel(), cat("capture_slice: '", e.name, "'"));
-    if (n) std::memcpy(at, from, n);
-    at += n;
-  }
+  out.bytes.resize(detail::slice_bytes(entries, rank, ranks));
+  detail::copy_slice(entries, rank, ranks, out.bytes.data());
   return out;
+}
+
+// capture_slice and encode_slice in one copy: the encoded slice is written
+// into `out` from byte `at` on, and `out` sized to end with it. A caller
+// that reuses `out` for every step's slice allocates and clears nothing.
+inline void capture_encoded_slice(const nn::Module& model, const Optimizer& opt, int rank, int ranks, std::int64_t step,
+                                  const Metadata& metadata, std::vector<char>& out, std::size_t at = 0) {
+  detail::check_slice_args(rank, ranks, metadata);
+  const auto entries = detail::state_entries(model, opt);
+  const std::size_t bytes = detail::slice_bytes(entries, rank, ranks);
+  std::vector<char> header;
+  detail::put_header(header, detail::layout_hash(entries, opt.kind()), step, rank, ranks, metadata, bytes);
+  out.resize(at + header.size() + bytes);
+  std::memcpy(out.data() + at, header.data(), header.size());
+  detail::copy_slice(entries, rank, ranks, out.data() + at + header.size());
 }
 
 // The whole state from every rank's slice (slices[r] is rank r's of
@@ -148,8 +193,7 @@ inline SafetensorsFile assemble_slices(const std::vector<StateSlice>& slices, co
     if (s.rank != r || s.ranks != ranks || s.step != slices[0].step || s.metadata != slices[0].metadata)
       fail<DataError>(what, ": slice ", r, " is rank ", s.rank, "'s of ", s.ranks, " at step ", s.step, ", not rank ", r,
                       "'s of ", ranks, " at step ", slices[0].step, " with the others' metadata");
-    std::size_t want = 0;
-    for (const auto& e : entries) want += std::size_t(ZeroShard::of(e.shape.numel(), r, ranks).length) * dtype_size(e.dtype);
+    const std::size_t want = detail::slice_bytes(entries, r, ranks);
     if (s.bytes.size() != want)
       fail<DataError>(what, ": rank ", r, "'s slice holds ", s.bytes.size(), " bytes where its share of the state is ", want);
     cursor.push_back(s.bytes.data());
@@ -194,24 +238,8 @@ inline TrainingState load_whole_state(const SafetensorsFile& whole, nn::Module& 
 // A slice as bytes to send, and back; decoding checks every length.
 inline std::vector<char> encode_slice(const StateSlice& s) {
   std::vector<char> out;
-  auto put = [&](const void* p, std::size_t n) {
-    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
-  };
-  auto put_u64 = [&](std::uint64_t v) { put(&v, sizeof v); };
-  put("FRGSLICE", 8);
-  put_u64(s.layout);
-  put_u64(std::uint64_t(s.step));
-  put_u64(std::uint64_t(s.rank));
-  put_u64(std::uint64_t(s.ranks));
-  put_u64(s.metadata.size());
-  for (auto& [k, v] : s.metadata) {
-    put_u64(k.size());
-    put(k.data(), k.size());
-    put_u64(v.size());
-    put(v.data(), v.size());
-  }
-  put_u64(s.bytes.size());
-  put(s.bytes.data(), s.bytes.size());
+  detail::put_header(out, s.layout, s.step, s.rank, s.ranks, s.metadata, s.bytes.size());
+  out.insert(out.end(), s.bytes.begin(), s.bytes.end());
   return out;
 }
 
