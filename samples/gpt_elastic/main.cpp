@@ -46,8 +46,9 @@ struct Options {
   std::int64_t zero = 0, seed = 1, threads = 1, log_every = 10;
   double lr = 2e-3, failure_timeout = 10;
   std::int64_t join_within = 0;
-  std::string data = "../shared/data/shakespeare", scale, kill, device = "cpu", lr_rule = "sqrt";
-  bool fixed = false, json = false;
+  std::string data = "../shared/data/shakespeare", scale, kill, device = "cpu", lr_rule = "sqrt", checkpoint;
+  std::int64_t save_every = 0;
+  bool fixed = false, json = false, sync_replicas = false;
 };
 
 // "20:4,40:2" -> {(20, 4), (40, 2)}
@@ -100,8 +101,13 @@ int main(int argc, char** argv) try {
   cli.option("--kill", o.kill, "STEP:RANK,...: that rank SIGKILLs itself as that step starts (once), the others mid-step");
   cli.option("--failure-timeout", o.failure_timeout, "seconds a collective waits before a rank counts as dead (default 10)");
   cli.option("--join-within", o.join_within, "steps after which the ranks wait for new ranks to start (default: never)");
+  cli.option("--checkpoint", o.checkpoint, "a gathered checkpoint saved every --save-every steps, which the job goes "
+             "on from where ranks are lost with the replicas of their state");
+  cli.option("--save-every", o.save_every, "steps between checkpoints (default: none)");
   cli.option("--log-every", o.log_every, "steps between progress lines (default 10)");
   cli.flag("--fixed", o.fixed, "train without elasticity over mpirun's ranks (the baseline)");
+  cli.flag("--sync-replicas", o.sync_replicas, "complete each replica exchange before the next step (a lost rank "
+           "costs at most the step in flight, not two)");
   cli.flag("--json", o.json, "one JSON line per step and per change of membership");
   cli.parse(argc, argv);
   if (o.steps <= 0 || o.global_batch <= 0 || o.context <= 1 || o.d_model % o.heads || o.zero < 0 || o.zero > 3)
@@ -202,12 +208,14 @@ int main(int argc, char** argv) try {
   eo.scaling = policy;
   eo.failure_timeout_seconds = o.failure_timeout;
   eo.max_steps_to_join = o.join_within;
+  eo.overlap_replication = !o.sync_replicas;
   eo.target_ranks = [&](std::int64_t s) {
     for (auto& [at, n] : schedule)
       if (at == s) return int(n);
     return 0;
   };
   auto last = std::chrono::steady_clock::now();
+  const dist::ElasticJob* job = nullptr;  // the job the hooks serve
   dist::ElasticHooks hooks;
   hooks.build = build;
   hooks.save = [&](const dist::Membership& m, std::vector<char>& out, std::size_t at) {
@@ -225,18 +233,29 @@ int main(int argc, char** argv) try {
   hooks.run = [&](const dist::Membership& m, std::int64_t s, std::int64_t first) {
     return run(m.rank, s, first, m.batch.lr_scale);
   };
+  hooks.restore = [&](const dist::Membership& m) -> std::optional<dist::Restored> {
+    if (o.checkpoint.empty() || !std::filesystem::exists(o.checkpoint)) return std::nullopt;
+    const io::TrainingState st = io::load_gathered_checkpoint(o.checkpoint, model, *t.opt, *m.comm);
+    t.step->set_steps_run(st.step);
+    t.step->parameters_changed();
+    return dist::Restored{st.step, std::stoll(st.metadata.at("samples")), io::state_hash(io::read_safetensors(o.checkpoint))};
+  };
   hooks.on_step = [&](std::int64_t s, double loss, const dist::Membership& m) {
+    if (!o.checkpoint.empty() && o.save_every > 0 && (s + 1) % o.save_every == 0)
+      io::save_gathered_checkpoint(o.checkpoint, model, *t.opt, s + 1, *m.comm,
+                                   {{"samples", std::to_string(job->samples_seen())}});
     const auto now = std::chrono::steady_clock::now();
     const double ms = std::chrono::duration<double, std::milli>(now - last).count();
     last = now;
     if (m.rank == 0) report(s, loss, m.ranks, ms);
   };
-  dist::ElasticJob job(eo, hooks);
-  if (!job.train(o.steps)) return 0;  // released: the others train on
+  dist::ElasticJob elastic(eo, hooks);
+  job = &elastic;
+  if (!elastic.train(o.steps)) return 0;  // released: the others train on
 
   // What every rank holds of the state it shares with the others must be
   // the same bits: all of it at stage 0, the parameters at stages 1-3.
-  const dist::Membership& m = job.membership();
+  const dist::Membership& m = elastic.membership();
   io::SafetensorsFile held;
   held.metadata["step"] = std::to_string(t.opt->steps());
   if (o.zero == 0) {
@@ -253,7 +272,7 @@ int main(int argc, char** argv) try {
   m.comm->all_gather(&mine, hashes.data(), 1, DType::i64, "gpt_elastic: each rank's state");
   const bool agree = std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == mine; });
   if (m.rank != 0) return agree ? 0 : 1;
-  for (const auto& e : job.events()) {
+  for (const auto& e : elastic.events()) {
     const char* kind = e.kind == dist::ElasticEvent::Kind::grow ? "grow" : e.kind == dist::ElasticEvent::Kind::shrink ? "shrink" : "failure";
     if (o.json) {
       samples::JsonLine j;
@@ -269,14 +288,14 @@ int main(int argc, char** argv) try {
   }
   if (o.json) {
     samples::JsonLine j;
-    j.add("done", o.steps).add("ranks", std::int64_t(m.ranks)).add("samples", job.samples_seen())
-        .add("replica_bytes", std::int64_t(job.replica_bytes())).add("replica_ms_per_step", 1e3 * job.replica_seconds_per_step())
-        .add("boundary_ms_per_step", 1e3 * job.boundary_seconds_per_step())
+    j.add("done", o.steps).add("ranks", std::int64_t(m.ranks)).add("samples", elastic.samples_seen())
+        .add("replica_bytes", std::int64_t(elastic.replica_bytes())).add("replica_ms_per_step", 1e3 * elastic.replica_seconds_per_step())
+        .add("boundary_ms_per_step", 1e3 * elastic.boundary_seconds_per_step())
         .add("state_agrees", agree);
     std::printf("%s\n", j.str().c_str());
   } else {
     std::printf("trained %lld steps, %lld samples; %d ranks hold %s state\n", static_cast<long long>(o.steps),
-                static_cast<long long>(job.samples_seen()), m.ranks, agree ? "the same" : "DIFFERENT");
+                static_cast<long long>(elastic.samples_seen()), m.ranks, agree ? "the same" : "DIFFERENT");
   }
   return agree ? 0 : 1;
 } catch (const frugal::Error& e) {

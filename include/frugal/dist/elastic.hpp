@@ -1,6 +1,6 @@
 #pragma once
 // Elastic data parallelism over MPI: ranks join and leave a running job,
-// and a rank that dies costs the job the step it was in, not the run.
+// and a rank that dies costs the job a step or two, not the run.
 //
 // Membership is MPI's own, no other transport:
 //   - growing: the ranks call MPI_Comm_spawn for the new ones, keep
@@ -12,31 +12,34 @@
 //   - a dead rank: a collective that does not complete within
 //     ElasticOptions::failure_timeout_seconds throws RankFailure; the
 //     survivors find each other with a roll call (point-to-point messages,
-//     each waited at most that long), agree on who is left, and form their
-//     communicator with MPI_Comm_create_group, which only the survivors
-//     enter. Under Open MPI this needs mpirun --mca orte_enable_recovery 1,
-//     without which mpirun ends every rank when one dies
-//     (scripts/frugal-elastic-run starts a job so).
+//     waited ElasticOptions::roll_call_seconds), agree on who is left, and
+//     form their communicator with MPI_Comm_create_group, which only the
+//     survivors enter. Under Open MPI this needs mpirun --mca
+//     orte_enable_recovery 1, without which mpirun ends every rank when one
+//     exits (scripts/frugal-elastic-run starts a job so).
 //
 // State moves without files. After every step each rank cuts its slice of
 // the state (ElasticHooks::save: a ZeRO shard where the state is sharded,
 // an equal part of its copy where not; io/state_slices.hpp) and sends it
-// to its successor in the ring, which keeps the last two it received.
+// to its successor in the ring, which keeps the last three it received.
 // Every change of membership then gives each rank of the new membership
 // every old rank's slice, sent by the rank that holds it, and the new
 // membership compiles its step (ElasticHooks::build) and loads them
 // (ElasticHooks::load), at whatever rank count and ZeRO stage it now has.
+// Replicas live in host memory, outside the device budget.
 //
-// Why two versions are enough: a rank starts step v+1 only after its
-// exchange for version v completed both ways (the send is synchronous, so
-// its successor holds the slice), and no collective of step v+1 completes
-// anywhere until every rank has started it. So when a rank dies, every
-// survivor holds version V or V-1 of its own slice, where V is the newest
-// any survivor reached, and the dead rank's slice of V-1 is on its
-// successor: the job goes on from the newest version all slices exist at,
-// V or V-1, with the samples of the steps after it drawn again. Where a
-// dead rank's successor died too, no replica exists: train() throws, and
-// the job restarts from its last checkpoint.
+// How many steps a lost rank costs: a rank completes the exchange of the
+// slice it cut after step v before it starts step v+2 (overlapped, the
+// default: the exchange runs while step v+1 computes) or step v+1
+// (ElasticOptions::overlap_replication off), the send is synchronous, and
+// no collective of a step completes anywhere until every rank has started
+// it. So when a rank dies, its slice of the newest version V any survivor
+// reached, less two (less one, not overlapped), is on its successor, and
+// every survivor holds its own slices of the last three versions: the job
+// goes on from the newest version every slice exists at, with the samples
+// of the steps after it drawn again. Where a dead rank's successor died
+// too, no replica exists: train() throws, and the job restarts from its
+// last checkpoint.
 //
 // Hybrid scaling (ScalingPolicy, scaling_policy.hpp): the global batch
 // is kept while the rank count divides it, else the learning rate is
@@ -54,6 +57,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,7 +87,7 @@ struct ElasticEvent {
   std::int64_t steps_while_starting = 0;
   std::int64_t steps_lost = 0;  // failure: steps some survivor had finished beyond `step`
   std::uint64_t state_hash = 0;  // what ElasticHooks::load returned, the same on every rank
-  std::string source;  // where the state came from: "live", or "replicas" after a failure
+  std::string source;  // where the state came from: "live" ranks, "replicas" after a failure, or a "checkpoint"
 };
 
 struct ElasticOptions {
@@ -91,6 +95,11 @@ struct ElasticOptions {
   // A collective, a replica exchange or a roll call waits this long for a
   // rank before the job counts it dead.
   double failure_timeout_seconds = 30;
+  // After a failure, the survivors wait this long for each other's roll call.
+  // It must exceed the spread of the times at which they detect the failure
+  // (the imbalance of their steps); where it does not, they hear different
+  // sets of ranks, and train() throws rather than guess.
+  double roll_call_seconds = 2;
   // Joining, handing state over and compiling wait this long for the others.
   double start_timeout_seconds = 600;
   // Each rank's slice goes to its successor after every step. Overlapped,
@@ -110,6 +119,13 @@ struct ElasticOptions {
   std::vector<std::string> command;
 };
 
+// A checkpoint ElasticHooks::restore loaded: after `step` steps and
+// `samples` samples, and a hash of what it loaded (the same on every rank).
+struct Restored {
+  std::int64_t step = 0, samples = 0;
+  std::uint64_t hash = 0;
+};
+
 struct ElasticHooks {
   // Compiles the program's step for this membership (with m.comm as its
   // communicator and m.batch.rank_batch rows), replacing the last one.
@@ -126,8 +142,13 @@ struct ElasticHooks {
   // first_sample + m.batch.rank_batch) of the job's sample stream. Returns
   // the rank's loss.
   std::function<double(const Membership& m, std::int64_t step, std::int64_t first_sample)> run;
+  // Optional: where ranks were lost with the replicas of their state, loads
+  // the program's last checkpoint into the step just built (every survivor
+  // calls it), or returns nothing when there is none.
+  std::function<std::optional<Restored>(const Membership& m)> restore;
   // After step `step`, with the ranks' mean loss (every rank calls it; a
-  // step redone after a failure is reported again).
+  // step redone after a failure is reported again). A checkpoint saved here
+  // is what restore can go on from.
   std::function<void(std::int64_t step, double mean_loss, const Membership& m)> on_step;
 };
 
@@ -140,7 +161,7 @@ class ElasticJob {
   ElasticJob(ElasticOptions o, ElasticHooks h) : o_(std::move(o)), h_(std::move(h)) {
     if (!h_.build || !h_.save || !h_.load || !h_.run)
       fail("ElasticJob: the hooks build, save, load and run are all needed");
-    if (!(o_.failure_timeout_seconds > 0) || !(o_.start_timeout_seconds > 0))
+    if (!(o_.failure_timeout_seconds > 0) || !(o_.start_timeout_seconds > 0) || !(o_.roll_call_seconds > 0))
       fail("ElasticJob: the timeouts must be positive");
     o_.scaling.at(1);  // checks the policy
     init_mpi();
@@ -506,10 +527,15 @@ class ElasticJob {
                       Clock::time_point t0, std::int64_t lost, const std::string& source) {
     std::vector<std::vector<char>> slices;
     for (const auto& b : blobs) slices.push_back(unwrap(b));
+    finish_regroup(kind, from, [&] { return h_.load(m_, slices); }, t0, lost, source);
+  }
+  // The new membership compiles its step and loads the state `load` gives it.
+  void finish_regroup(ElasticEvent::Kind kind, int from, const std::function<std::uint64_t()>& load,
+                      Clock::time_point t0, std::int64_t lost, const std::string& source) {
     const auto tb = Clock::now();
     h_.build(m_);
     const double build = since(tb);
-    const std::uint64_t hash = h_.load(m_, slices);
+    const std::uint64_t hash = load();
     // Every rank loaded the same state, or the job stops here.
     std::vector<std::uint64_t> hashes(static_cast<std::size_t>(m_.ranks));
     m_.comm->all_gather(&hash, hashes.data(), 1, DType::i64, "elastic: the state each rank loaded");
@@ -620,7 +646,7 @@ class ElasticJob {
   // not dead) learns it from their notice and ends.
   std::vector<int> roll_call() {
     const int n = m_.ranks, me = m_.rank;
-    const double window = o_.failure_timeout_seconds;
+    const double window = o_.roll_call_seconds;
     std::vector<char> heard(std::size_t(n), 0);
     heard[std::size_t(me)] = 1;
     std::vector<MPI_Request> recvs(std::size_t(n), MPI_REQUEST_NULL), sends;
@@ -756,9 +782,24 @@ class ElasticJob {
       }
       if (ok) best = v;
     }
-    if (best < 0)
-      fail("elastic: ", n_old - m_.ranks, " of ", n_old, " ranks were lost (", why, "), and a lost rank's successor "
-           "was lost too, so no replica of its state exists; restart the job from its last checkpoint");
+    if (best < 0) {  // a lost rank's successor was lost too: its slice exists nowhere
+      const std::string lost_all = cat("elastic: ", n_old - m_.ranks, " of ", n_old, " ranks were lost (", why,
+                                       "), and a lost rank's successor with them, so no replica of its state exists");
+      if (!h_.restore) fail(lost_all, "; restart the job from its last checkpoint (or give ElasticHooks::restore)");
+      std::optional<Restored> r;
+      finish_regroup(
+          ElasticEvent::Kind::failure, n_old,
+          [&] {
+            r = h_.restore(m_);
+            if (!r) fail(lost_all, ", and ElasticHooks::restore found no checkpoint to go on from");
+            version_ = r->step;
+            samples_ = r->samples;
+            return r->hash;
+          },
+          t0, 0, "checkpoint");
+      events_.back().steps_lost = newest - version_;
+      return;
+    }
     std::vector<std::vector<char>> slices(static_cast<std::size_t>(n_old));
     std::int64_t samples = 0;  // after `best` steps: every slice of it says
     for (int o = 0; o < n_old; ++o) {
