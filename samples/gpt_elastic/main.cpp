@@ -48,7 +48,7 @@ struct Options {
   std::int64_t join_within = 0;
   std::string data = "../shared/data/shakespeare", scale, kill, device = "cpu", lr_rule = "sqrt", checkpoint;
   std::int64_t save_every = 0;
-  bool fixed = false, json = false, sync_replicas = false;
+  bool fixed = false, json = false, sync_replicas = false, no_process_watch = false;
 };
 
 // "20:4,40:2" -> {(20, 4), (40, 2)}
@@ -108,6 +108,8 @@ int main(int argc, char** argv) try {
   cli.flag("--fixed", o.fixed, "train without elasticity over mpirun's ranks (the baseline)");
   cli.flag("--sync-replicas", o.sync_replicas, "complete each replica exchange before the next step (a lost rank "
            "costs at most the step in flight, not two)");
+  cli.flag("--no-process-watch", o.no_process_watch, "find a dead rank by --failure-timeout only, as on other "
+           "machines, not by its process exiting on this one");
   cli.flag("--json", o.json, "one JSON line per step and per change of membership");
   cli.parse(argc, argv);
   if (o.steps <= 0 || o.global_batch <= 0 || o.context <= 1 || o.d_model % o.heads || o.zero < 0 || o.zero > 3)
@@ -209,6 +211,7 @@ int main(int argc, char** argv) try {
   eo.failure_timeout_seconds = o.failure_timeout;
   eo.max_steps_to_join = o.join_within;
   eo.overlap_replication = !o.sync_replicas;
+  eo.watch_processes = !o.no_process_watch;
   eo.target_ranks = [&](std::int64_t s) {
     for (auto& [at, n] : schedule)
       if (at == s) return int(n);
@@ -279,6 +282,7 @@ int main(int argc, char** argv) try {
       j.add("event", kind).add("step", e.step).add("from", std::int64_t(e.from)).add("to", std::int64_t(e.to))
           .add("seconds", e.seconds).add("build_seconds", e.build_seconds).add("spawn_seconds", e.spawn_seconds)
           .add("steps_while_starting", e.steps_while_starting).add("steps_lost", e.steps_lost)
+          .add("detect_seconds", e.detect_seconds)
           .add("state_hash", std::to_string(e.state_hash)).add("source", e.source);
       std::printf("%s\n", j.str().c_str());
     } else {

@@ -47,8 +47,10 @@
 // positions to data (data::EpochStream) sees each sample of an epoch once
 // whatever the rank counts were.
 #include <mpi.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -86,6 +88,7 @@ struct ElasticEvent {
   double spawn_seconds = 0;
   std::int64_t steps_while_starting = 0;
   std::int64_t steps_lost = 0;  // failure: steps some survivor had finished beyond `step`
+  double detect_seconds = 0;    // failure: from this rank's last finished step to its recovery's start
   std::uint64_t state_hash = 0;  // what ElasticHooks::load returned, the same on every rank
   std::string source;  // where the state came from: "live" ranks, "replicas" after a failure, or a "checkpoint"
 };
@@ -109,6 +112,10 @@ struct ElasticOptions {
   // completed before the next step starts: at most the step in flight is
   // lost, and each step waits for the exchange.
   bool overlap_replication = true;
+  // A rank whose process has exited on this machine is dead at once,
+  // without waiting out failure_timeout_seconds (ranks on other machines
+  // are waited for).
+  bool watch_processes = true;
   // New ranks join at the first step boundary after they are ready; after
   // this many steps (if above 0), the others stop and wait for them.
   std::int64_t max_steps_to_join = 0;
@@ -212,6 +219,7 @@ class ElasticJob {
         t0 = Clock::now();
         replicate();
         replica_seconds_.push_back(since(t0));
+        last_step_end_ = Clock::now();
         if (h_.on_step) h_.on_step(done, mean, m_);
       } catch (const RankFailure& e) {
         recover(e.what());
@@ -242,12 +250,12 @@ class ElasticJob {
   // collective would wait for otherwise).
   double replica_seconds_per_step() const { return median(replica_seconds_); }
   double boundary_seconds_per_step() const { return median(boundary_seconds_); }
-  // Host bytes held for recovery: this rank's last two slices and its
+  // Host bytes held for recovery: this rank's last three slices and its
   // predecessor's.
   std::size_t replica_bytes() const {
     std::size_t n = 0;
-    for (const auto& v : {own_, replica_})
-      for (const auto& h : v) n += h.blob.size();
+    for (const std::vector<Held>* v : {&own_, &replica_})
+      for (const auto& h : *v) n += h.blob.size();
     return n;
   }
 
@@ -286,7 +294,59 @@ class ElasticJob {
            "scripts/frugal-elastic-run), or mpirun ends every rank when one leaves or dies");
   }
 
-  MpiOptions comm_options() const { return {.timeout_seconds = o_.failure_timeout_seconds, .recoverable = true}; }
+  MpiOptions comm_options() {
+    return {.timeout_seconds = o_.failure_timeout_seconds, .recoverable = true,
+            .peers_alive = [this] { return !any_peer_gone(); }};
+  }
+
+  // -- ranks on this machine --------------------------------------------------
+  // A rank whose process is gone is dead at once: a collective waiting for
+  // it fails within 0.1 s, and the roll call does not wait for it. Only
+  // ranks in this process's PID namespace on this boot of this machine are
+  // checked; others are waited for (failure_timeout_seconds).
+
+  static std::string machine_and_pid_namespace() {
+    std::string id;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::getline(boot, id);
+    char ns[256] = {0};
+    const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    if (id.empty() || n <= 0) return "";  // unknown: check no one
+    return id + ":" + std::string(ns, std::size_t(n));
+  }
+  static bool process_gone(long pid) {
+    if (kill(pid_t(pid), 0) != 0) return errno == ESRCH;
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");  // a zombie not yet reaped is gone too
+    std::string stat;
+    std::getline(f, stat);
+    const std::size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+  }
+  bool peer_gone(int r) const {
+    return o_.watch_processes && r >= 0 && std::size_t(r) < peer_pid_.size() && peer_pid_[std::size_t(r)] > 0 &&
+           process_gone(peer_pid_[std::size_t(r)]);
+  }
+  bool any_peer_gone() const {
+    if (!o_.watch_processes) return false;
+    for (int r = 0; r < int(peer_pid_.size()); ++r)
+      if (peer_gone(r)) return true;
+    return false;
+  }
+  // Every rank's process id where it shares this one's machine and PID namespace.
+  void learn_peers() {
+    const std::string me = machine_and_pid_namespace();
+    const std::uint64_t key = me.empty() ? 0 : std::hash<std::string>{}(me);
+    std::int64_t mine[2] = {std::int64_t(key), std::int64_t(getpid())};
+    std::vector<std::int64_t> all(static_cast<std::size_t>(2 * m_.ranks));
+    MPI_Request r;
+    check(MPI_Iallgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, ctrl_, &r), "elastic: the ranks' processes");
+    peer_pid_.assign(std::size_t(m_.ranks), 0);  // empty while learning: no one is checked
+    std::vector<long> pids(std::size_t(m_.ranks), 0);
+    wait_one(r, o_.start_timeout_seconds, "elastic: the ranks' processes");
+    for (int k = 0; k < m_.ranks; ++k)
+      if (k != m_.rank && key != 0 && all[std::size_t(2 * k)] == std::int64_t(key)) pids[std::size_t(k)] = long(all[std::size_t(2 * k + 1)]);
+    peer_pid_ = std::move(pids);
+  }
 
   // `comm` is this membership's MPI communicator (the job owns it).
   void set_membership(MPI_Comm comm) {
@@ -303,6 +363,7 @@ class ElasticJob {
     replica_.clear();
     exchanging_ = false;
     pred_bytes_ = 0;
+    learn_peers();
   }
 
   void start() {
@@ -330,10 +391,11 @@ class ElasticJob {
       check(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), what);
       if (done) return;
       if (polls > 2000) {
-        if (since(t0) > seconds) {
+        if (since(t0) > seconds || ((polls & 1023) == 0 && any_peer_gone())) {
           ctrl_failed_ = true;
-          throw RankFailure(cat("elastic: ", what, " did not complete within ", seconds, " s at rank ", m_.rank, " of ",
-                                m_.ranks));
+          throw RankFailure(cat("elastic: ", what, since(t0) > seconds ? cat(" did not complete within ", seconds, " s")
+                                                                       : std::string(": a rank's process has exited"),
+                                " at rank ", m_.rank, " of ", m_.ranks));
         }
         usleep(50);
       }
@@ -543,7 +605,7 @@ class ElasticJob {
       if (x != hash) fail("elastic: the ranks loaded different states after a change of membership (a bug in frugal)");
     replicate();
     if (wanted_ == 0 || kind == ElasticEvent::Kind::failure) wanted_ = m_.ranks;
-    ElasticEvent e{kind, version_, from, m_.ranks, since(t0), build, 0, 0, lost, hash, source};
+    ElasticEvent e{kind, version_, from, m_.ranks, since(t0), build, 0, 0, lost, 0, hash, source};
     if (kind == ElasticEvent::Kind::grow && from > 0) {
       e.spawn_seconds = spawn_seconds_;
       e.steps_while_starting = version_ - spawned_at_;
@@ -607,10 +669,10 @@ class ElasticJob {
         check(MPI_Improbe(pred, kReplica, ctrl_, &found, &msg, &st), exchange_what_);
         if (found) break;
         if (polls > 2000) {
-          if (since(t0) > o_.failure_timeout_seconds) {
+          if (since(t0) > o_.failure_timeout_seconds || ((polls & 1023) == 0 && peer_gone(pred))) {
             ctrl_failed_ = true;
             throw RankFailure(cat(exchange_what_, ": nothing from rank ", pred, " within ", o_.failure_timeout_seconds,
-                                  " s"));
+                                  " s, or its process exited"));
           }
           usleep(50);
         }
@@ -674,7 +736,7 @@ class ElasticJob {
         int done = 0;
         MPI_Test(&recvs[std::size_t(r)], &done, MPI_STATUS_IGNORE);
         heard[std::size_t(r)] = char(done);
-        all = all && done;
+        all = all && (done || peer_gone(r));  // no wait for a rank whose process has exited
       }
       dropped();
       if (all) break;
@@ -721,6 +783,7 @@ class ElasticJob {
 
   void recover(const std::string& why) {
     const auto t0 = Clock::now();
+    const double detect = std::chrono::duration<double>(t0 - last_step_end_).count();
     const int n_old = m_.ranks, me_old = m_.rank;
     if (spawned_ != MPI_COMM_NULL) fail("elastic: a rank was lost while new ranks were starting (", why,
                                         "); restart the job from its last checkpoint");
@@ -798,6 +861,7 @@ class ElasticJob {
           },
           t0, 0, "checkpoint");
       events_.back().steps_lost = newest - version_;
+      events_.back().detect_seconds = detect;
       return;
     }
     std::vector<std::vector<char>> slices(static_cast<std::size_t>(n_old));
@@ -816,6 +880,7 @@ class ElasticJob {
     version_ = best;
     samples_ = samples;
     finish_regroup(ElasticEvent::Kind::failure, n_old, slices, t0, lost, "replicas");
+    events_.back().detect_seconds = detect;
   }
 
   ElasticOptions o_;
@@ -834,6 +899,8 @@ class ElasticJob {
   bool exchanging_ = false;
   std::string exchange_what_;
   std::size_t pred_bytes_ = 0;  // the predecessor's slices' size in this membership, once known
+  Clock::time_point last_step_end_ = Clock::now();
+  std::vector<long> peer_pid_;  // each rank's process id where this process can check it, else 0
   std::vector<std::vector<Held>> abandoned_;     // buffers of requests a failure left in flight
   std::list<std::vector<int>> abandoned_flags_;  // the roll calls' receive buffers
   double spawn_seconds_ = 0;

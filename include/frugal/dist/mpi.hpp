@@ -17,7 +17,9 @@
 // error naming it, the rank and the step (a rank that died or was stopped).
 // The job cannot go on after that (the other ranks are still inside the
 // collective), so at exit a process that saw one calls MPI_Abort, which ends
-// every rank, instead of MPI_Finalize, which would wait for them.
+// every rank, instead of MPI_Finalize, which would wait for them; unless
+// the communicator is recoverable (MpiOptions::recoverable), when the error
+// is a RankFailure an elastic job (dist/elastic.hpp) recovers from.
 #include <mpi.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include <climits>
 #include <cstring>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,6 +46,10 @@ struct MpiOptions {
   // elastic job, dist/elastic.hpp, does). Otherwise the process ends the
   // job with MPI_Abort at exit.
   bool recoverable = false;
+  // Polled about every 0.1 s while a collective waits, where given: false
+  // says a rank's process is gone (an elastic job checks the ranks on this
+  // machine), and the collective fails at once instead of at the timeout.
+  std::function<bool()> peers_alive;
 };
 
 
@@ -202,7 +209,8 @@ class Mpi final : public Communicator {
   }
 
  private:
-  Mpi(MPI_Comm comm, MpiOptions o) : timeout_(o.timeout_seconds), recoverable_(o.recoverable) {
+  Mpi(MPI_Comm comm, MpiOptions o)
+      : timeout_(o.timeout_seconds), recoverable_(o.recoverable), peers_alive_(std::move(o.peers_alive)) {
     if (!(o.timeout_seconds > 0)) fail("mpi: MpiOptions::timeout_seconds must be > 0, got ", o.timeout_seconds);
     detail::MpiSession::get();
     MPI_Comm_dup(comm, &comm_);
@@ -252,6 +260,12 @@ class Mpi final : public Communicator {
       // last rank arriving), then sleep between polls so a waiting rank
       // leaves the cores to the ranks still computing.
       if (polls < 2000) continue;
+      if (peers_alive_ && (polls & 1023) == 0 && !peers_alive_()) {
+        const std::string why = cat("mpi: ", collective, " (", what, ", ", bytes, " bytes) at rank ", rank_, " of ",
+                                    size_, ": the process of another rank on this machine has exited");
+        lost(why);
+        fail(why, ". The job cannot continue; this process ends it with MPI_Abort at exit");
+      }
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_) {
         lost(cat("mpi: ", collective, " (", what, ", ", bytes, " bytes) did not complete within ", timeout_,
                  " s at rank ", rank_, " of ", size_, ": another rank has died, stopped or is stuck"));
@@ -279,6 +293,7 @@ class Mpi final : public Communicator {
   int rank_ = 0, size_ = 1, local_size_ = 1;
   double timeout_;
   bool recoverable_ = false;
+  std::function<bool()> peers_alive_;
   std::atomic<bool> failed_{false};
   std::vector<std::pair<std::size_t, MPI_Datatype>> types_;
 };
