@@ -90,7 +90,8 @@ int main(int argc, char** argv) try {
   cli.option("--d-model", o.d_model, "model width (default 64)");
   cli.option("--heads", o.heads, "attention heads (default 4)");
   cli.option("--lr", o.lr, "learning rate for --global-batch (AdamW after 10 warm-up steps; default 2e-3)");
-  cli.option("--lr-rule", o.lr_rule, "where the ranks cannot keep --global-batch: scale the learning rate by sqrt "
+  cli.option("--lr-rule", o.lr_rule,
+             "where the ranks cannot keep --global-batch: scale the learning rate by sqrt "
              "(default), linear, or none");
   cli.option("--zero", o.zero, "ZeRO stage 0-3 (default 0)");
   cli.option("--seed", o.seed, "seed for initialisation and data order (default 1)");
@@ -98,24 +99,31 @@ int main(int argc, char** argv) try {
   cli.option("--device", o.device, "cpu, or cuda: a GPU per rank, with NCCL over each membership's ranks");
   cli.option("--data", o.data, "directory with input.txt (default ../shared/data/shakespeare; else generated text)");
   cli.option("--scale", o.scale, "STEP:N,...: ask for N ranks from STEP on (rank 0's scheduler)");
-  cli.option("--kill", o.kill, "STEP:RANK,...: that rank SIGKILLs itself as that step starts (once), the others mid-step");
-  cli.option("--failure-timeout", o.failure_timeout, "seconds a collective waits before a rank counts as dead (default 10)");
-  cli.option("--join-within", o.join_within, "steps after which the ranks wait for new ranks to start (default: never)");
-  cli.option("--checkpoint", o.checkpoint, "a gathered checkpoint saved every --save-every steps, which the job goes "
+  cli.option("--kill", o.kill,
+             "STEP:RANK,...: that rank SIGKILLs itself as that step starts (once), the others mid-step");
+  cli.option("--failure-timeout", o.failure_timeout,
+             "seconds a collective waits before a rank counts as dead (default 10)");
+  cli.option("--join-within", o.join_within,
+             "steps after which the ranks wait for new ranks to start (default: never)");
+  cli.option("--checkpoint", o.checkpoint,
+             "a gathered checkpoint saved every --save-every steps, which the job goes "
              "on from where ranks are lost with the replicas of their state");
   cli.option("--save-every", o.save_every, "steps between checkpoints (default: none)");
   cli.option("--log-every", o.log_every, "steps between progress lines (default 10)");
   cli.flag("--fixed", o.fixed, "train without elasticity over mpirun's ranks (the baseline)");
-  cli.flag("--sync-replicas", o.sync_replicas, "complete each replica exchange before the next step (a lost rank "
+  cli.flag("--sync-replicas", o.sync_replicas,
+           "complete each replica exchange before the next step (a lost rank "
            "costs at most the step in flight, not two)");
-  cli.flag("--no-process-watch", o.no_process_watch, "find a dead rank by --failure-timeout only, as on other "
+  cli.flag("--no-process-watch", o.no_process_watch,
+           "find a dead rank by --failure-timeout only, as on other "
            "machines, not by its process exiting on this one");
   cli.flag("--json", o.json, "one JSON line per step and per change of membership");
   cli.parse(argc, argv);
   if (o.steps <= 0 || o.global_batch <= 0 || o.context <= 1 || o.d_model % o.heads || o.zero < 0 || o.zero > 3)
     cli.usage_error("--steps, --global-batch positive, --context above 1, --d-model a multiple of --heads, --zero 0-3");
   const auto schedule = pairs(o.scale, cli, "--scale");
-  if (o.lr_rule != "sqrt" && o.lr_rule != "linear" && o.lr_rule != "none") cli.usage_error("--lr-rule is sqrt, linear or none");
+  if (o.lr_rule != "sqrt" && o.lr_rule != "linear" && o.lr_rule != "none")
+    cli.usage_error("--lr-rule is sqrt, linear or none");
   const dist::ScalingPolicy policy{o.global_batch, o.max_rank_batch,
                                    o.lr_rule == "sqrt"     ? dist::ScalingPolicy::LrRule::sqrt
                                    : o.lr_rule == "linear" ? dist::ScalingPolicy::LrRule::linear
@@ -123,8 +131,8 @@ int main(int argc, char** argv) try {
   const auto kills = pairs(o.kill, cli, "--kill");
 
   const std::filesystem::path file = std::filesystem::path(o.data) / "input.txt";
-  const std::string text =
-      std::filesystem::exists(file) ? data::read_text_file(file) : samples::generated_text(std::uint64_t(o.seed), 400000);
+  const std::string text = std::filesystem::exists(file) ? data::read_text_file(file)
+                                                         : samples::generated_text(std::uint64_t(o.seed), 400000);
   data::CharVocab vocab(text);
   const data::TokenSplit split = data::split_tokens(vocab.encode(text), 0.1);
   const std::int64_t T = o.context, windows = (std::int64_t(split.train.size()) - 1) / T;
@@ -151,8 +159,8 @@ int main(int argc, char** argv) try {
     c.zero_stage = int(o.zero);
     const std::int64_t rows = m.batch.rank_batch;
     t.step.emplace(compile([&](Var x, Var y) { return model.loss(x, y); },
-                           {input<std::int32_t>({rows, T}, "tokens"), input<std::int32_t>({rows, T}, "targets")}, *t.opt,
-                           Budget{}, c));
+                           {input<std::int32_t>({rows, T}, "tokens"), input<std::int32_t>({rows, T}, "targets")},
+                           *t.opt, Budget{}, c));
     t.x = Tensor({rows, T}, DType::i32);
     t.y = Tensor({rows, T}, DType::i32);
   };
@@ -190,8 +198,7 @@ int main(int argc, char** argv) try {
 
   if (o.fixed) {  // plain data parallelism over mpirun's ranks, the same batches
     auto comm = dist::Mpi::world();
-    dist::Membership m{comm, comm->rank(), comm->size(), 0,
-                       policy.at(comm->size())};
+    dist::Membership m{comm, comm->rank(), comm->size(), 0, policy.at(comm->size())};
     build(m);
     for (std::int64_t s = 0; s < o.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -228,7 +235,8 @@ int main(int argc, char** argv) try {
     std::vector<io::StateSlice> slices;
     for (const auto& b : blobs) slices.push_back(io::decode_slice(b.data(), b.size(), "gpt_elastic: a rank's state"));
     const io::SafetensorsFile whole = io::assemble_slices(slices, model, *t.opt, "gpt_elastic: the job's state");
-    const io::TrainingState st = io::load_whole_state(whole, model, *t.opt, m.rank, m.ranks, "gpt_elastic: the job's state");
+    const io::TrainingState st =
+        io::load_whole_state(whole, model, *t.opt, m.rank, m.ranks, "gpt_elastic: the job's state");
     t.step->set_steps_run(st.step);
     t.step->parameters_changed();
     return io::state_hash(whole);
@@ -241,7 +249,8 @@ int main(int argc, char** argv) try {
     const io::TrainingState st = io::load_gathered_checkpoint(o.checkpoint, model, *t.opt, *m.comm);
     t.step->set_steps_run(st.step);
     t.step->parameters_changed();
-    return dist::Restored{st.step, std::stoll(st.metadata.at("samples")), io::state_hash(io::read_safetensors(o.checkpoint))};
+    return dist::Restored{st.step, std::stoll(st.metadata.at("samples")),
+                          io::state_hash(io::read_safetensors(o.checkpoint))};
   };
   hooks.on_step = [&](std::int64_t s, double loss, const dist::Membership& m) {
     if (!o.checkpoint.empty() && o.save_every > 0 && (s + 1) % o.save_every == 0)
@@ -276,14 +285,23 @@ int main(int argc, char** argv) try {
   const bool agree = std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == mine; });
   if (m.rank != 0) return agree ? 0 : 1;
   for (const auto& e : elastic.events()) {
-    const char* kind = e.kind == dist::ElasticEvent::Kind::grow ? "grow" : e.kind == dist::ElasticEvent::Kind::shrink ? "shrink" : "failure";
+    const char* kind = e.kind == dist::ElasticEvent::Kind::grow     ? "grow"
+                       : e.kind == dist::ElasticEvent::Kind::shrink ? "shrink"
+                                                                    : "failure";
     if (o.json) {
       samples::JsonLine j;
-      j.add("event", kind).add("step", e.step).add("from", std::int64_t(e.from)).add("to", std::int64_t(e.to))
-          .add("seconds", e.seconds).add("build_seconds", e.build_seconds).add("spawn_seconds", e.spawn_seconds)
-          .add("steps_while_starting", e.steps_while_starting).add("steps_lost", e.steps_lost)
+      j.add("event", kind)
+          .add("step", e.step)
+          .add("from", std::int64_t(e.from))
+          .add("to", std::int64_t(e.to))
+          .add("seconds", e.seconds)
+          .add("build_seconds", e.build_seconds)
+          .add("spawn_seconds", e.spawn_seconds)
+          .add("steps_while_starting", e.steps_while_starting)
+          .add("steps_lost", e.steps_lost)
           .add("detect_seconds", e.detect_seconds)
-          .add("state_hash", std::to_string(e.state_hash)).add("source", e.source);
+          .add("state_hash", std::to_string(e.state_hash))
+          .add("source", e.source);
       std::printf("%s\n", j.str().c_str());
     } else {
       std::printf("%s %d -> %d ranks at step %lld: %.3f s (%.3f s compiling), state from %s\n", kind, e.from, e.to,
@@ -292,8 +310,11 @@ int main(int argc, char** argv) try {
   }
   if (o.json) {
     samples::JsonLine j;
-    j.add("done", o.steps).add("ranks", std::int64_t(m.ranks)).add("samples", elastic.samples_seen())
-        .add("replica_bytes", std::int64_t(elastic.replica_bytes())).add("replica_ms_per_step", 1e3 * elastic.replica_seconds_per_step())
+    j.add("done", o.steps)
+        .add("ranks", std::int64_t(m.ranks))
+        .add("samples", elastic.samples_seen())
+        .add("replica_bytes", std::int64_t(elastic.replica_bytes()))
+        .add("replica_ms_per_step", 1e3 * elastic.replica_seconds_per_step())
         .add("boundary_ms_per_step", 1e3 * elastic.boundary_seconds_per_step())
         .add("state_agrees", agree);
     std::printf("%s\n", j.str().c_str());

@@ -79,16 +79,16 @@ struct Membership {
 struct ElasticEvent {
   enum class Kind { grow, shrink, failure };
   Kind kind = Kind::grow;
-  std::int64_t step = 0;  // the step the new membership went on from
-  int from = 0, to = 0;   // rank counts
+  std::int64_t step = 0;     // the step the new membership went on from
+  int from = 0, to = 0;      // rank counts
   double seconds = 0;        // from the decision (or the failure's detection) to the new membership's first step
   double build_seconds = 0;  // of which compiling its step (ElasticHooks::build)
   // grow: how long MPI_Comm_spawn held the old ranks, and the steps they
   // trained while the new ranks started
   double spawn_seconds = 0;
   std::int64_t steps_while_starting = 0;
-  std::int64_t steps_lost = 0;  // failure: steps some survivor had finished beyond `step`
-  double detect_seconds = 0;    // failure: from this rank's last finished step to its recovery's start
+  std::int64_t steps_lost = 0;   // failure: steps some survivor had finished beyond `step`
+  double detect_seconds = 0;     // failure: from this rank's last finished step to its recovery's start
   std::uint64_t state_hash = 0;  // what ElasticHooks::load returned, the same on every rank
   std::string source;  // where the state came from: "live" ranks, "replicas" after a failure, or a "checkpoint"
 };
@@ -290,13 +290,15 @@ class ElasticJob {
     if (!ompi) return;
     const char* v = std::getenv("OMPI_MCA_orte_enable_recovery");
     if (!v || (std::string(v) != "1" && std::string(v) != "true"))
-      fail("ElasticJob: under Open MPI an elastic job needs mpirun --mca orte_enable_recovery 1 (or "
-           "scripts/frugal-elastic-run), or mpirun ends every rank when one leaves or dies");
+      fail(
+          "ElasticJob: under Open MPI an elastic job needs mpirun --mca orte_enable_recovery 1 (or "
+          "scripts/frugal-elastic-run), or mpirun ends every rank when one leaves or dies");
   }
 
   MpiOptions comm_options() {
-    return {.timeout_seconds = o_.failure_timeout_seconds, .recoverable = true,
-            .peers_alive = [this] { return !any_peer_gone(); }};
+    return {.timeout_seconds = o_.failure_timeout_seconds, .recoverable = true, .peers_alive = [this] {
+              return !any_peer_gone();
+            }};
   }
 
   // -- ranks on this machine --------------------------------------------------
@@ -344,7 +346,8 @@ class ElasticJob {
     std::vector<long> pids(std::size_t(m_.ranks), 0);
     wait_one(r, o_.start_timeout_seconds, "elastic: the ranks' processes");
     for (int k = 0; k < m_.ranks; ++k)
-      if (k != m_.rank && key != 0 && all[std::size_t(2 * k)] == std::int64_t(key)) pids[std::size_t(k)] = long(all[std::size_t(2 * k + 1)]);
+      if (k != m_.rank && key != 0 && all[std::size_t(2 * k)] == std::int64_t(key))
+        pids[std::size_t(k)] = long(all[std::size_t(2 * k + 1)]);
     peer_pid_ = std::move(pids);
   }
 
@@ -393,8 +396,9 @@ class ElasticJob {
       if (polls > 2000) {
         if (since(t0) > seconds || ((polls & 1023) == 0 && any_peer_gone())) {
           ctrl_failed_ = true;
-          throw RankFailure(cat("elastic: ", what, since(t0) > seconds ? cat(" did not complete within ", seconds, " s")
-                                                                       : std::string(": a rank's process has exited"),
+          throw RankFailure(cat("elastic: ", what,
+                                since(t0) > seconds ? cat(" did not complete within ", seconds, " s")
+                                                    : std::string(": a rank's process has exited"),
                                 " at rank ", m_.rank, " of ", m_.ranks));
         }
         usleep(50);
@@ -457,7 +461,8 @@ class ElasticJob {
       std::vector<MPI_Request> reqs;
       if (m_.rank == 0) {
         for (int r = 1; r < m_.ranks; ++r)
-          check(MPI_Isend(msg, 2, MPI_INT64_T, r, kBoundary, ctrl_, &reqs.emplace_back()), "elastic: the step boundary");
+          check(MPI_Isend(msg, 2, MPI_INT64_T, r, kBoundary, ctrl_, &reqs.emplace_back()),
+                "elastic: the step boundary");
       } else {
         check(MPI_Irecv(msg, 2, MPI_INT64_T, 0, kBoundary, ctrl_, &reqs.emplace_back()), "elastic: the step boundary");
       }
@@ -487,8 +492,8 @@ class ElasticJob {
     argv.push_back(nullptr);
     std::vector<int> errors(static_cast<std::size_t>(count));
     const auto t0 = Clock::now();
-    const int code = MPI_Comm_spawn(cmd[0].c_str(), argv.data(), int(count), MPI_INFO_NULL, 0, ctrl_, &spawned_,
-                                    errors.data());
+    const int code =
+        MPI_Comm_spawn(cmd[0].c_str(), argv.data(), int(count), MPI_INFO_NULL, 0, ctrl_, &spawned_, errors.data());
     spawn_seconds_ = since(t0);
     spawned_at_ = version_;
     if (code != MPI_SUCCESS)
@@ -589,7 +594,8 @@ class ElasticJob {
                       Clock::time_point t0, std::int64_t lost, const std::string& source) {
     std::vector<std::vector<char>> slices;
     for (const auto& b : blobs) slices.push_back(unwrap(b));
-    finish_regroup(kind, from, [&] { return h_.load(m_, slices); }, t0, lost, source);
+    finish_regroup(
+        kind, from, [&] { return h_.load(m_, slices); }, t0, lost, source);
   }
   // The new membership compiles its step and loads the state `load` gives it.
   void finish_regroup(ElasticEvent::Kind kind, int from, const std::function<std::uint64_t()>& load,
@@ -758,8 +764,9 @@ class ElasticJob {
     try {
       wait_all(view_reqs, window, "elastic: the roll call");
     } catch (const RankFailure&) {
-      fail("elastic: a second rank stopped answering during the recovery from the first; restart the job from its "
-           "last checkpoint");
+      fail(
+          "elastic: a second rank stopped answering during the recovery from the first; restart the job from its "
+          "last checkpoint");
     }
     dropped();
     std::vector<int> alive;
@@ -769,7 +776,8 @@ class ElasticJob {
       for (int q = 0; q < n; ++q)
         if (q != me && heard[std::size_t(q)] && views[std::size_t(q)] != heard)
           fail("elastic: the surviving ranks heard different ranks in the roll call after a failure (rank ", me,
-               " heard ", std::count(heard.begin(), heard.end(), 1), ", rank ", q, " another set); raise "
+               " heard ", std::count(heard.begin(), heard.end(), 1), ", rank ", q,
+               " another set); raise "
                "ElasticOptions::failure_timeout_seconds, or restart the job from its last checkpoint");
     }
     for (auto& q : recvs)
@@ -785,14 +793,16 @@ class ElasticJob {
     const auto t0 = Clock::now();
     const double detect = std::chrono::duration<double>(t0 - last_step_end_).count();
     const int n_old = m_.ranks, me_old = m_.rank;
-    if (spawned_ != MPI_COMM_NULL) fail("elastic: a rank was lost while new ranks were starting (", why,
-                                        "); restart the job from its last checkpoint");
+    if (spawned_ != MPI_COMM_NULL)
+      fail("elastic: a rank was lost while new ranks were starting (", why,
+           "); restart the job from its last checkpoint");
     const std::vector<int> alive = roll_call();
     MPI_Group all, survivors;
     MPI_Comm_group(ctrl_, &all);
     MPI_Group_incl(all, int(alive.size()), alive.data(), &survivors);
     MPI_Comm next;
-    check(MPI_Comm_create_group(ctrl_, survivors, int(m_.epoch % 32768), &next), "elastic: forming the survivors' group");
+    check(MPI_Comm_create_group(ctrl_, survivors, int(m_.epoch % 32768), &next),
+          "elastic: forming the survivors' group");
     MPI_Group_free(&survivors);
     MPI_Group_free(&all);
     for (int r = 0, k = 0; r < n_old; ++r) {  // a rank that was only stopped learns it was dropped
@@ -886,11 +896,11 @@ class ElasticJob {
   ElasticOptions o_;
   ElasticHooks h_;
   Membership m_;
-  MPI_Comm ctrl_ = MPI_COMM_NULL;    // the membership's communicator for the job's own messages
-  bool ctrl_failed_ = false;         // it has requests that will never complete
-  MPI_Comm parent_ = MPI_COMM_NULL;  // a spawned rank's parents, until it joins
-  MPI_Comm spawned_ = MPI_COMM_NULL; // the ranks being started, until they join
-  int wanted_ = 0;                   // the rank count rank 0 was last asked for
+  MPI_Comm ctrl_ = MPI_COMM_NULL;     // the membership's communicator for the job's own messages
+  bool ctrl_failed_ = false;          // it has requests that will never complete
+  MPI_Comm parent_ = MPI_COMM_NULL;   // a spawned rank's parents, until it joins
+  MPI_Comm spawned_ = MPI_COMM_NULL;  // the ranks being started, until they join
+  int wanted_ = 0;                    // the rank count rank 0 was last asked for
   std::int64_t version_ = 0, samples_ = 0;
   std::vector<Held> own_, replica_;  // the last two of this rank's slices, and of its predecessor's
   std::vector<ElasticEvent> events_;
@@ -900,7 +910,7 @@ class ElasticJob {
   std::string exchange_what_;
   std::size_t pred_bytes_ = 0;  // the predecessor's slices' size in this membership, once known
   Clock::time_point last_step_end_ = Clock::now();
-  std::vector<long> peer_pid_;  // each rank's process id where this process can check it, else 0
+  std::vector<long> peer_pid_;                   // each rank's process id where this process can check it, else 0
   std::vector<std::vector<Held>> abandoned_;     // buffers of requests a failure left in flight
   std::list<std::vector<int>> abandoned_flags_;  // the roll calls' receive buffers
   double spawn_seconds_ = 0;

@@ -16,8 +16,8 @@
 namespace frugal::dist {
 
 struct ScalingPolicy {
-  std::int64_t global_batch = 0;    // samples per step, kept while the rank count allows
-  std::int64_t max_rank_batch = 0;  // most samples one rank's step takes (0: no limit)
+  std::int64_t global_batch = 0;             // samples per step, kept while the rank count allows
+  std::int64_t max_rank_batch = 0;           // most samples one rank's step takes (0: no limit)
   enum class LrRule { sqrt, linear, none };  // none: the same learning rate at any global batch
   LrRule lr_rule = LrRule::sqrt;
 
@@ -30,8 +30,7 @@ struct ScalingPolicy {
     if (ranks < 1) fail("ScalingPolicy: ", ranks, " ranks");
     const std::int64_t most = max_rank_batch > 0 ? max_rank_batch : global_batch;
     if (global_batch % ranks == 0 && global_batch / ranks <= most) return {global_batch / ranks, global_batch, 1.0};
-    const std::int64_t b =
-        std::clamp<std::int64_t>(std::llround(double(global_batch) / double(ranks)), 1, most);
+    const std::int64_t b = std::clamp<std::int64_t>(std::llround(double(global_batch) / double(ranks)), 1, most);
     const double ratio = double(b * ranks) / double(global_batch);
     return {b, b * ranks, lr_rule == LrRule::linear ? ratio : lr_rule == LrRule::sqrt ? std::sqrt(ratio) : 1.0};
   }

@@ -190,31 +190,22 @@ struct TrainingState {
 namespace detail {
 // A checkpoint of the model, `optimizer` (its tensors under their
 // checkpoint names) and `extra`, for an optimizer of `kind`.
-// What such a checkpoint holds, as its file would (the tensors share
-// storage with the live ones): `where` names it in errors.
-inline SafetensorsFile checkpoint_contents(const std::string& where, const nn::Module& model, const std::string& kind,
-                                           const NamedTensors& optimizer, std::int64_t step, const Metadata& metadata,
-                                           const NamedTensors& extra) {
-  if (step < 0) fail(where, ": save_checkpoint: the step counter cannot be negative (got ", step, ")");
-  SafetensorsFile out;
-  out.metadata = metadata;
-  for (const char* key : {"format", "step", "optimizer"})
-    if (out.metadata.count(key))
-      fail(where, ": save_checkpoint: metadata key '", key,
-           "' is reserved for the checkpoint itself; name your entry differently");
-  out.metadata["format"] = kCheckpointFormat;
-  out.metadata["step"] = std::to_string(step);
-  out.metadata["optimizer"] = kind;
-  out.tensors = detail::model_tensors(model);
-  for (auto& nt : optimizer) out.tensors.push_back(nt);
-  for (auto& [n, t] : extra) out.tensors.emplace_back("extra." + n, t);
-  return out;
-}
 inline void write_checkpoint(const std::filesystem::path& path, const nn::Module& model, const std::string& kind,
                              const NamedTensors& optimizer, std::int64_t step, const Metadata& metadata,
                              const NamedTensors& extra) {
-  SafetensorsFile c = checkpoint_contents(path.string(), model, kind, optimizer, step, metadata, extra);
-  write_safetensors(path, c.tensors, c.metadata);
+  if (step < 0) fail(path.string(), ": save_checkpoint: the step counter cannot be negative (got ", step, ")");
+  Metadata md = metadata;
+  for (const char* key : {"format", "step", "optimizer"})
+    if (md.count(key))
+      fail(path.string(), ": save_checkpoint: metadata key '", key,
+           "' is reserved for the checkpoint itself; name your entry differently");
+  md["format"] = kCheckpointFormat;
+  md["step"] = std::to_string(step);
+  md["optimizer"] = kind;
+  NamedTensors all = detail::model_tensors(model);
+  for (auto& nt : optimizer) all.push_back(nt);
+  for (auto& [n, t] : extra) all.emplace_back("extra." + n, t);
+  write_safetensors(path, all, md);
 }
 }  // namespace detail
 
@@ -226,8 +217,8 @@ inline void save_checkpoint(const std::filesystem::path& path, const nn::Module&
 namespace detail {
 // load_checkpoint into the optimizer tensors `state` (its live state, or a
 // part of it), each sliced from the file's where `slice_of` says so.
-// `f` is the file's contents (read, or made in memory by
-// checkpoint_contents), `path` what errors call it.
+// `f` is the file's contents (read, or assembled in memory:
+// io/state_slices.hpp), `path` what errors call it.
 inline TrainingState load_checkpoint_into(const std::filesystem::path& path, const SafetensorsFile& f,
                                           nn::Module& model, Optimizer& opt,
                                           const std::vector<Optimizer::StateTensor>& state, const SliceOf& slice_of) {

@@ -106,15 +106,18 @@ inline void copy_slice(const std::vector<StateEntry>& entries, int rank, int ran
     const ZeroShard z = ZeroShard::of(whole, rank, ranks);
     const std::size_t es = dtype_size(e.dtype), n = std::size_t(z.length) * es;
     const char* from = static_cast<const char*>(e.live.raw());
-    if (e.live.numel() == whole) from += std::size_t(z.offset) * es;
-    else shard_held(rank, ranks, whole, e.live.numel(), cat("capture_slice: '", e.name, "'"));
+    if (e.live.numel() == whole)
+      from += std::size_t(z.offset) * es;
+    else
+      shard_held(rank, ranks, whole, e.live.numel(), cat("capture_slice: '", e.name, "'"));
     if (n) std::memcpy(at, from, n);
     at += n;
   }
 }
 inline std::size_t slice_bytes(const std::vector<StateEntry>& entries, int rank, int ranks) {
   std::size_t n = 0;
-  for (const auto& e : entries) n += std::size_t(ZeroShard::of(e.shape.numel(), rank, ranks).length) * dtype_size(e.dtype);
+  for (const auto& e : entries)
+    n += std::size_t(ZeroShard::of(e.shape.numel(), rank, ranks).length) * dtype_size(e.dtype);
   return n;
 }
 // encode_slice's header: everything but the slice's bytes, which follow it.
@@ -188,14 +191,17 @@ inline SafetensorsFile assemble_slices(const std::vector<StateSlice>& slices, co
   for (int r = 0; r < ranks; ++r) {
     const StateSlice& s = slices[std::size_t(r)];
     if (s.layout != layout)
-      fail<DataError>(what, ": rank ", r, "'s slice is of another state (its tensors' names, shapes or dtypes, or the "
-                      "optimizer, differ from this rank's): every rank must train the same model with the same optimizer");
+      fail<DataError>(
+          what, ": rank ", r,
+          "'s slice is of another state (its tensors' names, shapes or dtypes, or the "
+          "optimizer, differ from this rank's): every rank must train the same model with the same optimizer");
     if (s.rank != r || s.ranks != ranks || s.step != slices[0].step || s.metadata != slices[0].metadata)
-      fail<DataError>(what, ": slice ", r, " is rank ", s.rank, "'s of ", s.ranks, " at step ", s.step, ", not rank ", r,
-                      "'s of ", ranks, " at step ", slices[0].step, " with the others' metadata");
+      fail<DataError>(what, ": slice ", r, " is rank ", s.rank, "'s of ", s.ranks, " at step ", s.step, ", not rank ",
+                      r, "'s of ", ranks, " at step ", slices[0].step, " with the others' metadata");
     const std::size_t want = detail::slice_bytes(entries, r, ranks);
     if (s.bytes.size() != want)
-      fail<DataError>(what, ": rank ", r, "'s slice holds ", s.bytes.size(), " bytes where its share of the state is ", want);
+      fail<DataError>(what, ": rank ", r, "'s slice holds ", s.bytes.size(), " bytes where its share of the state is ",
+                      want);
     cursor.push_back(s.bytes.data());
   }
   SafetensorsFile f;
