@@ -52,6 +52,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -98,10 +99,12 @@ struct ElasticOptions {
   // A collective, a replica exchange or a roll call waits this long for a
   // rank before the job counts it dead.
   double failure_timeout_seconds = 30;
-  // After a failure, the survivors wait this long for each other's roll call.
-  // It must exceed the spread of the times at which they detect the failure
-  // (the imbalance of their steps); where it does not, they hear different
-  // sets of ranks, and train() throws rather than guess.
+  // After a failure, the survivors wait this long, plus twice the longest of
+  // the last 8 steps, for each other's roll call (a rank on this machine
+  // whose process is still there, up to failure_timeout_seconds). It must
+  // exceed the spread of the times at which they detect the failure; where
+  // it does not, they hear different sets of ranks, and train() throws or
+  // drops the late rank rather than guess.
   double roll_call_seconds = 2;
   // Joining, handing state over and compiling wait this long for the others.
   double start_timeout_seconds = 600;
@@ -219,7 +222,10 @@ class ElasticJob {
         t0 = Clock::now();
         replicate();
         replica_seconds_.push_back(since(t0));
-        last_step_end_ = Clock::now();
+        const auto end = Clock::now();
+        step_seconds_[std::size_t(version_) % step_seconds_.size()] =
+            std::chrono::duration<double>(end - last_step_end_).count();
+        last_step_end_ = end;
         if (h_.on_step) h_.on_step(done, mean, m_);
       } catch (const RankFailure& e) {
         recover(e.what());
@@ -316,6 +322,16 @@ class ElasticJob {
     if (id.empty() || n <= 0) return "";  // unknown: check no one
     return id + ":" + std::string(ns, std::size_t(n));
   }
+  // Whether 0.1 s have passed since it last said so: how often a wait looks
+  // at the ranks' processes.
+  struct Watch {
+    Clock::time_point last = Clock::now();
+    bool due() {
+      if (Clock::now() - last < std::chrono::milliseconds(100)) return false;
+      last = Clock::now();
+      return true;
+    }
+  };
   static bool process_gone(long pid) {
     if (kill(pid_t(pid), 0) != 0) return errno == ESRCH;
     std::ifstream f("/proc/" + std::to_string(pid) + "/stat");  // a zombie not yet reaped is gone too
@@ -389,12 +405,13 @@ class ElasticJob {
   // Polls `reqs` until all complete; throws RankFailure naming `what` after `seconds`.
   void wait_all(std::vector<MPI_Request>& reqs, double seconds, const std::string& what) {
     const auto t0 = Clock::now();
+    Watch watch;
     for (long polls = 0;; ++polls) {
       int done = 0;
       check(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), what);
       if (done) return;
       if (polls > 2000) {
-        if (since(t0) > seconds || ((polls & 1023) == 0 && any_peer_gone())) {
+        if (since(t0) > seconds || (watch.due() && any_peer_gone())) {
           ctrl_failed_ = true;
           throw RankFailure(cat("elastic: ", what,
                                 since(t0) > seconds ? cat(" did not complete within ", seconds, " s")
@@ -670,12 +687,13 @@ class ElasticJob {
       MPI_Message msg;
       MPI_Status st;
       const auto t0 = Clock::now();
+      Watch watch;
       for (long polls = 0;; ++polls) {
         int found = 0;
         check(MPI_Improbe(pred, kReplica, ctrl_, &found, &msg, &st), exchange_what_);
         if (found) break;
         if (polls > 2000) {
-          if (since(t0) > o_.failure_timeout_seconds || ((polls & 1023) == 0 && peer_gone(pred))) {
+          if (since(t0) > o_.failure_timeout_seconds || (watch.due() && peer_gone(pred))) {
             ctrl_failed_ = true;
             throw RankFailure(cat(exchange_what_, ": nothing from rank ", pred, " within ", o_.failure_timeout_seconds,
                                   " s, or its process exited"));
@@ -714,7 +732,9 @@ class ElasticJob {
   // not dead) learns it from their notice and ends.
   std::vector<int> roll_call() {
     const int n = m_.ranks, me = m_.rank;
-    const double window = o_.roll_call_seconds;
+    // A survivor still computing reaches a wait, and so learns of the
+    // failure, up to a step later than one that was waiting.
+    const double window = o_.roll_call_seconds + 2 * longest_recent_step();
     std::vector<char> heard(std::size_t(n), 0);
     heard[std::size_t(me)] = 1;
     std::vector<MPI_Request> recvs(std::size_t(n), MPI_REQUEST_NULL), sends;
@@ -734,18 +754,23 @@ class ElasticJob {
       if (found)
         fail("elastic: rank ", me, " was dropped from the job: it stopped answering and the others went on without it");
     };
+    // A rank on this machine whose process has exited is not waited for;
+    // one whose process is there is waited for up to the failure timeout (it
+    // may be computing on a loaded machine); others for the window.
     const auto t0 = Clock::now();
-    while (since(t0) < window) {
-      bool all = true;
+    for (;;) {
+      bool all = true, local_alive = false;
       for (int r = 0; r < n; ++r) {
         if (r == me || heard[std::size_t(r)]) continue;
         int done = 0;
         MPI_Test(&recvs[std::size_t(r)], &done, MPI_STATUS_IGNORE);
         heard[std::size_t(r)] = char(done);
-        all = all && (done || peer_gone(r));  // no wait for a rank whose process has exited
+        const bool gone = !done && peer_gone(r);
+        all = all && (done || gone);
+        local_alive = local_alive || (!done && !gone && o_.watch_processes && peer_pid_[std::size_t(r)] > 0);
       }
       dropped();
-      if (all) break;
+      if (all || since(t0) >= (local_alive ? std::max(window, o_.failure_timeout_seconds) : window)) break;
       usleep(1000);
     }
     // What each survivor heard; the survivors are those every one heard.
@@ -910,6 +935,8 @@ class ElasticJob {
   std::string exchange_what_;
   std::size_t pred_bytes_ = 0;  // the predecessor's slices' size in this membership, once known
   Clock::time_point last_step_end_ = Clock::now();
+  std::array<double, 8> step_seconds_{};  // the last steps' wall times, boundary to boundary
+  double longest_recent_step() const { return *std::max_element(step_seconds_.begin(), step_seconds_.end()); }
   std::vector<long> peer_pid_;                   // each rank's process id where this process can check it, else 0
   std::vector<std::vector<Held>> abandoned_;     // buffers of requests a failure left in flight
   std::list<std::vector<int>> abandoned_flags_;  // the roll calls' receive buffers

@@ -252,6 +252,7 @@ class Mpi final : public Communicator {
   }
   void wait(MPI_Request& req, const char* collective, const std::string& what, std::size_t bytes) {
     const auto start = std::chrono::steady_clock::now();
+    auto checked = start;  // when peers_alive_ was last asked
     for (long polls = 0;; ++polls) {
       int done = 0;
       check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), collective, what);
@@ -260,7 +261,9 @@ class Mpi final : public Communicator {
       // last rank arriving), then sleep between polls so a waiting rank
       // leaves the cores to the ranks still computing.
       if (polls < 2000) continue;
-      if (peers_alive_ && (polls & 1023) == 0 && !peers_alive_()) {
+      // Every 0.1 s by the clock, not by polls: a loaded machine stretches the sleeps.
+      const auto now = std::chrono::steady_clock::now();
+      if (peers_alive_ && now - checked >= std::chrono::milliseconds(100) && ((checked = now), !peers_alive_())) {
         const std::string why = cat("mpi: ", collective, " (", what, ", ", bytes, " bytes) at rank ", rank_, " of ",
                                     size_, ": the process of another rank on this machine has exited");
         lost(why);
