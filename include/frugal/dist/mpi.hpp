@@ -52,7 +52,6 @@ struct MpiOptions {
   std::function<bool()> peers_alive;
 };
 
-
 namespace detail {
 
 // MPI's lifetime in this process: initialised by the first communicator
@@ -136,7 +135,6 @@ class Mpi final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   double timeout_seconds() const { return timeout_; }
-  MPI_Comm handle() const { return comm_; }
   // A collective on it failed (MpiOptions::recoverable): it is abandoned.
   bool failed() const { return failed_; }
   bool serialized_threads() const override { return detail::MpiSession::get().serialized(); }
