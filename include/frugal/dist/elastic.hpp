@@ -472,8 +472,9 @@ class ElasticJob {
       }
     }
     if (m_.ranks > 1) {
-      // Point to point from rank 0: a few microseconds, where a non-blocking
-      // broadcast took a millisecond to progress (Open MPI 4.1's libnbc).
+      // Point to point from rank 0: 2 us a step here, where MPI_Ibcast in
+      // the same place took about 1 ms on every rank (and 4 us in a test
+      // program alone; the difference was not tracked down).
       std::int64_t msg[2] = {c.action, c.count};
       std::vector<MPI_Request> reqs;
       if (m_.rank == 0) {
