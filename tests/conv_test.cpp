@@ -287,6 +287,30 @@ WinogradGrid winograd_grid(int m, std::int64_t h, std::int64_t wd, std::int64_t 
   const std::int64_t ho = h + 2 * ph - 2, wo = wd + 2 * pw - 2;
   return {winograd_matrices(m), m + 2, (m + 2) * (m + 2), ho, wo, (ho + m - 1) / m, (wo + m - 1) / m};
 }
+// |Bᵀ| |d| |B| of every input channel's tile: [n][I][th][tw][P].
+template <class X>
+std::vector<double> abs_input_tiles(const WinogradGrid& grid, int m, const std::vector<X>& x, std::int64_t n,
+                                    std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t ph, std::int64_t pw) {
+  const WinogradMatrices& t = grid.t;
+  const int e = grid.e, P = grid.P;
+  const std::int64_t th = grid.th, tw = grid.tw;
+  std::vector<double> V(std::size_t(n * I * th * tw * P));
+  for (std::int64_t img = 0; img < n; ++img)
+    for (std::int64_t i = 0; i < I; ++i)
+      for (std::int64_t ty = 0; ty < th; ++ty)
+        for (std::int64_t tx = 0; tx < tw; ++tx) {
+          double* v = &V[std::size_t((((img * I + i) * th + ty) * tw + tx) * P)];
+          for (int a = 0; a < e; ++a)
+            for (int b = 0; b < e; ++b) {
+              const std::int64_t iy = m * ty - ph + a, ix = m * tx - pw + b;
+              if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+              const double d = std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
+              for (int r = 0; r < e; ++r)
+                for (int c = 0; c < e; ++c) v[r * e + c] += t.bt[r][a] * d * t.bt[c][b];
+            }
+        }
+  return V;
+}
 template <class X, class W>
 std::vector<double> winograd_forward_bounds(int m, const std::vector<X>& x, const std::vector<W>& w, std::int64_t n,
                                             std::int64_t I, std::int64_t h, std::int64_t wd, std::int64_t O,
@@ -297,7 +321,8 @@ std::vector<double> winograd_forward_bounds(int m, const std::vector<X>& x, cons
   const std::int64_t ho = grid.ho, wo = grid.wo, th = grid.th, tw = grid.tw;
   const double k = double(I + (m == 2 ? 12 : 20)) * std::ldexp(1.0, -24);
   // |U| per kernel and |V| per channel's tile.
-  std::vector<double> U(std::size_t(O * I * P)), V(std::size_t(n * I * th * tw * P));
+  std::vector<double> U(std::size_t(O * I * P));
+  const std::vector<double> V = abs_input_tiles(grid, m, x, n, I, h, wd, ph, pw);
   for (std::int64_t oi = 0; oi < O * I; ++oi)
     for (int r = 0; r < e; ++r)
       for (int c = 0; c < e; ++c) {
@@ -306,23 +331,6 @@ std::vector<double> winograd_forward_bounds(int m, const std::vector<X>& x, cons
           for (int b = 0; b < 3; ++b) sum += t.g[r][a] * std::abs(double(w[std::size_t(oi * 9 + a * 3 + b)])) * t.g[c][b];
         U[std::size_t(oi * P + r * e + c)] = sum;
       }
-  for (std::int64_t img = 0; img < n; ++img)
-    for (std::int64_t i = 0; i < I; ++i)
-      for (std::int64_t ty = 0; ty < th; ++ty)
-        for (std::int64_t tx = 0; tx < tw; ++tx) {
-          double d[6][6] = {};
-          for (int a = 0; a < e; ++a)
-            for (int b = 0; b < e; ++b) {
-              const std::int64_t iy = m * ty - ph + a, ix = m * tx - pw + b;
-              if (iy >= 0 && iy < h && ix >= 0 && ix < wd)
-                d[a][b] = std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
-            }
-          double* v = &V[std::size_t((((img * I + i) * th + ty) * tw + tx) * P)];
-          for (int r = 0; r < e; ++r)
-            for (int c = 0; c < e; ++c)
-              for (int a = 0; a < e; ++a)
-                for (int b = 0; b < e; ++b) v[r * e + c] += t.bt[r][a] * d[a][b] * t.bt[c][b];
-        }
   std::vector<double> out(std::size_t(n * O * ho * wo));
   std::vector<double> S(static_cast<std::size_t>(P));
   for (std::int64_t img = 0; img < n; ++img)
@@ -366,21 +374,11 @@ std::vector<double> winograd_weight_bounds(int m, const std::vector<X>& x, const
   const std::int64_t T = n * th * tw;
   const double k = double(2 * T + 4 + (m == 2 ? 8 : 18)) * std::ldexp(1.0, -24);
   // |Bᵀ d B| per input channel's tile, |A dY Aᵀ| per output channel's tile.
-  std::vector<double> V(std::size_t(n * I * th * tw * P)), D(std::size_t(n * O * th * tw * P));
+  const std::vector<double> V = abs_input_tiles(grid, m, x, n, I, h, wd, ph, pw);
+  std::vector<double> D(std::size_t(n * O * th * tw * P));
   for (std::int64_t img = 0; img < n; ++img)
     for (std::int64_t ty = 0; ty < th; ++ty)
       for (std::int64_t tx = 0; tx < tw; ++tx) {
-        for (std::int64_t i = 0; i < I; ++i) {
-          double* v = &V[std::size_t((((img * I + i) * th + ty) * tw + tx) * P)];
-          for (int a = 0; a < e; ++a)
-            for (int b = 0; b < e; ++b) {
-              const std::int64_t iy = m * ty - ph + a, ix = m * tx - pw + b;
-              if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
-              const double d = std::abs(double(x[std::size_t(((img * I + i) * h + iy) * wd + ix)]));
-              for (int r = 0; r < e; ++r)
-                for (int c = 0; c < e; ++c) v[r * e + c] += t.bt[r][a] * d * t.bt[c][b];
-            }
-        }
         for (std::int64_t o = 0; o < O; ++o) {
           double* dv = &D[std::size_t((((img * O + o) * th + ty) * tw + tx) * P)];
           for (int a = 0; a < m; ++a)
