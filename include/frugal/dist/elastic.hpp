@@ -272,7 +272,7 @@ class ElasticJob {
   };
   // A slice of the state after `version` steps and `samples` samples.
   struct Held {
-    std::int64_t version = -1, samples = 0;
+    std::int64_t version = -1;
     std::vector<char> blob;
   };
   enum Tag : int { kReady = 7100, kGo, kBoundary, kReplica, kAlive, kView, kDropped };
@@ -655,7 +655,6 @@ class ElasticJob {
     if (own_.empty() || own_.back().version != version_) {
       Held& h = next_slot(own_);
       h.version = version_;
-      h.samples = samples_;
       h.blob.resize(std::max<std::size_t>(h.blob.size(), 16));
       std::memcpy(h.blob.data(), &version_, 8);
       std::memcpy(h.blob.data() + 8, &samples_, 8);
@@ -722,7 +721,6 @@ class ElasticJob {
     exchanging_ = false;
     Held& h = replica_.back();
     h.version = version_of(h.blob);
-    std::memcpy(&h.samples, h.blob.data() + 8, 8);
   }
 
   // -- a rank lost ------------------------------------------------------------
@@ -849,13 +847,14 @@ class ElasticJob {
     mine[0] = me_old;
     for (std::size_t i = 0; i < own_.size(); ++i) mine[1 + i] = own_[i].version;
     for (std::size_t i = 0; i < replica_.size(); ++i) mine[1 + kHeld + i] = replica_[i].version;
-    std::vector<Held> own = own_, replica = replica_;
     // The old control communicator has requests that may never complete: it
     // is abandoned, and the buffers they read or write are kept for as long
-    // as the job lives.
+    // as the job lives (the slices recovered from are read there).
     ctrl_failed_ = true;
     abandoned_.push_back(std::move(own_));
     abandoned_.push_back(std::move(replica_));
+    const std::vector<Held>& own = abandoned_[abandoned_.size() - 2];
+    const std::vector<Held>& replica = abandoned_.back();
     set_membership(next);
     std::vector<std::int64_t> held(static_cast<std::size_t>(kRow * m_.ranks));
     MPI_Request r;

@@ -135,8 +135,6 @@ class Mpi final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   double timeout_seconds() const { return timeout_; }
-  // A collective on it failed (MpiOptions::recoverable): it is abandoned.
-  bool failed() const { return failed_; }
   bool serialized_threads() const override { return detail::MpiSession::get().serialized(); }
   int ranks_on_this_machine() const override { return local_size_; }
 

@@ -27,7 +27,7 @@ namespace frugal::io {
 struct StateSlice {
   std::int64_t step = 0;  // the optimizer's step count: which state this is a slice of
   int rank = 0, ranks = 1;
-  std::uint64_t layout = 0;  // state_layout_hash of the state it was cut from
+  std::uint64_t layout = 0;  // a hash of the state's names, dtypes, whole shapes and optimizer kind
   Metadata metadata;         // the caller's entries (the reserved checkpoint keys are refused)
   std::vector<char> bytes;   // each tensor's slice, in the state's order
 };
@@ -86,13 +86,6 @@ inline std::uint64_t layout_hash(const std::vector<StateEntry>& entries, const s
 
 }  // namespace detail
 
-// Names, dtypes and whole shapes of the state of (model, opt), and the
-// optimizer's kind: equal on ranks that train the same model the same way,
-// at any rank count and stage.
-inline std::uint64_t state_layout_hash(const nn::Module& model, const Optimizer& opt) {
-  return detail::layout_hash(detail::state_entries(model, opt), opt.kind());
-}
-
 namespace detail {
 inline void check_slice_args(int rank, int ranks, const Metadata& metadata) {
   if (ranks < 1 || rank < 0 || rank >= ranks) fail("capture_slice: rank ", rank, " of ", ranks, " is not a rank");
@@ -142,11 +135,6 @@ inline void put_header(std::vector<char>& out, std::uint64_t layout, std::int64_
   put_u64(bytes);
 }
 }  // namespace detail
-
-// The bytes of rank `rank`'s slice of a state of this layout over `ranks`.
-inline std::size_t state_slice_bytes(const nn::Module& model, const Optimizer& opt, int rank, int ranks) {
-  return detail::slice_bytes(detail::state_entries(model, opt), rank, ranks);
-}
 
 // Rank `rank` of `ranks` cuts its slice of the state it trains, after
 // `step` updates. Call it between steps, with the rank and count of the
