@@ -6,7 +6,7 @@
 //   g++ -O3 -std=c++20 -fopenmp -Iinclude -I/usr/include/x86_64-linux-gnu/openblas-openmp
 //       bench/conv_kernels.cpp /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so -o /tmp/conv_kernels
 //   /tmp/conv_kernels [--threads 2] [--reps 7] [--images N] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4] [--compare]
-//                     [--dtype f32|bf16|both]
+//                     [--dtype f32|bf16|both] [--layer NAME-PART]
 //
 // --dtype bf16 times the kernels on bf16 tensors (widened to f32 inside,
 // rounded once on store), as a bf16 ResNet runs them; both times f32 and
@@ -20,7 +20,8 @@
 // --engine forces the BLAS or the AVX-512 engine (default: AVX-512 where
 // the CPU has it). --compare also times the other way to split the work: one image per
 // thread inside a parallel region (private column buffers, single-threaded
-// BLAS per image), which needs scratch per thread.
+// BLAS per image), which needs scratch per thread. --layer times only the
+// layers whose name contains its argument (for a profiler: "@4").
 #include <omp.h>
 
 #include <algorithm>
@@ -218,6 +219,7 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 7;
   std::int64_t images = 0, batch = 32;
   bool compare = false;
+  std::string only;
   std::string engine_name = "auto";
   cpu::ConvAlgorithm algo = cpu::ConvAlgorithm::by_shape;
   DType dtype = DType::f32;
@@ -230,6 +232,7 @@ int main(int argc, char** argv) {
     else if (a == "--images" && i + 1 < argc) images = std::atoll(argv[++i]);
     else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--compare") compare = true;
+    else if (a == "--layer" && i + 1 < argc) only = argv[++i];
     else if (a == "--algo" && i + 1 < argc) {
       const std::string v = argv[++i];
       try {
@@ -252,7 +255,7 @@ int main(int argc, char** argv) {
       both = v == "both";
     }
     else {
-      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4] [--compare] [--dtype f32|bf16|both]\n");
+      std::fprintf(stderr, "usage: conv_kernels [--threads N] [--reps N] [--images N] [--batch N] [--engine blas|avx512] [--algo auto|direct|winograd|winograd-f2|winograd-f4] [--compare] [--dtype f32|bf16|both] [--layer NAME-PART]\n");
       return 2;
     }
   }
@@ -273,6 +276,7 @@ int main(int argc, char** argv) {
                 "GF/s f", "GF/s d", "GF/s w");
   double sum_f = 0, sum_d = 0, sum_w = 0, alt_f = 0, alt_d = 0, alt_w = 0, flops_total = 0;
   for (const Layer& L : kLayers) {
+    if (!only.empty() && std::string(L.name).find(only) == std::string::npos) continue;
     Shape xs{batch, L.cin, L.h, L.h}, ws{L.cout, L.cin, L.k, L.k};
     Conv2dOptions o{.stride = L.stride, .padding = L.pad};
     auto g = ops::conv_geometry("bench", xs, ws, o);

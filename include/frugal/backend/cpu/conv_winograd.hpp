@@ -129,100 +129,13 @@ inline WeightLayout weight_layout(std::int64_t O, std::int64_t I, bool packed) {
   return {I, packed ? winograd_sliver_plane(O, I) : winograd_plane(O * I), packed};
 }
 
-// G g Gᵀ of F(4x4, 3x3) for one kernel g (row-major 3x3), position ξ into
-// u[ξ * plane]. G's rows: (1/4, 0, 0), -(1, 1, 1)/6, -(1, -1, 1)/6,
-// (1/24, 1/12, 1/6), (1/24, -1/12, 1/6), (0, 0, 1).
-inline void weight_tile_f4(const float (&g)[9], float* u, std::int64_t plane) {
-  auto col = [](float a, float b, float c, float (&t)[6]) {
-    t[0] = 0.25f * a;
-    t[1] = -((a + c) + b) * (1.f / 6);
-    t[2] = -((a + c) - b) * (1.f / 6);
-    t[3] = (a * (1.f / 24) + c * (1.f / 6)) + b * (1.f / 12);
-    t[4] = (a * (1.f / 24) + c * (1.f / 6)) - b * (1.f / 12);
-    t[5] = c;
-  };
-  float t[3][6];  // (G g)ᵀ: t[c] is column c of G g
-  for (int c = 0; c < 3; ++c) col(g[c], g[3 + c], g[6 + c], t[c]);
-  for (int r = 0; r < 6; ++r) {  // row r of (G g) Gᵀ
-    float u6[6];
-    col(t[0][r], t[1][r], t[2][r], u6);
-    for (int j = 0; j < 6; ++j) u[(r * 6 + j) * plane] = u6[j];
-  }
-}
-
-// U_ξ[o][i] = (G g_oi Gᵀ)[ξ] for the O x I kernels of a convolution
-// F(M x M, 3x3), in layout l. Its kernel g_oi is w[o][i] (flipped false), or
-// for the data gradient's convolution w[i][o] turned by 180 degrees (flipped
-// true; w is then [I][O][3][3]).
-template <int M, class T>
-void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped, float* U, const WeightLayout& l) {
-  constexpr std::int64_t kBlock = 64;  // kernels gathered at once, so the arithmetic runs across them
-  // Packed, the rows of a sliver interleave in every cache line of it: a
-  // task takes whole slivers, or two threads would write each line of the
-  // slivers they share (at 256 channels that made the forward 2x slower
-  // on 2 threads than on 1).
-  const std::int64_t rows = l.packed ? kWinogradSliver : 1;
-  parallel_for((O + rows - 1) / rows, rows * I * 64, [&](std::int64_t sb, std::int64_t se) {
-    run_widest([&] {
-    float g[9][kBlock];
-    for (std::int64_t o = sb * rows; o < std::min(O, se * rows); ++o)
-      for (std::int64_t i0 = 0; i0 < I; i0 += kBlock) {
-        const std::int64_t n = std::min(kBlock, I - i0);
-        for (std::int64_t q = 0; q < n; ++q) {
-          const std::int64_t i = i0 + q;
-          const T* src = flipped ? w + (i * O + o) * 9 : w + (o * I + i) * 9;
-          for (int t = 0; t < 9; ++t) g[t][q] = to_f32(src[flipped ? 8 - t : t]);
-        }
-        // Kernel (o, i0 + q)'s position ξ at u[ξ * plane + q * step].
-        float* u = U + l.at(0, o, i0);
-        const std::int64_t plane = l.plane, step = l.packed ? kWinogradSliver : 1;
-        if constexpr (M == 4) {
-          for (std::int64_t q = 0; q < n; ++q) {
-            float k[9];
-            for (int e = 0; e < 9; ++e) k[e] = g[e][q];
-            weight_tile_f4(k, u + q * step, plane);
-          }
-        } else {
-          for (std::int64_t q = 0; q < n; ++q) {
-            float t[4][3];  // G g
-            for (int c = 0; c < 3; ++c) {
-              t[0][c] = g[c][q];
-              t[1][c] = 0.5f * (g[c][q] + g[3 + c][q] + g[6 + c][q]);
-              t[2][c] = 0.5f * (g[c][q] - g[3 + c][q] + g[6 + c][q]);
-              t[3][c] = g[6 + c][q];
-            }
-            for (int r = 0; r < 4; ++r) {  // (G g) Gᵀ
-              u[(r * 4 + 0) * plane + q * step] = t[r][0];
-              u[(r * 4 + 1) * plane + q * step] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
-              u[(r * 4 + 2) * plane + q * step] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
-              u[(r * 4 + 3) * plane + q * step] = t[r][2];
-            }
-          }
-        }
-      }
-    // The last sliver's rows past O: the tile computes them and never
-    // stores them, but stale scratch there could be subnormal, which some
-    // CPUs multiply hundreds of times slower.
-    for (std::int64_t o = O; o < se * rows; ++o)
-      for (int xi = 0; xi < kPositionsOf<M>; ++xi)
-        for (std::int64_t i = 0; i < I; ++i) U[l.at(xi, o, i)] = 0.f;
-    });
-  });
-}
-
-// Row n of a chunk's tiles: image and tile row.
-struct TileRow {
-  std::int64_t img, ty;
-};
-inline TileRow tile_row(const WinogradTiles& t, std::int64_t row) { return {row / t.th, row % t.th}; }
-
-// The transforms run across 16 tiles at once in GCC vectors (one AVX-512
-// register, two AVX2 or four SSE registers, as run_widest compiled them):
-// loops over a tile row's few tiles, with 16 streams in and out, do not
-// auto-vectorise.
-// (-Wpsabi, silenced down to dy_tiles: GCC notes that such a vector passed
-// by value has another ABI without AVX-512; these helpers are inlined,
-// never called across units.)
+// The transforms run across 16 tiles (or kernels) at once in GCC vectors
+// (one AVX-512 register, two AVX2 or four SSE registers, as run_widest
+// compiled them): loops over a tile row's few tiles, with 16 streams in and
+// out, do not auto-vectorise.
+// (-Wpsabi, silenced to the end of this file: GCC notes that such a
+// vector passed by value has another ABI without AVX-512; these helpers are
+// inlined, never called across units.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 using Vec = float __attribute__((vector_size(64)));
@@ -233,6 +146,124 @@ inline Vec load16(const float* p) {
   return v;
 }
 inline void store16(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+
+// G g Gᵀ of F(4x4, 3x3) for 16 kernels g at once (g[e] holds element e of
+// each, row-major 3x3), position ξ into u[ξ]. G's rows: (1/4, 0, 0),
+// -(1, 1, 1)/6, -(1, -1, 1)/6, (1/24, 1/12, 1/6), (1/24, -1/12, 1/6),
+// (0, 0, 1).
+inline void weight_f4(const Vec (&g)[9], Vec (&u)[36]) {
+  auto col = [](Vec a, Vec b, Vec c, Vec (&t)[6]) {
+    t[0] = 0.25f * a;
+    t[1] = -((a + c) + b) * (1.f / 6);
+    t[2] = -((a + c) - b) * (1.f / 6);
+    t[3] = (a * (1.f / 24) + c * (1.f / 6)) + b * (1.f / 12);
+    t[4] = (a * (1.f / 24) + c * (1.f / 6)) - b * (1.f / 12);
+    t[5] = c;
+  };
+  Vec t[3][6];  // (G g)ᵀ: t[c] is column c of G g
+  for (int c = 0; c < 3; ++c) col(g[c], g[3 + c], g[6 + c], t[c]);
+  for (int r = 0; r < 6; ++r) {  // row r of (G g) Gᵀ
+    Vec u6[6];
+    col(t[0][r], t[1][r], t[2][r], u6);
+    for (int j = 0; j < 6; ++j) u[r * 6 + j] = u6[j];
+  }
+}
+// The same of F(2x2, 3x3): G's rows (1, 0, 0), (1, 1, 1)/2, (1, -1, 1)/2,
+// (0, 0, 1).
+inline void weight_f2(const Vec (&g)[9], Vec (&u)[16]) {
+  Vec t[4][3];  // G g
+  for (int c = 0; c < 3; ++c) {
+    t[0][c] = g[c];
+    t[1][c] = 0.5f * (g[c] + g[3 + c] + g[6 + c]);
+    t[2][c] = 0.5f * (g[c] - g[3 + c] + g[6 + c]);
+    t[3][c] = g[6 + c];
+  }
+  for (int r = 0; r < 4; ++r) {  // (G g) Gᵀ
+    u[r * 4 + 0] = t[r][0];
+    u[r * 4 + 1] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+    u[r * 4 + 2] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+    u[r * 4 + 3] = t[r][2];
+  }
+}
+
+// U_ξ[o][i] = (G g_oi Gᵀ)[ξ] for the O x I kernels of a convolution
+// F(M x M, 3x3), in layout l. Its kernel g_oi is w[o][i] (flipped false), or
+// for the data gradient's convolution w[i][o] turned by 180 degrees (flipped
+// true; w is then [I][O][3][3]). 16 kernels at a time, across a vector:
+// packed, the rows of a sliver (consecutive in U, so each position's
+// values are one store; the lanes past O hold zeros, which the tile
+// multiplies and never stores, where stale scratch could be subnormal and
+// some CPUs multiply those hundreds of times slower); else 16 consecutive
+// i of one row. One kernel at a time, with 36 stores a plane apart each,
+// this took a 512 x 512 layer's F(4x4, 3x3) forward 8 ms on a Zen 4.
+template <int M, class T>
+void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped, float* U, const WeightLayout& l) {
+  constexpr int P = kPositionsOf<M>;
+  // Packed, the rows of a sliver interleave in every cache line of it: a
+  // task takes whole slivers, or two threads would write each line of the
+  // slivers they share (at 256 channels that made the forward 2x slower
+  // on 2 threads than on 1).
+  const std::int64_t rows = l.packed ? kWinogradSliver : 1;
+  const auto kernel = [&](std::int64_t o, std::int64_t i) {
+    return flipped ? w + (i * O + o) * 9 : w + (o * I + i) * 9;
+  };
+  parallel_for((O + rows - 1) / rows, rows * I * 64, [&](std::int64_t sb, std::int64_t se) {
+    run_widest([&] {
+      alignas(64) float gs[9][kLanes];
+      Vec g[9], u[P];
+      // u's first n lanes to U from `at` on, plane after plane (the sizes
+      // that occur but the last, as constants: a memcpy of a variable size
+      // is a library call).
+      const auto store = [&](float* at, std::int64_t n) {
+        if (n == kWinogradSliver)
+          for (int xi = 0; xi < P; ++xi) std::memcpy(at + xi * l.plane, &u[xi], kWinogradSliver * sizeof(float));
+        else if (n == kLanes)
+          for (int xi = 0; xi < P; ++xi) store16(at + xi * l.plane, u[xi]);
+        else
+          for (int xi = 0; xi < P; ++xi)
+            for (std::int64_t q = 0; q < n; ++q) at[xi * l.plane + q] = u[xi][q];
+      };
+      const auto transform = [&] {
+        for (int e = 0; e < 9; ++e) g[e] = load16(gs[e]);
+        if constexpr (M == 4) weight_f4(g, u);
+        else weight_f2(g, u);
+      };
+      std::memset(gs, 0, sizeof gs);  // the lanes past a partial sliver
+      if (l.packed) {
+        for (std::int64_t o0 = sb * rows; o0 < se * rows; o0 += rows) {
+          const std::int64_t n = std::min(rows, O - o0);
+          if (n < rows) std::memset(gs, 0, sizeof gs);
+          for (std::int64_t i = 0; i < I; ++i) {
+            for (std::int64_t q = 0; q < n; ++q) {
+              const T* src = kernel(o0 + q, i);
+              for (int e = 0; e < 9; ++e) gs[e][q] = to_f32(src[flipped ? 8 - e : e]);
+            }
+            transform();
+            store(U + l.at(0, o0, i), rows);
+          }
+        }
+      } else {
+        for (std::int64_t o = sb; o < se; ++o)
+          for (std::int64_t i0 = 0; i0 < I; i0 += kLanes) {
+            const std::int64_t n = std::min(kLanes, I - i0);
+            for (std::int64_t q = 0; q < n; ++q) {
+              const T* src = kernel(o, i0 + q);
+              for (int e = 0; e < 9; ++e) gs[e][q] = to_f32(src[flipped ? 8 - e : e]);
+            }
+            transform();
+            store(U + l.at(0, o, i0), n);
+          }
+      }
+    });
+  });
+}
+
+// Row n of a chunk's tiles: image and tile row.
+struct TileRow {
+  std::int64_t img, ty;
+};
+inline TileRow tile_row(const WinogradTiles& t, std::int64_t row) { return {row / t.th, row % t.th}; }
+
 // dst[0, n) = src[0, n), whole vectors then the rest (a tile row's few
 // floats: a library memcpy call would cost more than the copy).
 inline void copy_floats(float* __restrict dst, const float* __restrict src, std::int64_t n) {
@@ -632,7 +663,6 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
   for (int xi = 0; xi < 36; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
 }
 
-#pragma GCC diagnostic pop
 
 // The P products of a chunk, one GEMM per position, spread over the team.
 template <class Product>
@@ -798,11 +828,42 @@ void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_
 // Gᵀ u of F(4x4, 3x3) on six values: Gᵀ's rows are
 // (1/4, -1/6, -1/6, 1/24, 1/24, 0), (0, -1/6, 1/6, 1/12, -1/12, 0),
 // (0, -1/6, -1/6, 1/6, 1/6, 1).
-inline void weight_grad_f4(const float (&u)[6], float (&c)[3]) {
-  const float p12 = u[1] + u[2], p34 = u[3] + u[4];
+inline void weight_grad_f4(const Vec (&u)[6], Vec (&c)[3]) {
+  const Vec p12 = u[1] + u[2], p34 = u[3] + u[4];
   c[0] = (0.25f * u[0] - p12 * (1.f / 6)) + p34 * (1.f / 24);
   c[1] = (u[2] - u[1]) * (1.f / 6) + (u[3] - u[4]) * (1.f / 12);
   c[2] = (p34 - p12) * (1.f / 6) + u[5];
+}
+
+// dg = Gᵀ dU G for 16 kernels at once, dU[ξ] holding position ξ of each.
+inline void weight_grad_tile(const Vec (&dU)[36], Vec (&d)[9]) {
+  Vec tt[3][6];  // Gᵀ dU: column j of dU through weight_grad_f4
+  for (int j = 0; j < 6; ++j) {
+    Vec u[6], c[3];
+    for (int i = 0; i < 6; ++i) u[i] = dU[i * 6 + j];
+    weight_grad_f4(u, c);
+    for (int r = 0; r < 3; ++r) tt[r][j] = c[r];
+  }
+  for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
+    Vec c[3];
+    weight_grad_f4(tt[r], c);
+    for (int j = 0; j < 3; ++j) d[r * 3 + j] = c[j];
+  }
+}
+// The same of F(2x2, 3x3).
+inline void weight_grad_tile(const Vec (&dU)[16], Vec (&d)[9]) {
+  Vec tt[3][4];  // Gᵀ dU
+  for (int j = 0; j < 4; ++j) {
+    const Vec u0 = dU[j], u1 = dU[4 + j], u2 = dU[8 + j], u3 = dU[12 + j];
+    tt[0][j] = u0 + 0.5f * (u1 + u2);
+    tt[1][j] = 0.5f * (u1 - u2);
+    tt[2][j] = 0.5f * (u1 + u2) + u3;
+  }
+  for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
+    d[r * 3 + 0] = tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]);
+    d[r * 3 + 1] = 0.5f * (tt[r][1] - tt[r][2]);
+    d[r * 3 + 2] = 0.5f * (tt[r][1] + tt[r][2]) + tt[r][3];
+  }
 }
 
 // dw = the gradient of conv(x, w) given dy, over the F(Mt x Mt, 3x3) tiles of g.
@@ -861,40 +922,30 @@ void backward_weight_tiles(const ops::ConvGeometry& g, const ConvScratch& s, flo
       });
     }
   }
+  // dw from dU, 16 kernels at a time across a vector (one at a time, its
+  // P reads a plane apart each, cost more than the products at 512
+  // channels).
   parallel_for(O * I, 64, [&](std::int64_t b, std::int64_t e) {
     run_widest([&] {
-    for (std::int64_t k = b; k < e; ++k) {
-      if constexpr (Mt == 4) {
-        float tt[3][6];  // Gᵀ dU: column j of dU through weight_grad_f4
-        for (int j = 0; j < 6; ++j) {
-          float u[6], c[3];
-          for (int i = 0; i < 6; ++i) u[i] = dU[(i * 6 + j) * plane + k];
-          weight_grad_f4(u, c);
-          for (int r = 0; r < 3; ++r) tt[r][j] = c[r];
+      alignas(64) float part[P][kLanes], d9[9][kLanes];
+      for (std::int64_t k0 = b; k0 < e; k0 += kLanes) {
+        const std::int64_t n = std::min(kLanes, e - k0);
+        Vec u[P], d[9];
+        for (int xi = 0; xi < P; ++xi) {
+          if (n == kLanes) {
+            u[xi] = load16(dU + xi * plane + k0);
+          } else {
+            std::fill(part[xi], part[xi] + kLanes, 0.f);
+            std::copy(dU + xi * plane + k0, dU + xi * plane + k0 + n, part[xi]);
+            u[xi] = load16(part[xi]);
+          }
         }
-        T* d = dw + k * 9;
-        for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
-          float c[3];
-          weight_grad_f4(tt[r], c);
-          for (int j = 0; j < 3; ++j) d[r * 3 + j] = from_f32<T>(c[j]);
-        }
-      } else {
-        float u[4][4];
-        for (int xi = 0; xi < kPositions; ++xi) u[xi / 4][xi % 4] = dU[xi * plane + k];
-        float tt[3][4];  // Gᵀ dU
-        for (int j = 0; j < 4; ++j) {
-          tt[0][j] = u[0][j] + 0.5f * (u[1][j] + u[2][j]);
-          tt[1][j] = 0.5f * (u[1][j] - u[2][j]);
-          tt[2][j] = 0.5f * (u[1][j] + u[2][j]) + u[3][j];
-        }
-        T* d = dw + k * 9;
-        for (int r = 0; r < 3; ++r) {  // (Gᵀ dU) G
-          d[r * 3 + 0] = from_f32<T>(tt[r][0] + 0.5f * (tt[r][1] + tt[r][2]));
-          d[r * 3 + 1] = from_f32<T>(0.5f * (tt[r][1] - tt[r][2]));
-          d[r * 3 + 2] = from_f32<T>(0.5f * (tt[r][1] + tt[r][2]) + tt[r][3]);
-        }
+        weight_grad_tile(u, d);
+        for (int j = 0; j < 9; ++j) store16(d9[j], d[j]);
+        T* out = dw + k0 * 9;
+        for (std::int64_t q = 0; q < n; ++q)
+          for (int j = 0; j < 9; ++j) out[q * 9 + j] = from_f32<T>(d9[j][q]);
       }
-    }
     });
   });
 }
@@ -906,5 +957,7 @@ void backward_weight(const ops::ConvGeometry& g, const ConvScratch& s, float* dU
   if (s.tiles.m == 4) return backward_weight_tiles<4>(g, s, dU, V, D, x, dy, dw);
   backward_weight_tiles<2>(g, s, dU, V, D, x, dy, dw);
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace frugal::cpu::winograd
