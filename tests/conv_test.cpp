@@ -598,11 +598,18 @@ TEST_CASE("Winograd is chosen by shape alone: 3x3 stride 1, enough channels and 
   CHECK(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::backward_weight).tiles.parts == cpu::kWinogradParts);
   const auto wide = geom({32, 256, 8, 8}, {256, 256, 3, 3}, {.padding = 1});
   CHECK(cpu::conv_scratch(wide, DType::f32, cpu::ConvPass::backward_weight).tiles.parts == 1);
-  // 4x4 outputs, 32 images: 128 tiles, too few to pay for the weight's transform.
+  // 4x4 outputs, 32 images: 128 tiles, enough to pay for the weight's
+  // transform, by F(2x2, 3x3); 8 images, 32 tiles, not (the weight gradient
+  // always).
   const auto late = geom({32, 512, 4, 4}, {512, 512, 3, 3}, {.padding = 1});
-  CHECK_FALSE(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::forward).winograd);
-  CHECK(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::backward_weight).winograd);
-  CHECK(cpu::conv_scratch(late, DType::f32, cpu::ConvPass::backward_weight).tiles.m == 2);
+  for (auto pass : {cpu::ConvPass::forward, cpu::ConvPass::backward_data, cpu::ConvPass::backward_weight}) {
+    CHECK(cpu::conv_scratch(late, DType::f32, pass).winograd);
+    CHECK(cpu::conv_scratch(late, DType::f32, pass).tiles.m == 2);
+  }
+  const auto few = geom({8, 512, 4, 4}, {512, 512, 3, 3}, {.padding = 1});
+  CHECK_FALSE(cpu::conv_scratch(few, DType::f32, cpu::ConvPass::forward).winograd);
+  CHECK_FALSE(cpu::conv_scratch(few, DType::f32, cpu::ConvPass::backward_data).winograd);
+  CHECK(cpu::conv_scratch(few, DType::f32, cpu::ConvPass::backward_weight).winograd);
   CHECK_FALSE(cpu::conv_scratch(resnet, DType::f64, cpu::ConvPass::forward).winograd);
   CHECK_FALSE(cpu::conv_scratch(resnet, DType::f64, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::winograd).winograd);
   CHECK_FALSE(cpu::conv_scratch(resnet, DType::f32, cpu::ConvPass::forward, 0, cpu::ConvAlgorithm::direct).winograd);

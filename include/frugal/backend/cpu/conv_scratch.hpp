@@ -53,9 +53,17 @@ inline ConvGeometry conv_data_grad_geometry(const ConvGeometry& g) {
 // not share: the weight's (O x I kernels, each call) and the tiles' ((I + O)
 // per tile). It is chosen by shape alone, for f32/bf16/f16 (f64 stays
 // direct: it is the reference the gradient checks use), pass by pass:
-// - forward and data gradient: at least kWinogradMinTiles tiles in the
-//   batch, so the weight's transform is small beside the products (ResNet
-//   at 4x4 outputs, 128 tiles: 8.5-9.9 ms against 6.9-7.5 direct);
+// - forward and data gradient: at least kWinogradMinTiles 2x2 tiles in
+//   the batch, so the weight's transform (O x I kernels, each call) is
+//   small beside the products (O x I per tile). ResNet-18's 4x4-output
+//   layers (512 channels, batch 32: 128 tiles) pay, with the weight and the
+//   tiles transformed straight into the product tile's packed operands and
+//   the weight's transform vectorised: forward 9.5-9.9 ms against 12.5-12.7
+//   direct, data gradient 9.5-11.3 against 13.7-15.3 (2 threads; 1 thread
+//   19.7 and 18.7 against 24.9 and 26.4; the AVX2 tile 10.0-10.5 against
+//   15-25, bench/conv_kernels --layer @4, alternating, on a Zen 4). On a
+//   Zen 5, before those two changes, the same layers took 8.5-9.9 ms
+//   against 6.9-7.5 direct, which set this bound at 512 until then;
 // - weight gradient: always (at 64 channels 6% slower than direct, at 128
 //   to 512 faster: 7.3, 7.4 and 6.9 ms against 9.0, 8.9 and 8.6).
 // (ResNet-18's layers, batch 32, 2 threads on a Zen 5 with frugal's
@@ -64,7 +72,7 @@ inline ConvGeometry conv_data_grad_geometry(const ConvGeometry& g) {
 // convolutions 1.4x faster there, Winograd on every layer 1.7x; the rules
 // stay one for every machine so that a plan is too.)
 inline constexpr std::int64_t kWinogradMinChannels = 16;
-inline constexpr std::int64_t kWinogradMinTiles = 512;
+inline constexpr std::int64_t kWinogradMinTiles = 128;
 // A chunk holds about this many 2x2 tiles (whole tile rows), so the 16
 // products of a chunk have enough columns and its transformed tiles stay
 // near the cache.
