@@ -453,7 +453,11 @@ TEST_CASE("Winograd F(2x2,3x3) and F(4x4,3x3) convolutions meet their error boun
       {"[4,32,2,2]*[24,32,3,3] pad 1", {4, 32, 2, 2}, {24, 32, 3, 3}, 1},
       // 66 tiles a row: a transform segment (64 tiles) and a partial one.
       {"[1,16,4,131]*[16,16,3,3] pad 1", {1, 16, 4, 131}, {16, 16, 3, 3}, 1},
+      // Rows of at least kGatherBelow tiles (the item transforms, where the
+      // planes above gather), with a partial last tile row and column.
+      {"[2,16,7,70]*[20,16,3,3] pad 1", {2, 16, 7, 70}, {20, 16, 3, 3}, 1},
   });
+  int transforms[2][2] = {};  // [F(2x2), F(4x4)][by items, gathered]: both ways each
   for (const auto& sh : shapes) {
     const Shape xs(sh.x), ws(sh.w);
     const Conv2dOptions opt{.padding = sh.pad};
@@ -495,6 +499,7 @@ TEST_CASE("Winograd F(2x2,3x3) and F(4x4,3x3) convolutions meet their error boun
         auto sw = cpu::conv_scratch(g, DType::f32, cpu::ConvPass::backward_weight, tiles, wino);
         REQUIRE((sf.winograd && sd.winograd && sw.winograd));
         REQUIRE((sf.tiles.m == 2 + 2 * f && sd.tiles.m == 2 + 2 * f && sw.tiles.m == 2 + 2 * f));
+        ++transforms[f][cpu::winograd::gathered(sf.tiles)];
         auto af = wfw.args(sf), ad = wd.args(sd), aw = ww.args(sw);
         std::vector<float> y(want_y.v.size()), dx(x.size()), dw(w.size());
         // Either engine: Winograd runs for both (its products on the float GEMM engine).
@@ -518,6 +523,11 @@ TEST_CASE("Winograd F(2x2,3x3) and F(4x4,3x3) convolutions meet their error boun
         CHECK(std::memcmp(dw.data(), first_dw.data(), dw.size() * 4) == 0);
       }
     }
+  }
+  for (int f = 0; f < 2; ++f) {
+    INFO("F(" << 2 + 2 * f << "x" << 2 + 2 * f << ",3x3): shapes transformed by items, and gathered");
+    CHECK(transforms[f][0] > 0);
+    CHECK(transforms[f][1] > 0);
   }
 }
 
@@ -755,6 +765,9 @@ void check_half_conv(const char* type, double u) {
       // 16 channels, 512 tiles: Winograd, here F(4x4, 3x3) (31 columns: a
       // partial last tile), whose transforms widen and round 16-bit rows.
       {"Winograd [2,16,32,31]*[16,16,3,3]", {2, 16, 32, 31}, {16, 16, 3, 3}, {.padding = 1}, true},
+      // 8x8 planes, 128 tiles: F(4x4, 3x3) with 2 tiles a row, so the
+      // transforms gather a tile a lane (conv_winograd.hpp, gathered).
+      {"Winograd, gathered [8,16,8,8]*[20,16,3,3]", {8, 16, 8, 8}, {20, 16, 3, 3}, {.padding = 1}, true},
   };
   for (const auto& c : cases) {
     const auto g = ops::conv_geometry("test", c.x, c.w, c.o);

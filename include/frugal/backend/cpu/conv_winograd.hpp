@@ -304,6 +304,18 @@ struct TileLayout {
       for (int xi = 0; xi < P; ++xi) copy_floats(p + xi * plane, src[xi] + off, run);
     }
   }
+  // Channel c's n <= kLanes columns from col of plane ξ, from v's first n
+  // lanes: one store where they are kLanes within one panel (the gathered
+  // transforms' columns start at multiples of kLanes), else in runs.
+  void store_lanes(int xi, std::int64_t c, std::int64_t col, const Vec& v, std::int64_t n) const {
+    const std::int64_t j = col % kWinogradPanel;
+    float* p = base + xi * plane + (panels ? (col / kWinogradPanel * ld + c) * kWinogradPanel + j : c * ld + col);
+    if (n == kLanes && (!panels || j + kLanes <= kWinogradPanel)) return store16(p, v);
+    alignas(64) float line[1][kLanes];
+    store16(line[0], v);
+    const TileLayout one{base + xi * plane, 0, ld, panels};
+    one.store(c, col, line, n);
+  }
 };
 
 // A transform works on a segment of a tile row at a time, at most kSegment
@@ -679,6 +691,181 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
 }
 
 
+// Small planes: a tile row has a few tiles (F(4x4, 3x3) at 8x8: 2; F(2x2,
+// 3x3) at 4x4: 2), so the item transforms above fill a few lanes of each
+// vector and store a few floats per plane per row, read back from their
+// lines just after those were written as whole vectors. Where a row has
+// fewer than kGatherBelow tiles (gathered), the transforms take kLanes
+// consecutive columns of a channel instead (tiles of successive tile rows,
+// and images), one tile a lane: each lane gathers its tile's values, and
+// each plane's transformed values are one vector, stored whole. The
+// arithmetic is the item transforms', in the same order: the same bits.
+// Gathering reads each input value about 1.5 times as often (tiles
+// overlap), so at 8 tiles a row (ResNet-18's 32x32 layers by F(4x4, 3x3))
+// the items stay faster: forward 12.1 ms against 13.5 gathered; at 4 and 2
+// tiles a row gathering took the forward from 11.3 to 9.5 ms (16x16), 12.9
+// to 10.4 (8x8) and 19.3 to 16.3 (4x4, F(2x2, 3x3)) (1 thread, Zen 4,
+// bench/conv_kernels).
+inline constexpr std::int64_t kGatherBelow = 8;
+inline bool gathered(const WinogradTiles& t) { return t.tw < kGatherBelow; }
+
+// The gathered transforms' lines: d[e][lane] the tiles' values (an E x E
+// tile's element e = E a + b), o the output transform's Mt x Mt values.
+struct Gather {
+  alignas(64) float d[36][kLanes];
+  alignas(64) float o[16][kLanes];
+};
+
+// G.d[E a + b][q] for q < n = src at row Mt ty - oy + a, column Mt tx - ox + b
+// (zero outside the plane) of channel c's plane ([n][C][h][w]), where column
+// col0 + q of the chunk from tile row r0 is tile tx of tile row ty; the
+// lanes past n are zero.
+template <int E, int Mt, class T>
+void gather_tiles(const T* src, std::int64_t C, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t oy,
+                  std::int64_t ox, const WinogradTiles& t, std::int64_t r0, std::int64_t col0, std::int64_t n,
+                  Gather& G) {
+  for (std::int64_t q = 0; q < n; ++q) {
+    const std::int64_t col = col0 + q;
+    const TileRow tr = tile_row(t, r0 + col / t.tw);
+    const std::int64_t y0 = Mt * tr.ty - oy, x0 = Mt * (col % t.tw) - ox;
+    const T* p = src + (tr.img * C + c) * h * w;
+    if (y0 >= 0 && y0 + E <= h && x0 >= 0 && x0 + E <= w) {
+      for (int a = 0; a < E; ++a)
+        for (int b = 0; b < E; ++b) G.d[a * E + b][q] = to_f32(p[(y0 + a) * w + x0 + b]);
+    } else {
+      for (int a = 0; a < E; ++a)
+        for (int b = 0; b < E; ++b) {
+          const std::int64_t iy = y0 + a, ix = x0 + b;
+          G.d[a * E + b][q] = iy >= 0 && iy < h && ix >= 0 && ix < w ? to_f32(p[iy * w + ix]) : 0.f;
+        }
+    }
+  }
+  for (int e = 0; e < E * E; ++e) std::fill(G.d[e] + n, G.d[e] + kLanes, 0.f);
+}
+
+// Bᵀ d B of columns [col0, col0 + n) (n <= kLanes) of channel c of x, for
+// the chunk from tile row r0, stored in layout `to` from column at.
+template <int Mt, class T>
+void input_gathered(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
+                    std::int64_t col0, std::int64_t n, const TileLayout& to, std::int64_t at, Gather& G) {
+  gather_tiles<Mt + 2, Mt>(x, g.cin, c, g.h, g.w, g.ph, g.pw, t, r0, col0, n, G);
+  if constexpr (Mt == 4) {
+    Vec r[6][6];  // r[a]: row a's Bᵀ d
+    for (int a = 0; a < 6; ++a) {
+      Vec d[6];
+      for (int b = 0; b < 6; ++b) d[b] = load16(G.d[a * 6 + b]);
+      input_f4(d, r[a]);
+    }
+    for (int j = 0; j < 6; ++j) {
+      const Vec d[6] = {r[0][j], r[1][j], r[2][j], r[3][j], r[4][j], r[5][j]};
+      Vec v[6];
+      input_f4(d, v);
+      for (int i = 0; i < 6; ++i) to.store_lanes(i * 6 + j, c, at, v[i], n);
+    }
+  } else {
+    Vec r[4][4];
+    for (int a = 0; a < 4; ++a) {
+      const Vec e0 = load16(G.d[a * 4]), o0 = load16(G.d[a * 4 + 1]);
+      const Vec e1 = load16(G.d[a * 4 + 2]), o1 = load16(G.d[a * 4 + 3]);
+      r[a][0] = e0 - e1;
+      r[a][1] = o0 + e1;
+      r[a][2] = e1 - o0;
+      r[a][3] = o0 - o1;
+    }
+    for (int j = 0; j < 4; ++j) {
+      to.store_lanes(0 * 4 + j, c, at, r[0][j] - r[2][j], n);
+      to.store_lanes(1 * 4 + j, c, at, r[1][j] + r[2][j], n);
+      to.store_lanes(2 * 4 + j, c, at, r[2][j] - r[1][j], n);
+      to.store_lanes(3 * 4 + j, c, at, r[1][j] - r[3][j], n);
+    }
+  }
+}
+
+// Aᵀ M A of columns [col0, col0 + n) of output channel c (M[ξ][c][col],
+// planes pm apart, rows of ld), plus the bias, stored into y; outputs past
+// the plane's edge are dropped. M's planes are read a whole vector at a
+// time, past column col0 + n too (into the next channel's, or the plane's
+// padding).
+template <int Mt, class T>
+void output_gathered(const float* M, std::int64_t pm, std::int64_t ld, const ops::ConvGeometry& g,
+                     const WinogradTiles& t, std::int64_t c, std::int64_t r0, std::int64_t col0, std::int64_t n,
+                     float bias, T* y, Gather& G) {
+  const float* m = M + c * ld + col0;
+  const Vec vb = Vec{} + bias;
+  if constexpr (Mt == 4) {
+    Vec s[6][4];  // M A along each row i
+    for (int i = 0; i < 6; ++i) {
+      Vec v[6];
+      for (int j = 0; j < 6; ++j) v[j] = load16(m + (i * 6 + j) * pm);
+      output_f4(v, s[i]);
+    }
+    for (int b = 0; b < 4; ++b) {  // Aᵀ down the columns
+      const Vec v[6] = {s[0][b], s[1][b], s[2][b], s[3][b], s[4][b], s[5][b]};
+      Vec o[4];
+      output_f4(v, o);
+      for (int a = 0; a < 4; ++a) store16(G.o[a * 4 + b], o[a] + vb);
+    }
+  } else {
+    Vec s[4][2];
+    for (int i = 0; i < 4; ++i) {
+      const Vec m0 = load16(m + (i * 4 + 0) * pm), m1 = load16(m + (i * 4 + 1) * pm);
+      const Vec m2 = load16(m + (i * 4 + 2) * pm), m3 = load16(m + (i * 4 + 3) * pm);
+      s[i][0] = m0 + m1 + m2;
+      s[i][1] = m1 - m2 - m3;
+    }
+    for (int b = 0; b < 2; ++b) {
+      store16(G.o[0 * Mt + b], s[0][b] + s[1][b] + s[2][b] + vb);
+      store16(G.o[1 * Mt + b], s[1][b] - s[2][b] - s[3][b] + vb);
+    }
+  }
+  for (std::int64_t q = 0; q < n; ++q) {
+    const std::int64_t col = col0 + q;
+    const TileRow tr = tile_row(t, r0 + col / t.tw);
+    const std::int64_t oy = Mt * tr.ty, ox = Mt * (col % t.tw);
+    const std::int64_t rows = std::min<std::int64_t>(Mt, g.ho - oy), cols = std::min<std::int64_t>(Mt, g.wo - ox);
+    T* out = y + ((tr.img * g.cout + c) * g.ho + oy) * g.wo + ox;
+    for (std::int64_t a = 0; a < rows; ++a)
+      for (std::int64_t b = 0; b < cols; ++b) out[a * g.wo + b] = from_f32<T>(G.o[a * Mt + b][q]);
+  }
+}
+
+// A dY Aᵀ of columns [col0, col0 + n) of channel c of dy (outputs past the
+// edge count as zero), stored at D[ξ][c][at + q] (rows of ld).
+template <int Mt, class T>
+void dy_gathered(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
+                 std::int64_t col0, std::int64_t n, float* D, std::int64_t ld, std::int64_t at, Gather& G) {
+  gather_tiles<Mt, Mt>(dy, g.cout, c, g.ho, g.wo, 0, 0, t, r0, col0, n, G);
+  const TileLayout to{D, winograd_plane(g.cout * ld), ld, false};
+  if constexpr (Mt == 4) {
+    Vec r[4][6];  // r[a]: dY's row a times Aᵀ
+    for (int a = 0; a < 4; ++a) {
+      const Vec v[4] = {load16(G.d[a * 4]), load16(G.d[a * 4 + 1]), load16(G.d[a * 4 + 2]), load16(G.d[a * 4 + 3])};
+      dy_f4(v, r[a]);
+    }
+    for (int j = 0; j < 6; ++j) {  // A down the columns
+      const Vec v[4] = {r[0][j], r[1][j], r[2][j], r[3][j]};
+      Vec e[6];
+      dy_f4(v, e);
+      for (int i = 0; i < 6; ++i) to.store_lanes(i * 6 + j, c, at, e[i], n);
+    }
+  } else {
+    Vec r[2][4];
+    for (int a = 0; a < 2; ++a) {
+      const Vec y0 = load16(G.d[a * 2]), y1 = load16(G.d[a * 2 + 1]);
+      r[a][0] = y0;
+      r[a][1] = y0 + y1;
+      r[a][2] = y0 - y1;
+      r[a][3] = -y1;
+    }
+    for (int j = 0; j < 4; ++j) {
+      to.store_lanes(0 * 4 + j, c, at, r[0][j], n);
+      to.store_lanes(1 * 4 + j, c, at, r[0][j] + r[1][j], n);
+      to.store_lanes(2 * 4 + j, c, at, r[0][j] - r[1][j], n);
+      to.store_lanes(3 * 4 + j, c, at, -r[1][j], n);
+    }
+  }
+}
+
 // The P products of a chunk, one GEMM per position, spread over the team.
 template <class Product>
 void each_position(int P, Product&& product) {
@@ -754,6 +941,7 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
   const std::int64_t nt = std::min<std::int64_t>(team_threads(), blocks);
   run_chunks(nt, [&](std::int64_t share) {
     LinesM L{};
+    Gather G;
     for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
       const std::int64_t nr = std::min(t.rows, all - r0);
       for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
@@ -765,6 +953,12 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
         const TileLayout to{Vb, vplane, packed ? I : ld, packed};
         const std::int64_t first = packed ? col0 : 0;
         run_widest([&] {
+          if (gathered(t)) {
+            for (std::int64_t c = 0; c < I; ++c)
+              for (std::int64_t q = col0; q < col0 + cols; q += kLanes)
+                input_gathered<Mt>(x, g, t, c, r0, q, std::min(kLanes, col0 + cols - q), to, q - first, G);
+            return;
+          }
           each_item(I, nr, t.tw, b0, b1, [&](std::int64_t k) {
             const Item it = item(k, nr, r0, t.tw);
             input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
@@ -787,6 +981,14 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
           }
         }
         run_widest([&] {
+          if (gathered(t)) {
+            for (std::int64_t c = 0; c < O; ++c) {
+              const float b = bias ? to_f32(bias[c]) : 0.f;
+              for (std::int64_t q = col0; q < col0 + cols; q += kLanes)
+                output_gathered<Mt>(M, pm, ld, g, t, c, r0, q, std::min(kLanes, col0 + cols - q), b, y, G);
+            }
+            return;
+          }
           each_item(O, nr, t.tw, b0, b1, [&](std::int64_t k) {
             const Item it = item(k, nr, r0, t.tw);
             const float b = bias ? to_f32(bias[it.c]) : 0.f;
@@ -821,6 +1023,18 @@ void weight_item(std::int64_t k, const ops::ConvGeometry& g, const WinogradTiles
   }
 }
 
+// The gathered twin of weight_item: columns [col0, col0 + n) of channel k
+// of x (k < I, into V) or of dy (k - I, into D).
+template <int Mt, class T>
+void weight_gathered(std::int64_t k, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t r0,
+                     std::int64_t col0, std::int64_t n, std::int64_t ld, float* V, float* D, const T* x, const T* dy,
+                     Gather& G) {
+  if (k < g.cin)
+    input_gathered<Mt>(x, g, t, k, r0, col0, n, TileLayout{V, winograd_plane(g.cin * ld), ld, false}, col0, G);
+  else
+    dy_gathered<Mt>(dy, g, t, k - g.cin, r0, col0, n, D, ld, col0, G);
+}
+
 // Transforms tile rows [a, b) of the chunk from r0 (all of x's channels
 // into V, all of dy's into D, rows of ld columns) and adds their P
 // products into dU.
@@ -831,7 +1045,12 @@ void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_
   const std::int64_t O = g.cout, I = g.cin;
   const std::int64_t col0 = a * t.tw, cols = (b - a) * t.tw, plane = winograd_plane(O * I);
   run_widest([&] {
-    each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
+    if (!gathered(t))
+      return each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
+    Gather G;
+    for (std::int64_t c = 0; c < I + O; ++c)
+      for (std::int64_t q = col0; q < col0 + cols; q += kLanes)
+        weight_gathered<Mt>(c, g, t, r0, q, std::min(kLanes, col0 + cols - q), ld, V, D, x, dy, G);
   });
   // dU_ξ (+)= D_ξ V_ξᵀ: the rows' tiles are the products' depth.
   const SgemmEngine engine = sgemm_engine(cols);
@@ -923,12 +1142,25 @@ void backward_weight_tiles(const ops::ConvGeometry& g, const ConvScratch& s, flo
     if (all == 0) std::fill(dU, dU + sums, 0.f);
     for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
       const std::int64_t nr = std::min(t.rows, all - r0), ld = nr * t.tw;
-      parallel_for((I + O) * nr * ns, P * kSegment, [&](std::int64_t b, std::int64_t e) {
-        LinesM L{};
-        run_widest([&] {
-          for (std::int64_t k = b; k < e; ++k) weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L);
+      if (gathered(t)) {
+        const std::int64_t groups = (ld + kLanes - 1) / kLanes;  // of kLanes columns a channel
+        parallel_for((I + O) * groups, P * kLanes, [&](std::int64_t b, std::int64_t e) {
+          Gather G;
+          run_widest([&] {
+            for (std::int64_t k = b; k < e; ++k) {
+              const std::int64_t q = k % groups * kLanes;
+              weight_gathered<Mt>(k / groups, g, t, r0, q, std::min(kLanes, ld - q), ld, V, D, x, dy, G);
+            }
+          });
         });
-      });
+      } else {
+        parallel_for((I + O) * nr * ns, P * kSegment, [&](std::int64_t b, std::int64_t e) {
+          LinesM L{};
+          run_widest([&] {
+            for (std::int64_t k = b; k < e; ++k) weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L);
+          });
+        });
+      }
       // dU_ξ (+)= D_ξ V_ξᵀ, a position per task: the chunk's tiles are the products' depth.
       const SgemmEngine engine = sgemm_engine(ld);
       each_position(P, [&](std::int64_t xi) {
