@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
     t.push_back(ms_since(t0));
   }
   std::sort(t.begin(), t.end());
-  std::printf("%s %s batch %lld, %d threads, %s convolutions (%s): median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.4f -> %.4f\n",
+  std::printf("%s %s batch %lld, %d threads, %s convolutions (%s): median %.1f ms/step (min %.1f, max %.1f) over %d steps; loss %.7g -> %.7g\n",
               model_name.c_str(), dtype_name(dtype), (long long)batch, threads, cpu::conv_engine_from(engine_name) == cpu::ConvEngine::avx512 ? "avx512" : "blas", algo_name.c_str(), t[t.size() / 2], t.front(), t.back(), steps, first, last);
   std::printf("arena %.1f MiB (peak %.1f MiB), parameters and state %.1f MiB\n", step.plan().arena_bytes / 1048576.0,
               step.plan().peak_bytes / 1048576.0, step.plan().persistent_bytes / 1048576.0);

@@ -353,6 +353,26 @@ void each_item(std::int64_t channels, std::int64_t nr, std::int64_t tw, std::int
     for (std::int64_t k = (c * nr + a) * ns; k < (c * nr + b) * ns; ++k) fn(k);
 }
 
+// F(2x2, 3x3)'s transforms on a row or a column of a tile: Bᵀ d (or d B)
+// is (d0 - d2, d1 + d2, d2 - d1, d1 - d3); Aᵀ m is (m0 + m1 + m2,
+// m1 - m2 - m3); A y is (y0, y0 + y1, y0 - y1, -y1).
+inline void input_f2(const Vec (&d)[4], Vec (&r)[4]) {
+  r[0] = d[0] - d[2];
+  r[1] = d[1] + d[2];
+  r[2] = d[2] - d[1];
+  r[3] = d[1] - d[3];
+}
+inline void output_f2(const Vec (&m)[4], Vec (&o)[2]) {
+  o[0] = m[0] + m[1] + m[2];
+  o[1] = m[1] - m[2] - m[3];
+}
+inline void dy_f2(const Vec (&y)[2], Vec (&e)[4]) {
+  e[0] = y[0];
+  e[1] = y[0] + y[1];
+  e[2] = y[0] - y[1];
+  e[3] = -y[1];
+}
+
 // Bᵀ d B of an item's tiles in channel c of x ([n][C][h][w], padding ph,
 // pw), stored in layout `to` as channel c's columns from col.
 template <class T>
@@ -386,23 +406,20 @@ void input_tiles(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t,
     for (std::int64_t q = hi; q < n1; ++q) edge(q);
   }
   // Tile q reads d0..d3 = ev[q], od[q], ev[q + 1], od[q + 1] of each row;
-  // d B along the rows is (d0 - d2, d1 + d2, d2 - d1, d1 - d3), then Bᵀ
-  // the same down the columns. Lanes past n compute what is never stored.
+  // d B along the rows, then Bᵀ down the columns (input_f2). Lanes past n
+  // compute what is never stored.
   for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
     Vec r[4][4];
     for (int a = 0; a < 4; ++a) {
-      const Vec e0 = load16(L.ev[a] + q0), e1 = load16(L.ev[a] + q0 + 1);
-      const Vec o0 = load16(L.od[a] + q0), o1 = load16(L.od[a] + q0 + 1);
-      r[a][0] = e0 - e1;
-      r[a][1] = o0 + e1;
-      r[a][2] = e1 - o0;
-      r[a][3] = o0 - o1;
+      const Vec d[4] = {load16(L.ev[a] + q0), load16(L.od[a] + q0), load16(L.ev[a] + q0 + 1),
+                        load16(L.od[a] + q0 + 1)};
+      input_f2(d, r[a]);
     }
     for (int j = 0; j < 4; ++j) {
-      store16(L.out[0 * 4 + j] + q0, r[0][j] - r[2][j]);
-      store16(L.out[1 * 4 + j] + q0, r[1][j] + r[2][j]);
-      store16(L.out[2 * 4 + j] + q0, r[2][j] - r[1][j]);
-      store16(L.out[3 * 4 + j] + q0, r[1][j] - r[3][j]);
+      const Vec d[4] = {r[0][j], r[1][j], r[2][j], r[3][j]};
+      Vec v[4];
+      input_f2(d, v);
+      for (int i = 0; i < 4; ++i) store16(L.out[i * 4 + j] + q0, v[i]);
     }
   }
   to.store(it.c, col, L.out, n);
@@ -422,14 +439,16 @@ void output_tiles(const float* M, std::int64_t ld, std::int64_t col, const ops::
   for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
     Vec s[4][2];  // M A along each row i
     for (int i = 0; i < 4; ++i) {
-      const Vec m0 = load16(m + (i * 4 + 0) * pstride + q0), m1 = load16(m + (i * 4 + 1) * pstride + q0);
-      const Vec m2 = load16(m + (i * 4 + 2) * pstride + q0), m3 = load16(m + (i * 4 + 3) * pstride + q0);
-      s[i][0] = m0 + m1 + m2;
-      s[i][1] = m1 - m2 - m3;
+      const Vec v[4] = {load16(m + (i * 4 + 0) * pstride + q0), load16(m + (i * 4 + 1) * pstride + q0),
+                        load16(m + (i * 4 + 2) * pstride + q0), load16(m + (i * 4 + 3) * pstride + q0)};
+      output_f2(v, s[i]);
     }
     for (int b = 0; b < 2; ++b) {  // Aᵀ down the columns: ev holds output row 0, od row 1; [b] the tile's column b
-      store16(L.ev[b] + q0, s[0][b] + s[1][b] + s[2][b] + vb);
-      store16(L.od[b] + q0, s[1][b] - s[2][b] - s[3][b] + vb);
+      const Vec v[4] = {s[0][b], s[1][b], s[2][b], s[3][b]};
+      Vec o[2];
+      output_f2(v, o);
+      store16(L.ev[b] + q0, o[0] + vb);
+      store16(L.od[b] + q0, o[1] + vb);
     }
   }
   // Tiles [0, full) have both columns inside the plane; with Wo odd the
@@ -466,21 +485,18 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
     split_pairs(line, y0, y1, full, L.wide);
     if (full < n) y0[full] = to_f32(line[2 * full]), y1[full] = 0.f;
   }
-  // dY Aᵀ along each row is (y0, y0 + y1, y0 - y1, -y1); A the same down the columns.
+  // dY Aᵀ along each row, then A down the columns (dy_f2).
   for (std::int64_t q0 = 0; q0 < n; q0 += kLanes) {
     Vec r[2][4];
     for (int a = 0; a < 2; ++a) {
-      const Vec y0 = load16(L.ev[a] + q0), y1 = load16(L.od[a] + q0);
-      r[a][0] = y0;
-      r[a][1] = y0 + y1;
-      r[a][2] = y0 - y1;
-      r[a][3] = -y1;
+      const Vec y[2] = {load16(L.ev[a] + q0), load16(L.od[a] + q0)};
+      dy_f2(y, r[a]);
     }
     for (int j = 0; j < 4; ++j) {
-      store16(L.out[0 * 4 + j] + q0, r[0][j]);
-      store16(L.out[1 * 4 + j] + q0, r[0][j] + r[1][j]);
-      store16(L.out[2 * 4 + j] + q0, r[0][j] - r[1][j]);
-      store16(L.out[3 * 4 + j] + q0, -r[1][j]);
+      const Vec y[2] = {r[0][j], r[1][j]};
+      Vec e[4];
+      dy_f2(y, e);
+      for (int i = 0; i < 4; ++i) store16(L.out[i * 4 + j] + q0, e[i]);
     }
   }
   const std::int64_t pstride = winograd_plane(g.cout * ld);
@@ -707,6 +723,22 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
 // to 10.4 (8x8) and 19.3 to 16.3 (4x4, F(2x2, 3x3)) (1 thread, Zen 4,
 // bench/conv_kernels).
 inline constexpr std::int64_t kGatherBelow = 8;
+// F(Mt x Mt, 3x3)'s transforms on a row or column, by tile size.
+template <int Mt>
+inline void input_f(const Vec (&d)[Mt + 2], Vec (&r)[Mt + 2]) {
+  if constexpr (Mt == 4) input_f4(d, r);
+  else input_f2(d, r);
+}
+template <int Mt>
+inline void output_f(const Vec (&m)[Mt + 2], Vec (&o)[Mt]) {
+  if constexpr (Mt == 4) output_f4(m, o);
+  else output_f2(m, o);
+}
+template <int Mt>
+inline void dy_f(const Vec (&y)[Mt], Vec (&e)[Mt + 2]) {
+  if constexpr (Mt == 4) dy_f4(y, e);
+  else dy_f2(y, e);
+}
 inline bool gathered(const WinogradTiles& t) { return t.tw < kGatherBelow; }
 
 // The gathered transforms' lines: d[e][lane] the tiles' values (an E x E
@@ -748,36 +780,19 @@ void gather_tiles(const T* src, std::int64_t C, std::int64_t c, std::int64_t h, 
 template <int Mt, class T>
 void input_gathered(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
                     std::int64_t col0, std::int64_t n, const TileLayout& to, std::int64_t at, Gather& G) {
-  gather_tiles<Mt + 2, Mt>(x, g.cin, c, g.h, g.w, g.ph, g.pw, t, r0, col0, n, G);
-  if constexpr (Mt == 4) {
-    Vec r[6][6];  // r[a]: row a's Bᵀ d
-    for (int a = 0; a < 6; ++a) {
-      Vec d[6];
-      for (int b = 0; b < 6; ++b) d[b] = load16(G.d[a * 6 + b]);
-      input_f4(d, r[a]);
-    }
-    for (int j = 0; j < 6; ++j) {
-      const Vec d[6] = {r[0][j], r[1][j], r[2][j], r[3][j], r[4][j], r[5][j]};
-      Vec v[6];
-      input_f4(d, v);
-      for (int i = 0; i < 6; ++i) to.store_lanes(i * 6 + j, c, at, v[i], n);
-    }
-  } else {
-    Vec r[4][4];
-    for (int a = 0; a < 4; ++a) {
-      const Vec e0 = load16(G.d[a * 4]), o0 = load16(G.d[a * 4 + 1]);
-      const Vec e1 = load16(G.d[a * 4 + 2]), o1 = load16(G.d[a * 4 + 3]);
-      r[a][0] = e0 - e1;
-      r[a][1] = o0 + e1;
-      r[a][2] = e1 - o0;
-      r[a][3] = o0 - o1;
-    }
-    for (int j = 0; j < 4; ++j) {
-      to.store_lanes(0 * 4 + j, c, at, r[0][j] - r[2][j], n);
-      to.store_lanes(1 * 4 + j, c, at, r[1][j] + r[2][j], n);
-      to.store_lanes(2 * 4 + j, c, at, r[2][j] - r[1][j], n);
-      to.store_lanes(3 * 4 + j, c, at, r[1][j] - r[3][j], n);
-    }
+  constexpr int E = Mt + 2;
+  gather_tiles<E, Mt>(x, g.cin, c, g.h, g.w, g.ph, g.pw, t, r0, col0, n, G);
+  Vec r[E][E];  // r[a]: row a's Bᵀ d
+  for (int a = 0; a < E; ++a) {
+    Vec d[E];
+    for (int b = 0; b < E; ++b) d[b] = load16(G.d[a * E + b]);
+    input_f<Mt>(d, r[a]);
+  }
+  for (int j = 0; j < E; ++j) {
+    Vec d[E], v[E];
+    for (int a = 0; a < E; ++a) d[a] = r[a][j];
+    input_f<Mt>(d, v);
+    for (int i = 0; i < E; ++i) to.store_lanes(i * E + j, c, at, v[i], n);
   }
 }
 
@@ -790,33 +805,20 @@ template <int Mt, class T>
 void output_gathered(const float* M, std::int64_t pm, std::int64_t ld, const ops::ConvGeometry& g,
                      const WinogradTiles& t, std::int64_t c, std::int64_t r0, std::int64_t col0, std::int64_t n,
                      float bias, T* y, Gather& G) {
+  constexpr int E = Mt + 2;
   const float* m = M + c * ld + col0;
   const Vec vb = Vec{} + bias;
-  if constexpr (Mt == 4) {
-    Vec s[6][4];  // M A along each row i
-    for (int i = 0; i < 6; ++i) {
-      Vec v[6];
-      for (int j = 0; j < 6; ++j) v[j] = load16(m + (i * 6 + j) * pm);
-      output_f4(v, s[i]);
-    }
-    for (int b = 0; b < 4; ++b) {  // Aᵀ down the columns
-      const Vec v[6] = {s[0][b], s[1][b], s[2][b], s[3][b], s[4][b], s[5][b]};
-      Vec o[4];
-      output_f4(v, o);
-      for (int a = 0; a < 4; ++a) store16(G.o[a * 4 + b], o[a] + vb);
-    }
-  } else {
-    Vec s[4][2];
-    for (int i = 0; i < 4; ++i) {
-      const Vec m0 = load16(m + (i * 4 + 0) * pm), m1 = load16(m + (i * 4 + 1) * pm);
-      const Vec m2 = load16(m + (i * 4 + 2) * pm), m3 = load16(m + (i * 4 + 3) * pm);
-      s[i][0] = m0 + m1 + m2;
-      s[i][1] = m1 - m2 - m3;
-    }
-    for (int b = 0; b < 2; ++b) {
-      store16(G.o[0 * Mt + b], s[0][b] + s[1][b] + s[2][b] + vb);
-      store16(G.o[1 * Mt + b], s[1][b] - s[2][b] - s[3][b] + vb);
-    }
+  Vec s[E][Mt];  // M A along each row i
+  for (int i = 0; i < E; ++i) {
+    Vec v[E];
+    for (int j = 0; j < E; ++j) v[j] = load16(m + (i * E + j) * pm);
+    output_f<Mt>(v, s[i]);
+  }
+  for (int b = 0; b < Mt; ++b) {  // Aᵀ down the columns
+    Vec v[E], o[Mt];
+    for (int i = 0; i < E; ++i) v[i] = s[i][b];
+    output_f<Mt>(v, o);
+    for (int a = 0; a < Mt; ++a) store16(G.o[a * Mt + b], o[a] + vb);
   }
   for (std::int64_t q = 0; q < n; ++q) {
     const std::int64_t col = col0 + q;
@@ -835,34 +837,19 @@ template <int Mt, class T>
 void dy_gathered(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
                  std::int64_t col0, std::int64_t n, float* D, std::int64_t ld, std::int64_t at, Gather& G) {
   gather_tiles<Mt, Mt>(dy, g.cout, c, g.ho, g.wo, 0, 0, t, r0, col0, n, G);
+  constexpr int E = Mt + 2;
   const TileLayout to{D, winograd_plane(g.cout * ld), ld, false};
-  if constexpr (Mt == 4) {
-    Vec r[4][6];  // r[a]: dY's row a times Aᵀ
-    for (int a = 0; a < 4; ++a) {
-      const Vec v[4] = {load16(G.d[a * 4]), load16(G.d[a * 4 + 1]), load16(G.d[a * 4 + 2]), load16(G.d[a * 4 + 3])};
-      dy_f4(v, r[a]);
-    }
-    for (int j = 0; j < 6; ++j) {  // A down the columns
-      const Vec v[4] = {r[0][j], r[1][j], r[2][j], r[3][j]};
-      Vec e[6];
-      dy_f4(v, e);
-      for (int i = 0; i < 6; ++i) to.store_lanes(i * 6 + j, c, at, e[i], n);
-    }
-  } else {
-    Vec r[2][4];
-    for (int a = 0; a < 2; ++a) {
-      const Vec y0 = load16(G.d[a * 2]), y1 = load16(G.d[a * 2 + 1]);
-      r[a][0] = y0;
-      r[a][1] = y0 + y1;
-      r[a][2] = y0 - y1;
-      r[a][3] = -y1;
-    }
-    for (int j = 0; j < 4; ++j) {
-      to.store_lanes(0 * 4 + j, c, at, r[0][j], n);
-      to.store_lanes(1 * 4 + j, c, at, r[0][j] + r[1][j], n);
-      to.store_lanes(2 * 4 + j, c, at, r[0][j] - r[1][j], n);
-      to.store_lanes(3 * 4 + j, c, at, -r[1][j], n);
-    }
+  Vec r[Mt][E];  // r[a]: dY's row a times Aᵀ
+  for (int a = 0; a < Mt; ++a) {
+    Vec v[Mt];
+    for (int b = 0; b < Mt; ++b) v[b] = load16(G.d[a * Mt + b]);
+    dy_f<Mt>(v, r[a]);
+  }
+  for (int j = 0; j < E; ++j) {  // A down the columns
+    Vec v[Mt], e[E];
+    for (int a = 0; a < Mt; ++a) v[a] = r[a][j];
+    dy_f<Mt>(v, e);
+    for (int i = 0; i < E; ++i) to.store_lanes(i * E + j, c, at, e[i], n);
   }
 }
 
