@@ -344,12 +344,13 @@ inline Item item(std::int64_t k, std::int64_t nr, std::int64_t r0, std::int64_t 
 // The item's first column in a region of the chunk from tile row r0.
 inline std::int64_t column(const Item& it, std::int64_t r0, std::int64_t tw) { return (it.row - r0) * tw + it.s0; }
 
-// fn(k) for the items of channels [0, channels) in tile rows [a, b) of a
+// fn(k) for the items of channels [c0, c1) in tile rows [a, b) of a
 // chunk of nr rows, channel by channel.
 template <class Fn>
-void each_item(std::int64_t channels, std::int64_t nr, std::int64_t tw, std::int64_t a, std::int64_t b, Fn&& fn) {
+void each_item(std::int64_t c0, std::int64_t c1, std::int64_t nr, std::int64_t tw, std::int64_t a, std::int64_t b,
+               Fn&& fn) {
   const std::int64_t ns = segments(tw);
-  for (std::int64_t c = 0; c < channels; ++c)
+  for (std::int64_t c = c0; c < c1; ++c)
     for (std::int64_t k = (c * nr + a) * ns; k < (c * nr + b) * ns; ++k) fn(k);
 }
 
@@ -706,7 +707,6 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
   for (int xi = 0; xi < 36; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
 }
 
-
 // Small planes: a tile row has a few tiles (F(4x4, 3x3) at 8x8: 2; F(2x2,
 // 3x3) at 4x4: 2), so the item transforms above fill a few lanes of each
 // vector and store a few floats per plane per row, read back from their
@@ -925,66 +925,121 @@ void forward_tiles(const ops::ConvGeometry& g, const ConvScratch& s, float* U, f
   transform_weights<Mt>(w, O, I, flipped, U, ul);
   const std::int64_t blocks = t.blocks();  // of a full chunk
   const std::int64_t vplane = packed ? winograd_panel_plane(t, I) : winograd_plane(I * ld);
-  const std::int64_t nt = std::min<std::int64_t>(team_threads(), blocks);
-  run_chunks(nt, [&](std::int64_t share) {
-    LinesM L{};
-    Gather G;
-    for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
-      const std::int64_t nr = std::min(t.rows, all - r0);
-      for (std::int64_t blk = blocks * share / nt; blk < blocks * (share + 1) / nt; ++blk) {
-        const std::int64_t b0 = blk * t.block_rows, b1 = std::min(nr, b0 + t.block_rows);  // rows r0 + [b0, b1)
-        if (b0 >= b1) break;
-        const std::int64_t cols = (b1 - b0) * t.tw, col0 = b0 * t.tw;
-        // Packed, the block's own panels from its first column; else the chunk's rows.
-        float* Vb = packed ? V + blk * P * vplane : V;
-        const TileLayout to{Vb, vplane, packed ? I : ld, packed};
-        const std::int64_t first = packed ? col0 : 0;
-        run_widest([&] {
-          if (gathered(t)) {
-            for (std::int64_t c = 0; c < I; ++c)
-              for (std::int64_t q = col0; q < col0 + cols; q += kLanes)
-                input_gathered<Mt>(x, g, t, c, r0, q, std::min(kLanes, col0 + cols - q), to, q - first, G);
-            return;
-          }
-          each_item(I, nr, t.tw, b0, b1, [&](std::int64_t k) {
-            const Item it = item(k, nr, r0, t.tw);
-            input_tiles(x, g, t, it, to, column(it, r0, t.tw) - first, L);
-          });
-        });
-        if (packed && cols % kWinogradPanel) {  // the last panel's columns past the block: as U's rows past O
-          const std::int64_t last = cols / kWinogradPanel * I * kWinogradPanel, j0 = cols % kWinogradPanel;
-          for (std::int64_t xi = 0; xi < P; ++xi)
-            for (std::int64_t c = 0; c < I; ++c) {
-              float* p = Vb + xi * vplane + last + c * kWinogradPanel;
-              std::fill(p + j0, p + kWinogradPanel, 0.f);
-            }
+  // Block blk of the chunk from tile row r0 (nr rows): tile rows
+  // r0 + [b0, b1), columns [col0, col0 + cols); packed, its own panels from
+  // its first column, else the chunk's rows.
+  struct Block {
+    std::int64_t b0, b1, cols, col0, first;
+    float* Vb;
+    TileLayout to;
+  };
+  const auto block = [&](std::int64_t nr, std::int64_t blk) {
+    Block k;
+    k.b0 = blk * t.block_rows, k.b1 = std::min(nr, k.b0 + t.block_rows);
+    k.cols = (k.b1 - k.b0) * t.tw, k.col0 = k.b0 * t.tw;
+    k.Vb = packed ? V + blk * P * vplane : V;
+    k.to = TileLayout{k.Vb, vplane, packed ? I : ld, packed};
+    k.first = packed ? k.col0 : 0;
+    return k;
+  };
+  // The block's input channels [c0, c1) transformed.
+  const auto transform_in = [&](std::int64_t r0, std::int64_t nr, const Block& k, std::int64_t c0, std::int64_t c1,
+                                LinesM& L, Gather& G) {
+    run_widest([&] {
+      if (gathered(t)) {
+        for (std::int64_t c = c0; c < c1; ++c)
+          for (std::int64_t q = k.col0; q < k.col0 + k.cols; q += kLanes)
+            input_gathered<Mt>(x, g, t, c, r0, q, std::min(kLanes, k.col0 + k.cols - q), k.to, q - k.first, G);
+        return;
+      }
+      each_item(c0, c1, nr, t.tw, k.b0, k.b1, [&](std::int64_t it_k) {
+        const Item it = item(it_k, nr, r0, t.tw);
+        input_tiles(x, g, t, it, k.to, column(it, r0, t.tw) - k.first, L);
+      });
+    });
+    if (packed && k.cols % kWinogradPanel) {  // the last panel's columns past the block: as U's rows past O
+      const std::int64_t last = k.cols / kWinogradPanel * I * kWinogradPanel, j0 = k.cols % kWinogradPanel;
+      for (std::int64_t xi = 0; xi < P; ++xi)
+        for (std::int64_t c = c0; c < c1; ++c) {
+          float* p = k.Vb + xi * vplane + last + c * kWinogradPanel;
+          std::fill(p + j0, p + kWinogradPanel, 0.f);
         }
-        for (std::int64_t xi = 0; xi < P; ++xi) {
-          if (packed) {
-            packed_products(tile, xi, O, I, U, ul, Vb, vplane, cols, M, pm, ld, col0);
-          } else {
-            gemm_serial(engine, false, false, O, cols, I, 1.f, U + ul.at(xi, 0, 0), I, V + xi * vplane + col0, ld,
-                        0.f, M + xi * pm + col0, ld);
-          }
-        }
-        run_widest([&] {
-          if (gathered(t)) {
-            for (std::int64_t c = 0; c < O; ++c) {
-              const float b = bias ? to_f32(bias[c]) : 0.f;
-              for (std::int64_t q = col0; q < col0 + cols; q += kLanes)
-                output_gathered<Mt>(M, pm, ld, g, t, c, r0, q, std::min(kLanes, col0 + cols - q), b, y, G);
-            }
-            return;
-          }
-          each_item(O, nr, t.tw, b0, b1, [&](std::int64_t k) {
-            const Item it = item(k, nr, r0, t.tw);
-            const float b = bias ? to_f32(bias[it.c]) : 0.f;
-            output_tiles(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
-          });
-        });
+    }
+  };
+  // The block's products at positions [xi0, xi1).
+  const auto multiply = [&](const Block& k, std::int64_t xi0, std::int64_t xi1) {
+    for (std::int64_t xi = xi0; xi < xi1; ++xi) {
+      if (packed) {
+        packed_products(tile, xi, O, I, U, ul, k.Vb, vplane, k.cols, M, pm, ld, k.col0);
+      } else {
+        gemm_serial(engine, false, false, O, k.cols, I, 1.f, U + ul.at(xi, 0, 0), I, V + xi * vplane + k.col0, ld,
+                    0.f, M + xi * pm + k.col0, ld);
       }
     }
-  });
+  };
+  // The block's output channels [o0, o1) transformed into y.
+  const auto transform_out = [&](std::int64_t r0, std::int64_t nr, const Block& k, std::int64_t o0, std::int64_t o1,
+                                 LinesM& L, Gather& G) {
+    run_widest([&] {
+      if (gathered(t)) {
+        for (std::int64_t c = o0; c < o1; ++c) {
+          const float b = bias ? to_f32(bias[c]) : 0.f;
+          for (std::int64_t q = k.col0; q < k.col0 + k.cols; q += kLanes)
+            output_gathered<Mt>(M, pm, ld, g, t, c, r0, q, std::min(kLanes, k.col0 + k.cols - q), b, y, G);
+        }
+        return;
+      }
+      each_item(o0, o1, nr, t.tw, k.b0, k.b1, [&](std::int64_t it_k) {
+        const Item it = item(it_k, nr, r0, t.tw);
+        const float b = bias ? to_f32(bias[it.c]) : 0.f;
+        output_tiles(M, ld, column(it, r0, t.tw), g, t, it, b, y, L);
+      });
+    });
+  };
+  const std::int64_t team = team_threads();
+  if (blocks >= team) {
+    run_chunks(team, [&](std::int64_t share) {
+      LinesM L{};
+      Gather G;
+      for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
+        const std::int64_t nr = std::min(t.rows, all - r0);
+        for (std::int64_t blk = blocks * share / team; blk < blocks * (share + 1) / team; ++blk) {
+          const Block k = block(nr, blk);
+          if (k.b0 >= k.b1) break;
+          transform_in(r0, nr, k, 0, I, L, G);
+          multiply(k, 0, P);
+          transform_out(r0, nr, k, 0, O, L, G);
+        }
+      }
+    });
+    return;
+  }
+  // Fewer blocks than threads (few tiles, or many cores): each block's
+  // three phases in turn, each over the whole team (channels, positions,
+  // channels). Each element is computed the same whichever thread takes
+  // it, so the bits do not change. ResNet-18's 8x8 layers at batch 8 (one
+  // block): forward 3.7-4.0 -> 2.1-2.5 ms at 2 threads (bench/conv_kernels
+  // --batch 8, alternating); on a machine of many cores far more layers
+  // have fewer blocks than threads.
+  const std::int64_t np = std::min<std::int64_t>(team, P);
+  for (std::int64_t r0 = 0; r0 < all; r0 += t.rows) {
+    const std::int64_t nr = std::min(t.rows, all - r0);
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      const Block k = block(nr, blk);
+      if (k.b0 >= k.b1) break;
+      run_chunks(team, [&](std::int64_t share) {
+        LinesM L{};
+        Gather G;
+        transform_in(r0, nr, k, I * share / team, I * (share + 1) / team, L, G);
+      });
+      run_chunks(np, [&](std::int64_t share) { multiply(k, P * share / np, P * (share + 1) / np); });
+      run_chunks(team, [&](std::int64_t share) {
+        LinesM L{};
+        Gather G;
+        transform_out(r0, nr, k, O * share / team, O * (share + 1) / team, L, G);
+      });
+    }
+  }
 }
 
 // The forward (or data gradient) by the tile size its scratch was laid out for.
@@ -1033,7 +1088,7 @@ void weight_rows(const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_
   const std::int64_t col0 = a * t.tw, cols = (b - a) * t.tw, plane = winograd_plane(O * I);
   run_widest([&] {
     if (!gathered(t))
-      return each_item(I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
+      return each_item(0, I + O, nr, t.tw, a, b, [&](std::int64_t k) { weight_item(k, g, t, r0, nr, ld, V, D, x, dy, L); });
     Gather G;
     for (std::int64_t c = 0; c < I + O; ++c)
       for (std::int64_t q = col0; q < col0 + cols; q += kLanes)
