@@ -152,7 +152,7 @@ inline void store16(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 // -(1, 1, 1)/6, -(1, -1, 1)/6, (1/24, 1/12, 1/6), (1/24, -1/12, 1/6),
 // (0, 0, 1).
 inline void weight_f4(const Vec (&g)[9], Vec (&u)[36]) {
-  auto col = [](Vec a, Vec b, Vec c, Vec (&t)[6]) {
+  auto col = [](const Vec& a, const Vec& b, const Vec& c, Vec (&t)[6]) {
     t[0] = 0.25f * a;
     t[1] = -((a + c) + b) * (1.f / 6);
     t[2] = -((a + c) - b) * (1.f / 6);
@@ -210,49 +210,36 @@ void transform_weights(const T* w, std::int64_t O, std::int64_t I, bool flipped,
   parallel_for((O + rows - 1) / rows, rows * I * 64, [&](std::int64_t sb, std::int64_t se) {
     run_widest([&] {
       alignas(64) float gs[9][kLanes];
-      Vec g[9], u[P];
-      // u's first n lanes to U from `at` on, plane after plane (the sizes
-      // that occur but the last, as constants: a memcpy of a variable size
-      // is a library call).
-      const auto store = [&](float* at, std::int64_t n) {
-        if (n == kWinogradSliver)
-          for (int xi = 0; xi < P; ++xi) std::memcpy(at + xi * l.plane, &u[xi], kWinogradSliver * sizeof(float));
-        else if (n == kLanes)
-          for (int xi = 0; xi < P; ++xi) store16(at + xi * l.plane, u[xi]);
-        else
-          for (int xi = 0; xi < P; ++xi)
-            for (std::int64_t q = 0; q < n; ++q) at[xi * l.plane + q] = u[xi][q];
-      };
-      const auto transform = [&] {
+      std::memset(gs, 0, sizeof gs);  // the lanes past a partial sliver
+      // Group k of this task's kernels, kLanes at most, across a vector:
+      // packed, the rows of sliver o0 at input channel i; else the input
+      // channels from i of row o. One call site of the transform, so each
+      // instruction set carries one copy of it.
+      const std::int64_t per_row = l.packed ? I : (I + kLanes - 1) / kLanes;
+      const std::int64_t groups = (se - sb) * per_row;
+      for (std::int64_t k = 0; k < groups; ++k) {
+        const std::int64_t row = sb + k / per_row, at = k % per_row;
+        const std::int64_t o0 = l.packed ? row * rows : row, i0 = l.packed ? at : at * kLanes;
+        const std::int64_t n = l.packed ? std::min(rows, O - o0) : std::min(kLanes, I - i0);
+        if (l.packed && n < rows && at == 0) std::memset(gs, 0, sizeof gs);
+        for (std::int64_t q = 0; q < n; ++q) {
+          const T* src = l.packed ? kernel(o0 + q, i0) : kernel(o0, i0 + q);
+          for (int e = 0; e < 9; ++e) gs[e][q] = to_f32(src[flipped ? 8 - e : e]);
+        }
+        Vec g[9], u[P];
         for (int e = 0; e < 9; ++e) g[e] = load16(gs[e]);
         if constexpr (M == 4) weight_f4(g, u);
         else weight_f2(g, u);
-      };
-      std::memset(gs, 0, sizeof gs);  // the lanes past a partial sliver
-      if (l.packed) {
-        for (std::int64_t o0 = sb * rows; o0 < se * rows; o0 += rows) {
-          const std::int64_t n = std::min(rows, O - o0);
-          if (n < rows) std::memset(gs, 0, sizeof gs);
-          for (std::int64_t i = 0; i < I; ++i) {
-            for (std::int64_t q = 0; q < n; ++q) {
-              const T* src = kernel(o0 + q, i);
-              for (int e = 0; e < 9; ++e) gs[e][q] = to_f32(src[flipped ? 8 - e : e]);
-            }
-            transform();
-            store(U + l.at(0, o0, i), rows);
-          }
-        }
-      } else {
-        for (std::int64_t o = sb; o < se; ++o)
-          for (std::int64_t i0 = 0; i0 < I; i0 += kLanes) {
-            const std::int64_t n = std::min(kLanes, I - i0);
-            for (std::int64_t q = 0; q < n; ++q) {
-              const T* src = kernel(o, i0 + q);
-              for (int e = 0; e < 9; ++e) gs[e][q] = to_f32(src[flipped ? 8 - e : e]);
-            }
-            transform();
-            store(U + l.at(0, o, i0), n);
-          }
+        // u's first n lanes (packed: all rows of the sliver, the zeros
+        // past O too) to U, plane after plane.
+        float* dst = U + l.at(0, o0, i0);
+        if (l.packed)
+          for (int xi = 0; xi < P; ++xi) std::memcpy(dst + xi * l.plane, &u[xi], kWinogradSliver * sizeof(float));
+        else if (n == kLanes)
+          for (int xi = 0; xi < P; ++xi) store16(dst + xi * l.plane, u[xi]);
+        else
+          for (int xi = 0; xi < P; ++xi)
+            for (std::int64_t q = 0; q < n; ++q) dst[xi * l.plane + q] = u[xi][q];
       }
     });
   });
@@ -313,6 +300,13 @@ struct TileLayout {
     if (n == kLanes && (!panels || j + kLanes <= kWinogradPanel)) return store16(p, v);
     alignas(64) float line[1][kLanes];
     store16(line[0], v);
+    store_line(xi, c, col, line, n);
+  }
+  // store_lanes' rare case (the last columns of a channel), out of line:
+  // inlined at each of the 36 planes' stores of every transform and
+  // instruction set, it made the kernel unit a quarter slower to compile.
+  [[gnu::noinline]] void store_line(int xi, std::int64_t c, std::int64_t col, const float (&line)[1][kLanes],
+                                    std::int64_t n) const {
     const TileLayout one{base + xi * plane, 0, ld, panels};
     one.store(c, col, line, n);
   }
@@ -748,6 +742,19 @@ struct Gather {
   alignas(64) float o[16][kLanes];
 };
 
+// A tile that crosses the plane's edge (zero outside), into lane q: scalar
+// work of no instruction set, out of line so that each one's transforms do
+// not carry a copy.
+template <int E, class T>
+[[gnu::noinline]] void gather_edge_tile(const T* p, std::int64_t h, std::int64_t w, std::int64_t y0, std::int64_t x0,
+                                        std::int64_t q, Gather& G) {
+  for (int a = 0; a < E; ++a)
+    for (int b = 0; b < E; ++b) {
+      const std::int64_t iy = y0 + a, ix = x0 + b;
+      G.d[a * E + b][q] = iy >= 0 && iy < h && ix >= 0 && ix < w ? to_f32(p[iy * w + ix]) : 0.f;
+    }
+}
+
 // G.d[E a + b][q] for q < n = src at row Mt ty - oy + a, column Mt tx - ox + b
 // (zero outside the plane) of channel c's plane ([n][C][h][w]), where column
 // col0 + q of the chunk from tile row r0 is tile tx of tile row ty; the
@@ -765,35 +772,91 @@ void gather_tiles(const T* src, std::int64_t C, std::int64_t c, std::int64_t h, 
       for (int a = 0; a < E; ++a)
         for (int b = 0; b < E; ++b) G.d[a * E + b][q] = to_f32(p[(y0 + a) * w + x0 + b]);
     } else {
-      for (int a = 0; a < E; ++a)
-        for (int b = 0; b < E; ++b) {
-          const std::int64_t iy = y0 + a, ix = x0 + b;
-          G.d[a * E + b][q] = iy >= 0 && iy < h && ix >= 0 && ix < w ? to_f32(p[iy * w + ix]) : 0.f;
-        }
+      gather_edge_tile<E>(p, h, w, y0, x0, q, G);
     }
   }
   for (int e = 0; e < E * E; ++e) std::fill(G.d[e] + n, G.d[e] + kLanes, 0.f);
 }
 
+// The gathered transforms' vector work on G's kLanes tiles, by the widest
+// instruction set, out of line: compiled once per tile size, whatever the
+// tensors' type and wherever it is called; the gathers and scatters around
+// it (input_gathered, output_gathered, dy_gathered) are scalar work, out of
+// line too. Flattened into each caller (the forward's and the weight
+// gradient's, per type and instruction set), they made the kernel unit's
+// code 40% larger and its compile a third slower.
+//
+// Bᵀ d B of G.d's tiles, stored in layout `to` as channel c's n columns
+// from column at.
+template <int Mt>
+[[gnu::noinline]] void input_lanes(const Gather& G, const TileLayout& to, std::int64_t c, std::int64_t at,
+                                   std::int64_t n) {
+  run_widest([&] {
+    constexpr int E = Mt + 2;
+    Vec r[E][E];  // r[a]: row a's Bᵀ d
+    for (int a = 0; a < E; ++a) {
+      Vec d[E];
+      for (int b = 0; b < E; ++b) d[b] = load16(G.d[a * E + b]);
+      input_f<Mt>(d, r[a]);
+    }
+    for (int j = 0; j < E; ++j) {
+      Vec d[E], v[E];
+      for (int a = 0; a < E; ++a) d[a] = r[a][j];
+      input_f<Mt>(d, v);
+      for (int i = 0; i < E; ++i) to.store_lanes(i * E + j, c, at, v[i], n);
+    }
+  });
+}
+// Aᵀ M A plus the bias of the kLanes tiles from m (M's planes pm apart),
+// into G.o.
+template <int Mt>
+[[gnu::noinline]] void output_lanes(const float* m, std::int64_t pm, float bias, Gather& G) {
+  run_widest([&] {
+    constexpr int E = Mt + 2;
+    const Vec vb = Vec{} + bias;
+    Vec s[E][Mt];  // M A along each row i
+    for (int i = 0; i < E; ++i) {
+      Vec v[E];
+      for (int j = 0; j < E; ++j) v[j] = load16(m + (i * E + j) * pm);
+      output_f<Mt>(v, s[i]);
+    }
+    for (int b = 0; b < Mt; ++b) {  // Aᵀ down the columns
+      Vec v[E], o[Mt];
+      for (int i = 0; i < E; ++i) v[i] = s[i][b];
+      output_f<Mt>(v, o);
+      for (int a = 0; a < Mt; ++a) store16(G.o[a * Mt + b], o[a] + vb);
+    }
+  });
+}
+// A dY Aᵀ of G.d's tiles, stored in layout `to` as channel c's n columns
+// from column at.
+template <int Mt>
+[[gnu::noinline]] void dy_lanes(const Gather& G, const TileLayout& to, std::int64_t c, std::int64_t at,
+                                std::int64_t n) {
+  run_widest([&] {
+    constexpr int E = Mt + 2;
+    Vec r[Mt][E];  // r[a]: dY's row a times Aᵀ
+    for (int a = 0; a < Mt; ++a) {
+      Vec v[Mt];
+      for (int b = 0; b < Mt; ++b) v[b] = load16(G.d[a * Mt + b]);
+      dy_f<Mt>(v, r[a]);
+    }
+    for (int j = 0; j < E; ++j) {  // A down the columns
+      Vec v[Mt], e[E];
+      for (int a = 0; a < Mt; ++a) v[a] = r[a][j];
+      dy_f<Mt>(v, e);
+      for (int i = 0; i < E; ++i) to.store_lanes(i * E + j, c, at, e[i], n);
+    }
+  });
+}
+
 // Bᵀ d B of columns [col0, col0 + n) (n <= kLanes) of channel c of x, for
 // the chunk from tile row r0, stored in layout `to` from column at.
 template <int Mt, class T>
-void input_gathered(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
+[[gnu::noinline]] void input_gathered(const T* x, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
                     std::int64_t col0, std::int64_t n, const TileLayout& to, std::int64_t at, Gather& G) {
-  constexpr int E = Mt + 2;
-  gather_tiles<E, Mt>(x, g.cin, c, g.h, g.w, g.ph, g.pw, t, r0, col0, n, G);
-  Vec r[E][E];  // r[a]: row a's Bᵀ d
-  for (int a = 0; a < E; ++a) {
-    Vec d[E];
-    for (int b = 0; b < E; ++b) d[b] = load16(G.d[a * E + b]);
-    input_f<Mt>(d, r[a]);
-  }
-  for (int j = 0; j < E; ++j) {
-    Vec d[E], v[E];
-    for (int a = 0; a < E; ++a) d[a] = r[a][j];
-    input_f<Mt>(d, v);
-    for (int i = 0; i < E; ++i) to.store_lanes(i * E + j, c, at, v[i], n);
-  }
+  gather_tiles<Mt + 2, Mt>(x, g.cin, c, g.h, g.w, g.ph, g.pw, t, r0, col0, n, G);
+  input_lanes<Mt>(G, to, c, at, n);
 }
 
 // Aᵀ M A of columns [col0, col0 + n) of output channel c (M[ξ][c][col],
@@ -802,24 +865,10 @@ void input_gathered(const T* x, const ops::ConvGeometry& g, const WinogradTiles&
 // time, past column col0 + n too (into the next channel's, or the plane's
 // padding).
 template <int Mt, class T>
-void output_gathered(const float* M, std::int64_t pm, std::int64_t ld, const ops::ConvGeometry& g,
+[[gnu::noinline]] void output_gathered(const float* M, std::int64_t pm, std::int64_t ld, const ops::ConvGeometry& g,
                      const WinogradTiles& t, std::int64_t c, std::int64_t r0, std::int64_t col0, std::int64_t n,
                      float bias, T* y, Gather& G) {
-  constexpr int E = Mt + 2;
-  const float* m = M + c * ld + col0;
-  const Vec vb = Vec{} + bias;
-  Vec s[E][Mt];  // M A along each row i
-  for (int i = 0; i < E; ++i) {
-    Vec v[E];
-    for (int j = 0; j < E; ++j) v[j] = load16(m + (i * E + j) * pm);
-    output_f<Mt>(v, s[i]);
-  }
-  for (int b = 0; b < Mt; ++b) {  // Aᵀ down the columns
-    Vec v[E], o[Mt];
-    for (int i = 0; i < E; ++i) v[i] = s[i][b];
-    output_f<Mt>(v, o);
-    for (int a = 0; a < Mt; ++a) store16(G.o[a * Mt + b], o[a] + vb);
-  }
+  output_lanes<Mt>(M + c * ld + col0, pm, bias, G);
   for (std::int64_t q = 0; q < n; ++q) {
     const std::int64_t col = col0 + q;
     const TileRow tr = tile_row(t, r0 + col / t.tw);
@@ -834,23 +883,10 @@ void output_gathered(const float* M, std::int64_t pm, std::int64_t ld, const ops
 // A dY Aᵀ of columns [col0, col0 + n) of channel c of dy (outputs past the
 // edge count as zero), stored at D[ξ][c][at + q] (rows of ld).
 template <int Mt, class T>
-void dy_gathered(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
+[[gnu::noinline]] void dy_gathered(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, std::int64_t c, std::int64_t r0,
                  std::int64_t col0, std::int64_t n, float* D, std::int64_t ld, std::int64_t at, Gather& G) {
   gather_tiles<Mt, Mt>(dy, g.cout, c, g.ho, g.wo, 0, 0, t, r0, col0, n, G);
-  constexpr int E = Mt + 2;
-  const TileLayout to{D, winograd_plane(g.cout * ld), ld, false};
-  Vec r[Mt][E];  // r[a]: dY's row a times Aᵀ
-  for (int a = 0; a < Mt; ++a) {
-    Vec v[Mt];
-    for (int b = 0; b < Mt; ++b) v[b] = load16(G.d[a * Mt + b]);
-    dy_f<Mt>(v, r[a]);
-  }
-  for (int j = 0; j < E; ++j) {  // A down the columns
-    Vec v[Mt], e[E];
-    for (int a = 0; a < Mt; ++a) v[a] = r[a][j];
-    dy_f<Mt>(v, e);
-    for (int i = 0; i < E; ++i) to.store_lanes(i * E + j, c, at, e[i], n);
-  }
+  dy_lanes<Mt>(G, TileLayout{D, winograd_plane(g.cout * ld), ld, false}, c, at, n);
 }
 
 // The P products of a chunk, one GEMM per position, spread over the team.
