@@ -766,7 +766,7 @@ void check_half_conv(const char* type, double u) {
       // partial last tile), whose transforms widen and round 16-bit rows.
       {"Winograd [2,16,32,31]*[16,16,3,3]", {2, 16, 32, 31}, {16, 16, 3, 3}, {.padding = 1}, true},
       // 8x8 planes, 128 tiles: F(4x4, 3x3) with 2 tiles a row, so the
-      // transforms gather a tile a lane (conv_winograd.hpp, gathered).
+      // transforms gather a tile a lane (conv_winograd_gathered.hpp).
       {"Winograd, gathered [8,16,8,8]*[20,16,3,3]", {8, 16, 8, 8}, {20, 16, 3, 3}, {.padding = 1}, true},
   };
   for (const auto& c : cases) {
