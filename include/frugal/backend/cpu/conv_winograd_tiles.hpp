@@ -19,7 +19,6 @@
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::winograd {
 
-inline constexpr int kPositions = 16;  // ξ = 4 * i + j of F(2x2, 3x3)'s 4x4 transformed tile
 // F(m x m, 3x3)'s positions: ξ = (m + 2) i + j of its (m + 2)^2 transformed tile.
 template <int M>
 inline constexpr int kPositionsOf = (M + 2) * (M + 2);
@@ -466,7 +465,7 @@ void dy_tiles(const T* dy, const ops::ConvGeometry& g, const WinogradTiles& t, c
     }
   }
   const std::int64_t pstride = winograd_plane(g.cout * ld);
-  for (int xi = 0; xi < kPositions; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
+  for (int xi = 0; xi < kPositionsOf<2>; ++xi) copy_floats(D + xi * pstride + it.c * ld + col, L.out[xi], n);
 }
 
 // F(4x4, 3x3)'s lines (its transforms are the overloads of input_tiles,
