@@ -582,6 +582,40 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     }
     return allowed;
   };
+  // The same for an activation a recomputation reads inside its window:
+  // an option of its own copies it out after the use before the window and
+  // back just before the recomputation (then kept to the window's end), so
+  // that checkpointing's segment inputs can wait on the host or NVMe until
+  // their segment is recomputed. Without it a swapped input could serve
+  // only a recomputation run just before its own reader, and a deep model's
+  // checkpoints (a 1T GPT's 256 of them, 87 GiB) stayed on the device.
+  auto fetched_by = [&](int ic, int at) {
+    Candidate& in = p.candidates[std::size_t(ic)];
+    std::uint32_t allowed = 0;
+    bool fetched_at[2] = {false, false};  // to the host, to NVMe
+    for (int j = 1; j < int(in.options.size()) && j < 32; ++j) {
+      const Option& o = in.options[std::size_t(j)];
+      if (o.choice != Choice::host && o.choice != Choice::nvme) continue;
+      if ((o.in_done >= 0 ? o.in_done : in.after) > at) continue;  // not back yet
+      allowed |= 1u << j;
+      if (o.in_start == at) fetched_at[o.choice == Choice::nvme] = true;
+    }
+    for (Choice to : {Choice::host, Choice::nvme}) {
+      if (fetched_at[to == Choice::nvme] || at - 1 < in.before + 1 || in.options.size() >= 32) continue;
+      auto jit = std::find_if(in.options.begin(), in.options.end(),
+                              [&](const Option& o) { return o.choice == to && o.price_free; });
+      if (jit == in.options.end()) continue;
+      Option d = *jit;
+      d.device = {{{in.before + 1, at - 1}, -std::int64_t(in.bytes)}};
+      for (MemEffect& e : to == Choice::host ? d.host : d.nvme) e.span.last = at;
+      d.in_start = d.in_done = at;
+      d.reason = cat(to == Choice::host ? "copied to the host pool" : "written to NVMe", " after position ", in.before,
+                     " and back for a recomputation before position ", at, " (", d.cost_ms, " ms not hidden)");
+      allowed |= 1u << in.options.size();
+      in.options.push_back(std::move(d));
+    }
+    return allowed;
+  };
   for (std::size_t c = 0; c < C0; ++c) {
     std::size_t next = 0;
     for (const Plan1& pl : plans[c]) {
@@ -590,14 +624,9 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       for (auto [kc, at] : pl.keep_needs) o.requires_.push_back({kc, on_device_at(kc, at)});
       for (auto [ic, at] : pl.needs) {
         std::uint32_t allowed = 1u;  // kept
-        const Candidate& in = p.candidates[std::size_t(ic)];
         for (auto [q, j] : rec_options[std::size_t(ic)])
           if (q <= at && j < 32) allowed |= 1u << j;  // its clone exists by then
-        if (at == in.after)  // fetched just before its reader, where this one runs too
-          for (int j = 1; j < int(in.options.size()) && j < 32; ++j)
-            if (in.options[std::size_t(j)].choice == Choice::host || in.options[std::size_t(j)].choice == Choice::nvme)
-              allowed |= 1u << j;
-        o.requires_.push_back({ic, allowed});
+        o.requires_.push_back({ic, allowed | fetched_by(ic, at)});
       }
     }
   }

@@ -319,27 +319,31 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
   return s;
 }
 
-// A start for the local search that the peak-by-peak greedy can miss: every
-// candidate, largest first (bytes times window), at the option that frees the
-// most device bytes over the whole step, while the host and NVMe limits leave
-// room and the requirements hold. With no host limit that is every value
-// swapped just in time: each position at its own least.
-inline Solution transfer_start(const BudgetProblem& p) {
-  const std::size_t C = p.candidates.size();
-  std::vector<std::size_t> order(C);
-  for (std::size_t i = 0; i < C; ++i) order[i] = i;
-  auto weight = [&](std::size_t i) {
-    const Candidate& c = p.candidates[i];
-    return double(c.bytes) * double(c.wraps ? p.positions - (c.before - c.after) : c.after - c.before);
-  };
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return weight(a) > weight(b); });
+namespace detail {
+
+// Bytes times positions a candidate holds the device for when kept: the
+// order in which the starts below move candidates off it.
+inline double kept_area(const BudgetProblem& p, const Candidate& c) {
+  return double(c.bytes) * double(c.wraps ? p.positions - (c.before - c.after) : c.after - c.before);
+}
+
+// `order` sorted by kept_area, largest first.
+inline void sort_by_kept_area(const BudgetProblem& p, std::vector<std::size_t>& order) {
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return kept_area(p, p.candidates[a]) > kept_area(p, p.candidates[b]);
+  });
+}
+
+// Each candidate of `order` still kept takes the option that frees the most
+// device bytes over the whole step, while the host and NVMe limits leave
+// room and the requirements hold.
+inline void move_off_freeing_most(const BudgetProblem& p, std::vector<int>& choice,
+                                  const std::vector<std::size_t>& order) {
   auto freed = [](const Option& o) { return -double(device_area(o)); };
-  Solution s;
-  s.choice.assign(C, 0);
-  Profiles pr = profiles(p, s.choice);
+  Profiles pr = profiles(p, choice);
   for (int pass = 0; pass < 2; ++pass)  // a second pass takes what needed another's choice first
     for (std::size_t i : order) {
-      if (s.choice[i] != 0) continue;
+      if (choice[i] != 0) continue;
       int best = 0;
       double best_freed = 0;
       bool best_free = false;  // requires nothing of others, so it blocks no one's later choice
@@ -348,34 +352,44 @@ inline Solution transfer_start(const BudgetProblem& p) {
         const double f = freed(o);
         const bool free = o.requires_.empty();
         if (f < best_freed || (f == best_freed && (best != 0 && (best_free || !free))) || f <= 0) continue;
-        if (!may_choose(p, s.choice, i, j)) continue;
+        if (!may_choose(p, choice, i, j)) continue;
         if (!tier_fits(pr.host, o.host, p.host_budget) || !tier_fits(pr.nvme, o.nvme, p.nvme_budget)) continue;
         best = j, best_freed = f, best_free = free;
       }
       if (best == 0) continue;
-      s.choice[i] = best;
-      pr = profiles(p, s.choice);
+      choice[i] = best;
+      // What keep held becomes what `best` holds: its effects alone change
+      // (profiles() again per move was this start's whole time on a deep
+      // model's thousands of candidates).
+      const Option& o = p.candidates[i].options[std::size_t(best)];
+      auto add = [&](const std::vector<MemEffect>& effects, std::vector<std::int64_t>& prof) {
+        for (const MemEffect& e : effects)
+          for (int t = std::max(e.span.first, 0); t <= e.span.last && t < p.positions; ++t) prof[std::size_t(t)] += e.bytes;
+      };
+      add(o.device, pr.device);
+      add(o.host, pr.host);
+      add(o.nvme, pr.nvme);
     }
-  s.eval = evaluate(p, s.choice);
-  s.feasible = fits_target(p, s.eval, s.eval.device_peak);
-  return s;
 }
 
-// Checkpointing's plan (Chen et al.'s segments) as a start: segment
-// boundaries kept, every other activation recomputed as late as it can be
-// (its recomputation option at the latest position), what those need of
-// their inputs repaired into place, latest readers first. The peak-by-peak
-// greedy rarely gets there: keeping a boundary frees nothing at a peak by
-// itself, only the later recomputations it allows do.
-inline Solution checkpoint_start(const BudgetProblem& p) {
-  const std::size_t C = p.candidates.size();
+// device_area, for an option that holds nothing on the host or NVMe: the
+// recomputations' repairs keep their inputs on the device rather than fill
+// the host and NVMe past their limits, which move_off_freeing_most checks.
+inline std::int64_t kept_on_device_area(const Option& o) {
+  return o.host.empty() && o.nvme.empty() ? device_area(o) : std::numeric_limits<std::int64_t>::max();
+}
+
+// Checkpointing's recomputations on top of `choice`: every activation still
+// kept that is not a segment boundary recomputed as late as it can be (its
+// recomputation option at the latest position), what those need of their
+// inputs repaired into place, latest readers first.
+inline void recompute_between_boundaries(const BudgetProblem& p, std::vector<int>& choice) {
   const RequirementRepair repair(p);
   std::vector<std::size_t> order;
-  for (std::size_t i = 0; i < C; ++i)
-    if (!p.candidates[i].wraps && !p.candidates[i].segment_boundary) order.push_back(i);
+  for (std::size_t i = 0; i < p.candidates.size(); ++i)
+    if (!p.candidates[i].wraps && !p.candidates[i].segment_boundary && choice[i] == 0) order.push_back(i);
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return p.candidates[a].after > p.candidates[b].after; });
-  std::vector<int> choice(C, 0);
   std::vector<std::pair<std::size_t, int>> undo;
   for (std::size_t i : order) {
     const auto& opts = p.candidates[i].options;
@@ -388,8 +402,65 @@ inline Solution checkpoint_start(const BudgetProblem& p) {
     std::vector<int> trial = choice;
     trial[i] = latest;
     undo.clear();
-    if (repair.repair(trial, i, device_area, undo) && requirements_met(p, trial)) choice = std::move(trial);
+    if (!repair.repair(trial, i, kept_on_device_area, undo) || !requirements_met(p, trial)) continue;
+    // Only where the device holds less for it: an earlier reader's short
+    // recomputation can ask for a long-lived input to be kept again.
+    std::int64_t before = device_area(opts[std::size_t(choice[i])]), after = device_area(opts[std::size_t(latest)]);
+    for (std::size_t u = 0; u < undo.size(); ++u) {
+      const auto [k, old] = undo[u];  // the first move of each candidate holds its old option
+      if (k == i || std::any_of(undo.begin(), undo.begin() + std::ptrdiff_t(u), [&](auto& e) { return e.first == k; }))
+        continue;
+      before += device_area(p.candidates[k].options[std::size_t(old)]);
+      after += device_area(p.candidates[k].options[std::size_t(trial[k])]);
+    }
+    if (after < before) choice = std::move(trial);
   }
+}
+
+}  // namespace detail
+
+// A start for the local search that the peak-by-peak greedy can miss: every
+// candidate, largest first (bytes times window), at the option that frees the
+// most device bytes over the whole step, while the host and NVMe limits leave
+// room and the requirements hold. With no host limit that is every value
+// swapped just in time: each position at its own least.
+inline Solution transfer_start(const BudgetProblem& p) {
+  std::vector<std::size_t> order(p.candidates.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  detail::sort_by_kept_area(p, order);
+  std::vector<int> choice(p.candidates.size(), 0);
+  detail::move_off_freeing_most(p, choice, order);
+  return make_solution(p, std::move(choice), std::numeric_limits<std::int64_t>::max());
+}
+
+// Checkpointing's plan (Chen et al.'s segments) as a start: segment
+// boundaries kept, every other activation recomputed as late as it can be.
+// The peak-by-peak greedy rarely gets there: keeping a boundary frees
+// nothing at a peak by itself, only the later recomputations it allows do.
+inline Solution checkpoint_start(const BudgetProblem& p) {
+  std::vector<int> choice(p.candidates.size(), 0);
+  detail::recompute_between_boundaries(p, choice);
+  return make_solution(p, std::move(choice), std::numeric_limits<std::int64_t>::max());
+}
+
+// ZeRO-Infinity's plan as a start: the persistents (parameters, optimizer
+// state) off the device first, largest first, each where the host and NVMe
+// limits still take it; then checkpointing's recomputations; then what is
+// still on the device (the boundaries) off it where the limits leave room.
+// Where the host and NVMe cannot hold everything, the other starts fill
+// them with activations first (one activation of a deep model's forward
+// holds more bytes times positions than a layer's state shard), and a
+// persistent left on the device then holds its bytes at every position:
+// a 1T-parameter GPT on a DGX-2 was 75.7 GiB a GPU that way.
+inline Solution offload_checkpoint_start(const BudgetProblem& p) {
+  std::vector<std::size_t> persistents, rest;
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) (p.candidates[i].wraps ? persistents : rest).push_back(i);
+  detail::sort_by_kept_area(p, persistents);
+  detail::sort_by_kept_area(p, rest);
+  std::vector<int> choice(p.candidates.size(), 0);
+  detail::move_off_freeing_most(p, choice, persistents);
+  detail::recompute_between_boundaries(p, choice);
+  detail::move_off_freeing_most(p, choice, rest);
   return make_solution(p, std::move(choice), std::numeric_limits<std::int64_t>::max());
 }
 
@@ -471,8 +542,8 @@ inline std::int64_t least_memory_lower_bound(const BudgetProblem& p,
   return bound;
 }
 
-// The local searches alone: from the greedy's answer, from transfer_start
-// and from checkpoint_start, then kicked. A fourth start: the least the
+// The local searches alone: from the greedy's answer, from transfer_start,
+// checkpoint_start and offload_checkpoint_start, then kicked. A fifth start: the least the
 // search reaches with no transfer at all (host pool and NVMe closed), which
 // is feasible under any limit; moving from there spends a small host pool
 // where it helps most, where the greedy can spend it early on values that
@@ -484,6 +555,8 @@ inline Solution least_memory_heuristic(const BudgetProblem& view) {
   };
   take(improve_least_memory(view, transfer_start(view)));
   take(improve_least_memory(view, checkpoint_start(view)));
+  if (view.host_budget > 0 || view.nvme_budget > 0)  // with no limit, transfer_start moves every persistent too
+    take(improve_least_memory(view, offload_checkpoint_start(view)));
   if (view.host_budget > 0 || view.nvme_budget > 0) {  // with no limit, transfer_start is already each position's least
     BudgetProblem closed = view;
     closed.host_budget = closed.nvme_budget = 1;
