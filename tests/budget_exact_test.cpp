@@ -623,13 +623,59 @@ Solution improve_by_evaluation(const BudgetProblem& p, Solution s, int max_round
 }
 
 
+// cheapen as it was written first: every trial evaluated whole. The
+// reference the incremental one must agree with, trial for trial.
+Solution cheapen_by_evaluation(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound, int max_rounds = 64,
+                               int hold_at = -1, std::int64_t hold_cap = 0) {
+  const RequirementRepair repair(p);
+  auto fits = [&](const Evaluation& e) { return fits_target(p, e, bound); };
+  Evaluation now = evaluate(p, choice);
+  if (!fits(now)) return make_solution(p, std::move(choice), bound);
+  std::vector<std::pair<std::size_t, int>> undo;
+  for (int round = 0; round < max_rounds; ++round) {
+    const PeakPositions peaks(profiles(p, choice).device, now.device_peak);
+    auto at_high = [&](const Option& o) { return peaks.bytes(o); };
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < p.candidates.size(); ++i)
+      if (p.candidates[i].options[std::size_t(choice[i])].cost_ms > 0) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return p.candidates[a].options[std::size_t(choice[a])].cost_ms > p.candidates[b].options[std::size_t(choice[b])].cost_ms;
+    });
+    bool moved = false;
+    for (std::size_t i : order) {
+      const auto& opts = p.candidates[i].options;
+      const double was_cost = opts[std::size_t(choice[i])].cost_ms;
+      std::vector<int> cheaper;
+      for (int j = 0; j < int(opts.size()); ++j)
+        if (j != choice[i] && opts[std::size_t(j)].cost_ms < was_cost) cheaper.push_back(j);
+      std::stable_sort(cheaper.begin(), cheaper.end(),
+                       [&](int a, int b) { return opts[std::size_t(a)].cost_ms < opts[std::size_t(b)].cost_ms; });
+      for (int j : cheaper) {
+        std::vector<int> trial = choice;
+        trial[i] = j;
+        undo.clear();
+        if (!repair.repair(trial, i, at_high, undo)) continue;
+        const Evaluation e = evaluate(p, trial);
+        if (!fits(e) || e.cost_ms >= now.cost_ms - 1e-9) continue;
+        if (hold_at >= 0 && profiles(p, trial).device[std::size_t(hold_at)] > hold_cap) continue;
+        choice = std::move(trial);
+        now = e;
+        moved = true;
+        break;
+      }
+    }
+    if (!moved) break;
+  }
+  return make_solution(p, std::move(choice), bound);
+}
+
 }  // namespace
 
 TEST_CASE("the local search judges a move by its pieces exactly as by evaluating the whole choice", "[budget][least]") {
   // Larger steps than the exact tests: plateaus of equal peaks, long spans.
   for (std::uint64_t seed = 1; seed <= 60; ++seed) {
     BudgetProblem p = step_problem(seed, {.min_layers = 4, .max_layers = 16});
-    for (const Solution& start : {solve_min_memory(p), transfer_start(p), checkpoint_start(p),
+    for (const Solution& start : {solve_min_memory(p), transfer_start(p), checkpoint_start(p), offload_checkpoint_start(p),
                                   make_solution(p, std::vector<int>(p.candidates.size(), 0), unconstrained_peak(p))}) {
       const Solution fast = improve_least_memory(p, start);
       const Solution full = improve_by_evaluation(p, start);
@@ -639,6 +685,34 @@ TEST_CASE("the local search judges a move by its pieces exactly as by evaluating
       CHECK(fast.feasible == full.feasible);
     }
   }
+}
+
+TEST_CASE("cheapen judges a trial by its pieces exactly as by evaluating the whole choice", "[budget][cheapen]") {
+  int moved = 0;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 4, .max_layers = 16});
+    if (seed % 2) p.host_budget = std::max<std::int64_t>(1, evaluate(p, transfer_start(p).choice).host_peak / 2);
+    for (const Solution& start : {transfer_start(p), improve_least_memory(p, checkpoint_start(p)),
+                                  improve_least_memory(p, offload_checkpoint_start(p))}) {
+      if (!start.feasible) continue;
+      const std::int64_t least = start.eval.device_peak, room = unconstrained_peak(p) - least;
+      const int hold_at = p.positions / 2;
+      const std::int64_t hold_cap = profiles(p, start.choice).device[std::size_t(hold_at)] + room / 4;
+      for (std::int64_t bound : {least, least + room / 5, least + room / 2}) {
+        INFO("seed " << seed << ", bound " << bound);
+        const Solution fast = cheapen(p, start.choice, bound);
+        const Solution full = cheapen_by_evaluation(p, start.choice, bound);
+        CHECK(fast.choice == full.choice);
+        CHECK(fast.eval.cost_ms == full.eval.cost_ms);
+        CHECK(fast.feasible == full.feasible);
+        moved += fast.choice != start.choice;
+        const Solution held = cheapen(p, start.choice, bound, 64, hold_at, hold_cap);
+        CHECK(held.choice == cheapen_by_evaluation(p, start.choice, bound, 64, hold_at, hold_cap).choice);
+        CHECK(profiles(p, held.choice).device[std::size_t(hold_at)] <= std::max(hold_cap, profiles(p, start.choice).device[std::size_t(hold_at)]));
+      }
+    }
+  }
+  CHECK(moved > 20);  // not vacuous: the starts are dear, and cheapen moves them
 }
 
 TEST_CASE("a move's pieces, a profile's range maximum and its peak positions agree with walking every position",

@@ -31,12 +31,43 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
   auto fits = [&](const Evaluation& e) { return fits_target(p, e, bound); };
   Evaluation now = evaluate(p, choice);
   if (!fits(now)) return make_solution(p, std::move(choice), bound);
-  std::vector<std::pair<std::size_t, int>> undo;
+  std::vector<std::pair<std::size_t, int>> undo, was_list, now_list;
+  std::vector<DevicePiece> pieces;  // scratch of the trials' verdicts
+  std::vector<std::pair<int, std::int64_t>> events;
   for (int round = 0; round < max_rounds; ++round) {
+    Profiles pr = profiles(p, choice);
     // Repairs move a candidate to its option holding the fewest bytes where
-    // the profile is highest, so they spend memory where there is room.
-    const PeakPositions peaks(profiles(p, choice).device, now.device_peak);
+    // the profile is highest (at the round's start), so they spend memory
+    // where there is room.
+    const PeakPositions peaks(pr.device, now.device_peak);
     auto at_high = [&](const Option& o) { return peaks.bytes(o); };
+    // A trial is judged by what it changes alone (was_list -> now_list),
+    // from a choice that fits: the same verdict as evaluating it whole,
+    // which on a deep model's thousands of candidates was most of a
+    // budgeted compile's time.
+    auto tier_max = [&](const std::vector<std::int64_t>& prof, std::int64_t limit) {
+      return RangeMax(limit ? prof : std::vector<std::int64_t>{});
+    };
+    RangeMax device_max(pr.device), host_max = tier_max(pr.host, p.host_budget), nvme_max = tier_max(pr.nvme, p.nvme_budget);
+    auto rises_past = [&](std::vector<MemEffect> Option::*tier, const RangeMax& most, std::int64_t limit) {
+      tier_change_into(pieces, events, p, was_list, now_list, tier);
+      for (const DevicePiece& pc : pieces)
+        if (pc.bytes > 0 && most(pc.first, pc.last) + pc.bytes > limit) return true;
+      return false;
+    };
+    auto trial_fits = [&](const std::vector<int>& trial) {
+      for (auto [c, k] : now_list)
+        if (!repair.may_choose(trial, c, k)) return false;
+      if (rises_past(&Option::device, device_max, bound)) return false;
+      if (hold_at >= 0) {
+        std::int64_t held = pr.device[std::size_t(hold_at)];
+        for (const DevicePiece& pc : pieces)
+          if (pc.first <= hold_at && hold_at <= pc.last) held += pc.bytes;
+        if (held > hold_cap) return false;
+      }
+      return !(p.host_budget && rises_past(&Option::host, host_max, p.host_budget)) &&
+             !(p.nvme_budget && rises_past(&Option::nvme, nvme_max, p.nvme_budget));
+    };
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < C; ++i)
       if (p.candidates[i].options[std::size_t(choice[i])].cost_ms > 0) order.push_back(i);
@@ -57,11 +88,23 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
         trial[i] = j;
         undo.clear();
         if (!repair.repair(trial, i, at_high, undo)) continue;
-        const Evaluation e = evaluate(p, trial);
-        if (!fits(e) || e.cost_ms >= now.cost_ms - 1e-9) continue;
-        if (hold_at >= 0 && profiles(p, trial).device[std::size_t(hold_at)] > hold_cap) continue;
+        was_list.assign(1, {i, choice[i]});
+        for (auto [c, old] : undo)
+          if (std::none_of(was_list.begin(), was_list.end(), [&](auto& w) { return w.first == c; }))
+            was_list.push_back({c, choice[c]});
+        now_list.clear();
+        double saved = 0;
+        for (auto [c, old] : was_list) {
+          now_list.push_back({c, trial[c]});
+          saved += p.candidates[c].options[std::size_t(old)].cost_ms - p.candidates[c].options[std::size_t(trial[c])].cost_ms;
+        }
+        if (saved <= 1e-9 || !trial_fits(trial)) continue;
         choice = std::move(trial);
-        now = e;
+        now = evaluate(p, choice);
+        pr = profiles(p, choice);
+        device_max = RangeMax(pr.device);
+        host_max = tier_max(pr.host, p.host_budget);
+        nvme_max = tier_max(pr.nvme, p.nvme_budget);
         moved = true;
         break;
       }
