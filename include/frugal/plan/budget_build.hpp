@@ -547,18 +547,25 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       cand.options.push_back(std::move(o));
     }
   }
-  // A recomputation that reads a parameter or optimizer state inside one of
-  // its windows needs it on the device there: kept, or fetched again by
-  // then. Each such position gets its own option on the window, dropped
-  // after the read before it and fetched again just in time for the
-  // recomputation (then kept to the window's end): without it, ZeRO-3's
-  // re-gather of a weight for the forward recomputed before its backward
-  // pinned that weight's shard on the device from its forward to its
-  // backward (117 GiB of a 1T model's 32 GB V100, every shard at once).
-  auto on_device_at = [&](int kc, int at) {
+  // A recomputation that reads a value inside one of its windows needs it
+  // on the device there: kept, recomputed by then, or fetched back by then.
+  // Each such position gets an option of its own on the window: off the
+  // device after the read before it, back just in time for the
+  // recomputation (then kept to the window's end). `fetched_by` returns the
+  // mask of the window's transfer options that are back by `at`, that one
+  // included. Without it:
+  // - ZeRO-3's re-gather of a weight for the forward recomputed before its
+  //   backward pinned that weight's shard on the device from its forward to
+  //   its backward (117 GiB of a 1T model's 32 GB V100, every shard at once);
+  // - a swapped activation could serve only a recomputation run just before
+  //   its own reader, so checkpointing's segment inputs could not wait on
+  //   the host or NVMe until their segment is recomputed (a 1T GPT's 256 of
+  //   them, 87 GiB, stayed on the device).
+  auto fetched_by = [&](int kc, int at) {
     Candidate& w = p.candidates[std::size_t(kc)];
-    std::uint32_t allowed = 1u;  // kept
-    bool fetched_at[2] = {false, false};  // from the host, from NVMe
+    const bool persistent = is_persistent(g.value(w.value).kind);
+    std::uint32_t allowed = 0;
+    bool fetched_at[2] = {false, false};  // host, NVMe
     for (int j = 1; j < int(w.options.size()) && j < 32; ++j) {
       const Option& o = w.options[std::size_t(j)];
       if (o.choice != Choice::host && o.choice != Choice::nvme) continue;
@@ -566,53 +573,25 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
       allowed |= 1u << j;
       if (o.in_start == at) fetched_at[o.choice == Choice::nvme] = true;
     }
-    for (Choice from : {Choice::host, Choice::nvme}) {
-      if (fetched_at[from == Choice::nvme] || at - 1 < w.before + 1 || w.options.size() >= 32) continue;
+    for (Choice tier : {Choice::host, Choice::nvme}) {
+      if (fetched_at[tier == Choice::nvme] || at - 1 < w.before + 1 || w.options.size() >= 32) continue;
       auto jit = std::find_if(w.options.begin(), w.options.end(),
-                              [&](const Option& o) { return o.choice == from && o.price_free; });
+                              [&](const Option& o) { return o.choice == tier && o.price_free; });
       if (jit == w.options.end()) continue;
       Option d = *jit;
       d.device = {{{w.before + 1, at - 1}, -std::int64_t(w.bytes)}};
+      // An activation's copy is needed on that tier only until it is back
+      // (a persistent's window holds nothing there: its home does).
+      for (MemEffect& e : tier == Choice::host ? d.host : d.nvme) e.span.last = at;
       d.in_start = d.in_done = at;
-      d.reason = cat("device copy dropped after position ", w.before, " and fetched again from ",
-                     from == Choice::host ? "the host" : "NVMe", " for a recomputation before position ", at,
-                     " (", d.cost_ms, " ms not hidden)");
+      const char* where = tier == Choice::host ? "the host" : "NVMe";
+      d.reason = persistent ? cat("device copy dropped after position ", w.before, " and fetched again from ", where,
+                                  " for a recomputation before position ", at, " (", d.cost_ms, " ms not hidden)")
+                            : cat(tier == Choice::host ? "copied to the host pool" : "written to NVMe", " after position ",
+                                  w.before, " and back for a recomputation before position ", at, " (", d.cost_ms,
+                                  " ms not hidden)");
       allowed |= 1u << w.options.size();
       w.options.push_back(std::move(d));
-    }
-    return allowed;
-  };
-  // The same for an activation a recomputation reads inside its window:
-  // an option of its own copies it out after the use before the window and
-  // back just before the recomputation (then kept to the window's end), so
-  // that checkpointing's segment inputs can wait on the host or NVMe until
-  // their segment is recomputed. Without it a swapped input could serve
-  // only a recomputation run just before its own reader, and a deep model's
-  // checkpoints (a 1T GPT's 256 of them, 87 GiB) stayed on the device.
-  auto fetched_by = [&](int ic, int at) {
-    Candidate& in = p.candidates[std::size_t(ic)];
-    std::uint32_t allowed = 0;
-    bool fetched_at[2] = {false, false};  // to the host, to NVMe
-    for (int j = 1; j < int(in.options.size()) && j < 32; ++j) {
-      const Option& o = in.options[std::size_t(j)];
-      if (o.choice != Choice::host && o.choice != Choice::nvme) continue;
-      if ((o.in_done >= 0 ? o.in_done : in.after) > at) continue;  // not back yet
-      allowed |= 1u << j;
-      if (o.in_start == at) fetched_at[o.choice == Choice::nvme] = true;
-    }
-    for (Choice to : {Choice::host, Choice::nvme}) {
-      if (fetched_at[to == Choice::nvme] || at - 1 < in.before + 1 || in.options.size() >= 32) continue;
-      auto jit = std::find_if(in.options.begin(), in.options.end(),
-                              [&](const Option& o) { return o.choice == to && o.price_free; });
-      if (jit == in.options.end()) continue;
-      Option d = *jit;
-      d.device = {{{in.before + 1, at - 1}, -std::int64_t(in.bytes)}};
-      for (MemEffect& e : to == Choice::host ? d.host : d.nvme) e.span.last = at;
-      d.in_start = d.in_done = at;
-      d.reason = cat(to == Choice::host ? "copied to the host pool" : "written to NVMe", " after position ", in.before,
-                     " and back for a recomputation before position ", at, " (", d.cost_ms, " ms not hidden)");
-      allowed |= 1u << in.options.size();
-      in.options.push_back(std::move(d));
     }
     return allowed;
   };
@@ -621,7 +600,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     for (const Plan1& pl : plans[c]) {
       if (next >= rec_options[c].size()) break;
       Option& o = p.candidates[c].options[std::size_t(rec_options[c][next++].second)];
-      for (auto [kc, at] : pl.keep_needs) o.requires_.push_back({kc, on_device_at(kc, at)});
+      for (auto [kc, at] : pl.keep_needs) o.requires_.push_back({kc, 1u | fetched_by(kc, at)});  // kept, or back
       for (auto [ic, at] : pl.needs) {
         std::uint32_t allowed = 1u;  // kept
         for (auto [q, j] : rec_options[std::size_t(ic)])
