@@ -7,6 +7,7 @@
 
 #include <numeric>
 
+#include "budget_problem_of.hpp"
 #include "bytes_of.hpp"
 
 #include <cstdlib>
@@ -14,7 +15,6 @@
 #include <filesystem>
 #include <frugal/frugal.hpp>
 #include <frugal/plan/budget_solve.hpp>
-#include <frugal/plan/verify.hpp>
 #include <frugal/runtime/nvme_store.hpp>
 
 #include "../tools/model_zoo.hpp"
@@ -164,8 +164,8 @@ struct ChainRun {
   std::size_t high_water = 0;
 };
 
-ChainRun train_chain(Budget budget, int steps, int depth = 6, int batch = 64) {
-  const int width = 64, classes = 4;
+ChainRun train_chain(Budget budget, int steps) {
+  const int batch = 64, width = 64, depth = 6, classes = 4;
   ChainNet net(width, depth, classes);
   optim::SGD opt(net.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   // Unfused: the test is about this graph's shape (fusion would merge the
@@ -221,8 +221,6 @@ TEST_CASE("with no host pool, recomputation re-creates dead inputs two ops deep:
 // them in host memory): a segment's input copied out after the forward and
 // back only when the segment is recomputed, before the backward reaches it.
 TEST_CASE("a segment's input may wait on the host until its segment is recomputed", "[budget][recompute][checkpoint]") {
-  // Activations 8x the weights, so that the host pool is worth more to
-  // them than to the parameters.
   const int depth = 12, batch = 512;
   const std::size_t activation = align_up(std::size_t(batch * 64 * 4));  // one layer's output
   // The options: a recomputation reading an activation inside that
@@ -236,53 +234,41 @@ TEST_CASE("a segment's input may wait on the host until its segment is recompute
     const PlannedStep ps = plan_training([&](Var x, Var y) { return cross_entropy(net.forward(x), y); },
                                          {input<float>({batch, 64}), input<std::int32_t>({batch})}, opt, {}, unfused);
     const Graph& g = *ps.graph;
-    auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 1));
-    const plan::Prices prices = plan::step_prices(plan::prices_from(cm), g, ps.plan.schedule);
-    const Budget pool{.device = 1, .host = 4 * activation};
-    const plan::BudgetProblem p = plan::build_budget_problem(g, ps.plan.schedule, ps.roots, pool, prices).problem;
+    const plan::BudgetProblem p = test_support::budget_problem_of(ps, {.device = 1, .host = 4 * activation});
     int found = 0;
     std::vector<int> choice;
     std::size_t window = 0;
-    for (std::size_t k = 0; k < p.candidates.size(); ++k)
-      for (int j = 1; j < int(p.candidates[k].options.size()); ++j) {
-        const plan::Option& rec = p.candidates[k].options[std::size_t(j)];
-        if (rec.choice != plan::Choice::recompute) continue;
-        for (const plan::Requirement& r : rec.requires_) {
-          const plan::Candidate& win = p.candidates[std::size_t(r.candidate)];
-          if (g.value(win.value).kind != ValueKind::activation) continue;
-          for (int m = 1; m < int(win.options.size()); ++m) {
-            const plan::Option& fetch = win.options[std::size_t(m)];
-            if (!((r.allowed >> m) & 1u) || fetch.choice != plan::Choice::host || fetch.in_done < 0) continue;
-            INFO(fetch.reason);
-            CHECK(fetch.in_done <= rec.in_start);  // back before the recomputation reads it
-            CHECK(fetch.in_done < win.after);      // not only before its own reader
-            CHECK(fetch.price_free);
-            // Off the device from its use before the window to the fetch,
-            // on the host only until then.
-            REQUIRE(fetch.device.size() == 1);
-            CHECK(fetch.device[0].span.first == win.before + 1);
-            CHECK(fetch.device[0].span.last == fetch.in_done - 1);
-            REQUIRE(fetch.host.size() == 1);
-            CHECK(fetch.host[0].span.last == fetch.in_done);
-            ++found;
-            if (!choice.empty() || fetch.in_done != rec.in_start) continue;
-            window = std::size_t(r.candidate);
-            choice.assign(p.candidates.size(), 0);
-            choice[k] = j;
-            choice[window] = m;
-          }
-        }
-      }
+    test_support::for_each_option_a_recomputation_allows(p, [&](std::size_t k, int j, const plan::Requirement& r, int m) {
+      const plan::Option& rec = p.candidates[k].options[std::size_t(j)];
+      const plan::Candidate& win = p.candidates[std::size_t(r.candidate)];
+      const plan::Option& fetch = win.options[std::size_t(m)];
+      if (g.value(win.value).kind != ValueKind::activation || fetch.choice != plan::Choice::host || fetch.in_done < 0)
+        return;
+      INFO(fetch.reason);
+      CHECK(fetch.in_done <= rec.in_start);  // back before the recomputation reads it
+      CHECK(fetch.in_done < win.after);      // not only before its own reader
+      CHECK(fetch.price_free);
+      // Off the device from its use before the window to the fetch, on the
+      // host only until then.
+      REQUIRE(fetch.device.size() == 1);
+      CHECK(fetch.device[0].span.first == win.before + 1);
+      CHECK(fetch.device[0].span.last == fetch.in_done - 1);
+      REQUIRE(fetch.host.size() == 1);
+      CHECK(fetch.host[0].span.last == fetch.in_done);
+      ++found;
+      if (!choice.empty() || fetch.in_done != rec.in_start) return;
+      window = std::size_t(r.candidate);
+      choice.assign(p.candidates.size(), 0);
+      choice[k] = j;
+      choice[window] = m;
+    });
     REQUIRE(found > 0);
     REQUIRE(!choice.empty());
     REQUIRE(plan::requirements_met(p, choice));
     std::vector<int> kept = choice;
     kept[window] = 0;
     CHECK(plan::evaluate(p, choice).device_peak <= plan::evaluate(p, kept).device_peak);
-    const plan::Rewritten rw = plan::rewrite_for_budget(g, ps.plan.schedule, p, choice);
-    const Plan planned = plan_schedule(*rw.graph, rw.schedule, ps.roots);
-    INFO(plan::verify(*rw.graph, planned, ps.roots).str());
-    CHECK(plan::verify(*rw.graph, planned, ps.roots).ok());
+    test_support::verified_rewrite(ps, p, choice);
   }
 }
 

@@ -25,6 +25,7 @@
 #include <frugal/frugal.hpp>
 
 #include "../tools/model_zoo.hpp"
+#include "budget_problem_of.hpp"
 #include "thread_ranks.hpp"
 
 using namespace frugal;
@@ -606,42 +607,32 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
   o.offload_optimizer = false;
   o.overlap_collectives = false;
   const PlannedStep ps = zoo::plan(w, {}, o);
-  auto cm = std::make_shared<plan::CostModel>(DeviceProfile::defaults("cpu", 1));
   const Graph& g = *ps.graph;
-  const plan::Prices prices = plan::step_prices(plan::prices_from(cm), g, ps.plan.schedule);
-  const auto built = plan::build_budget_problem(g, ps.plan.schedule, ps.roots, Budget{.device = 1}, prices);
-  const plan::BudgetProblem& p = built.problem;
+  const plan::BudgetProblem p = test_support::budget_problem_of(ps, Budget{.device = 1});
   // A re-gather's recomputation, and the shard window it reads inside.
   int found = 0;
   std::vector<int> choice;  // the first such pair, chosen together
   std::size_t window = 0;
-  for (std::size_t k = 0; k < p.candidates.size(); ++k)
-    for (int j = 1; j < int(p.candidates[k].options.size()); ++j) {
-      const plan::Option& rec = p.candidates[k].options[std::size_t(j)];
-      if (rec.choice != plan::Choice::recompute) continue;
-      for (const plan::Requirement& r : rec.requires_) {
-        const plan::Candidate& win = p.candidates[std::size_t(r.candidate)];
-        if (win.wraps || g.value(win.value).kind != ValueKind::parameter) continue;
-        for (int m = 1; m < int(win.options.size()); ++m) {
-          const plan::Option& fetch = win.options[std::size_t(m)];
-          if (!((r.allowed >> m) & 1u)) continue;
-          INFO(fetch.reason);
-          CHECK(fetch.in_done >= 0);  // back before the recomputation, not only before the window's end
-          CHECK(fetch.in_done <= rec.in_start);
-          CHECK(fetch.in_done < win.after);
-          CHECK(fetch.price_free);
-          ++found;
-          if (!choice.empty() || fetch.in_done != rec.in_start) continue;
-          // Chosen together, with the home the fetch is staged from.
-          window = std::size_t(r.candidate);
-          choice.assign(p.candidates.size(), 0);
-          choice[k] = j;
-          choice[std::size_t(r.candidate)] = m;
-          for (const plan::Requirement& home : fetch.requires_)
-            choice[std::size_t(home.candidate)] = std::countr_zero(home.allowed & ~1u);
-        }
-      }
-    }
+  test_support::for_each_option_a_recomputation_allows(p, [&](std::size_t k, int j, const plan::Requirement& r, int m) {
+    const plan::Option& rec = p.candidates[k].options[std::size_t(j)];
+    const plan::Candidate& win = p.candidates[std::size_t(r.candidate)];
+    if (win.wraps || g.value(win.value).kind != ValueKind::parameter) return;
+    const plan::Option& fetch = win.options[std::size_t(m)];
+    INFO(fetch.reason);
+    CHECK(fetch.in_done >= 0);  // back before the recomputation, not only before the window's end
+    CHECK(fetch.in_done <= rec.in_start);
+    CHECK(fetch.in_done < win.after);
+    CHECK(fetch.price_free);
+    ++found;
+    if (!choice.empty() || fetch.in_done != rec.in_start) return;
+    // Chosen together, with the home the fetch is staged from.
+    window = std::size_t(r.candidate);
+    choice.assign(p.candidates.size(), 0);
+    choice[k] = j;
+    choice[std::size_t(r.candidate)] = m;
+    for (const plan::Requirement& home : fetch.requires_)
+      choice[std::size_t(home.candidate)] = std::countr_zero(home.allowed & ~1u);
+  });
   REQUIRE(found > 0);
   REQUIRE(!choice.empty());
   REQUIRE(plan::requirements_met(p, choice));
@@ -650,10 +641,7 @@ TEST_CASE("zero: a shard dropped between its reads is fetched again for a re-gat
   std::vector<int> kept = choice;
   kept[window] = 0;
   CHECK(plan::evaluate(p, choice).device_peak <= plan::evaluate(p, kept).device_peak);
-  const plan::Rewritten rw = plan::rewrite_for_budget(g, ps.plan.schedule, p, choice);
-  const Plan planned = plan_schedule(*rw.graph, rw.schedule, ps.roots);
-  INFO(plan::verify(*rw.graph, planned, ps.roots).str());
-  CHECK(plan::verify(*rw.graph, planned, ps.roots).ok());
+  const plan::Rewritten rw = test_support::verified_rewrite(ps, p, choice);
   auto gathers = [](const Graph& graph, const std::vector<NodeId>& schedule) {
     int n = 0;
     for (NodeId id : schedule) n += graph.node(id).op->name() == "all_gather_parameter";
