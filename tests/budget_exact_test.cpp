@@ -669,6 +669,55 @@ Solution cheapen_by_evaluation(const BudgetProblem& p, std::vector<int> choice, 
   return make_solution(p, std::move(choice), bound);
 }
 
+// undo_unneeded as it was written first: every undo evaluated whole.
+Solution undo_unneeded_by_evaluation(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound) {
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < choice.size(); ++i)
+    if (choice[i] != 0) chosen.push_back(i);
+  std::stable_sort(chosen.begin(), chosen.end(), [&](std::size_t a, std::size_t b) {
+    return p.candidates[a].options[std::size_t(choice[a])].cost_ms > p.candidates[b].options[std::size_t(choice[b])].cost_ms;
+  });
+  for (std::size_t i : chosen) {
+    const int was = choice[i];
+    if (!may_choose(p, choice, i, 0)) continue;
+    choice[i] = 0;
+    const Evaluation e = evaluate(p, choice);
+    if (!e.requirements_met || e.device_peak > bound) choice[i] = was;
+  }
+  return make_solution(p, std::move(choice), bound);
+}
+
+// detail::move_off_freeing_most as it was written first: each option's
+// requirements by walking every candidate, its host and NVMe bytes by
+// walking every position.
+void move_off_freeing_most_by_walking(const BudgetProblem& p, std::vector<int>& choice,
+                                      const std::vector<std::size_t>& order) {
+  auto fits = [](const std::vector<std::int64_t>& prof, const std::vector<MemEffect>& add, std::int64_t limit) {
+    if (limit == 0 || add.empty()) return true;
+    for (std::size_t t = 0; t < prof.size(); ++t)
+      if (prof[t] + bytes_at(add, int(t)) > limit) return false;
+    return true;
+  };
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::size_t i : order) {
+      if (choice[i] != 0) continue;
+      const Profiles pr = profiles(p, choice);
+      int best = 0;
+      double best_freed = 0;
+      bool best_free = false;
+      for (int j = 1; j < int(p.candidates[i].options.size()); ++j) {
+        const Option& o = p.candidates[i].options[std::size_t(j)];
+        const double f = -double(device_area(o));
+        const bool free = o.requires_.empty();
+        if (f < best_freed || (f == best_freed && (best != 0 && (best_free || !free))) || f <= 0) continue;
+        if (!may_choose(p, choice, i, j)) continue;
+        if (!fits(pr.host, o.host, p.host_budget) || !fits(pr.nvme, o.nvme, p.nvme_budget)) continue;
+        best = j, best_freed = f, best_free = free;
+      }
+      if (best != 0) choice[i] = best;
+    }
+}
+
 }  // namespace
 
 TEST_CASE("the local search judges a move by its pieces exactly as by evaluating the whole choice", "[budget][least]") {
@@ -713,6 +762,28 @@ TEST_CASE("cheapen judges a trial by its pieces exactly as by evaluating the who
     }
   }
   CHECK(moved > 20);  // not vacuous: the starts are dear, and cheapen moves them
+}
+
+TEST_CASE("undo_unneeded judges an undo by its pieces exactly as by evaluating the whole choice", "[budget][cheapen]") {
+  int undone = 0;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 4, .max_layers = 16});
+    if (seed % 2) p.host_budget = std::max<std::int64_t>(1, evaluate(p, transfer_start(p).choice).host_peak / 2);
+    for (const Solution& start : {transfer_start(p), checkpoint_start(p), solve_min_memory(p),
+                                  improve_least_memory(p, offload_checkpoint_start(p))}) {
+      const std::int64_t least = start.eval.device_peak, room = std::max<std::int64_t>(0, unconstrained_peak(p) - least);
+      // Below the start's own peak every undo is refused; above, some pass.
+      for (std::int64_t bound : {least - 1, least, least + room / 5, least + room / 2, least + room}) {
+        INFO("seed " << seed << ", bound " << bound);
+        const Solution fast = undo_unneeded(p, start.choice, bound);
+        const Solution full = undo_unneeded_by_evaluation(p, start.choice, bound);
+        CHECK(fast.choice == full.choice);
+        CHECK(fast.feasible == full.feasible);
+        undone += fast.choice != start.choice;
+      }
+    }
+  }
+  CHECK(undone > 40);  // not vacuous: the starts evict more than the bounds need
 }
 
 TEST_CASE("a move's pieces, a profile's range maximum and its peak positions agree with walking every position",
@@ -769,6 +840,54 @@ TEST_CASE("a move's pieces, a profile's range maximum and its peak positions agr
         }
     }
   }
+}
+
+TEST_CASE("moving candidates off the device judges the host and NVMe limits as walking every position does",
+          "[budget][least]") {
+  int moved = 0;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 4, .max_layers = 12});
+    // No limit, a limit that binds, and one that takes almost nothing.
+    const std::int64_t most = std::max<std::int64_t>(1, evaluate(p, transfer_start(p).choice).host_peak);
+    for (std::int64_t limit : {std::int64_t(0), most / 2, most / 7 + 1}) {
+      p.host_budget = limit;
+      std::vector<std::size_t> order(p.candidates.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      plan::detail::sort_by_kept_area(p, order);
+      for (const std::vector<int>& from : {std::vector<int>(p.candidates.size(), 0), checkpoint_start(p).choice}) {
+        std::vector<int> fast = from, walked = from;
+        plan::detail::move_off_freeing_most(p, fast, order);
+        move_off_freeing_most_by_walking(p, walked, order);
+        INFO("seed " << seed << ", host limit " << limit);
+        CHECK(fast == walked);
+        moved += fast != from;
+        if (limit) CHECK(evaluate(p, fast).host_peak <= std::max(limit, evaluate(p, from).host_peak));
+      }
+    }
+  }
+  CHECK(moved > 60);
+}
+
+TEST_CASE("a profile under additions over spans keeps its range maxima and peak as walking every position does",
+          "[budget][cheapen]") {
+  std::mt19937_64 rng(11);
+  for (std::size_t n : {std::size_t(1), std::size_t(2), std::size_t(7), std::size_t(64), std::size_t(1000)}) {
+    std::vector<std::int64_t> walked(n);
+    for (auto& v : walked) v = std::int64_t(rng() % 2001) - 1000;
+    RangeAddMax most(walked);
+    for (int step = 0; step < 300; ++step) {
+      int first = int(rng() % n), last = int(rng() % n);
+      if (first > last) std::swap(first, last);
+      const std::int64_t bytes = std::int64_t(rng() % 2001) - 1000;
+      most.add(first, last, bytes);
+      for (int t = first; t <= last; ++t) walked[std::size_t(t)] += bytes;
+      first = int(rng() % n), last = int(rng() % n);
+      if (first > last) std::swap(first, last);
+      CHECK(most(first, last) == *std::max_element(walked.begin() + first, walked.begin() + last + 1));
+      CHECK(most.peak() == std::max<std::int64_t>(0, *std::max_element(walked.begin(), walked.end())));
+    }
+  }
+  CHECK(RangeAddMax(std::vector<std::int64_t>{}).peak() == 0);
 }
 
 TEST_CASE("the greedy on a problem of thousands of candidates ends, meeting every requirement and the host limit",

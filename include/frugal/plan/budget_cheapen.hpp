@@ -34,22 +34,29 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
   std::vector<std::pair<std::size_t, int>> undo, was_list, now_list;
   std::vector<DevicePiece> pieces;  // scratch of the trials' verdicts
   std::vector<std::pair<int, std::int64_t>> events;
+  // The profiles and their range maxima, updated by each move taken (built
+  // again from every candidate per move, they were most of this pass's
+  // time on a 1T-parameter step).
+  Profiles pr = profiles(p, choice);
+  RangeAddMax device_max(pr.device), host_max(pr.host), nvme_max(pr.nvme);
+  auto take = [&](std::vector<std::int64_t>& prof, RangeAddMax& most, std::vector<MemEffect> Option::*tier) {
+    tier_change_into(pieces, events, p, was_list, now_list, tier);
+    for (const DevicePiece& pc : pieces) {
+      most.add(pc.first, pc.last, pc.bytes);
+      for (int t = pc.first; t <= pc.last; ++t) prof[std::size_t(t)] += pc.bytes;
+    }
+  };
   for (int round = 0; round < max_rounds; ++round) {
-    Profiles pr = profiles(p, choice);
     // Repairs move a candidate to its option holding the fewest bytes where
     // the profile is highest (at the round's start), so they spend memory
     // where there is room.
-    const PeakPositions peaks(pr.device, now.device_peak);
+    const PeakPositions peaks(pr.device, device_max.peak());
     auto at_high = [&](const Option& o) { return peaks.bytes(o); };
     // A trial is judged by what it changes alone (was_list -> now_list),
     // from a choice that fits: the same verdict as evaluating it whole,
     // which on a deep model's thousands of candidates was most of a
     // budgeted compile's time.
-    auto tier_max = [&](const std::vector<std::int64_t>& prof, std::int64_t limit) {
-      return RangeMax(limit ? prof : std::vector<std::int64_t>{});
-    };
-    RangeMax device_max(pr.device), host_max = tier_max(pr.host, p.host_budget), nvme_max = tier_max(pr.nvme, p.nvme_budget);
-    auto rises_past = [&](std::vector<MemEffect> Option::*tier, const RangeMax& most, std::int64_t limit) {
+    auto rises_past = [&](std::vector<MemEffect> Option::*tier, const RangeAddMax& most, std::int64_t limit) {
       tier_change_into(pieces, events, p, was_list, now_list, tier);
       for (const DevicePiece& pc : pieces)
         if (pc.bytes > 0 && most(pc.first, pc.last) + pc.bytes > limit) return true;
@@ -84,27 +91,31 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
       std::stable_sort(cheaper.begin(), cheaper.end(),
                        [&](int a, int b) { return opts[std::size_t(a)].cost_ms < opts[std::size_t(b)].cost_ms; });
       for (int j : cheaper) {
-        std::vector<int> trial = choice;
-        trial[i] = j;
+        // The trial is made in `choice` itself and undone where it fails:
+        // a copy per trial was a deep step's thousands of candidates, each
+        // trial.
+        const int had = choice[i];
+        choice[i] = j;
         undo.clear();
-        if (!repair.repair(trial, i, at_high, undo)) continue;
-        was_list.assign(1, {i, choice[i]});
+        const bool repaired = repair.repair(choice, i, at_high, undo);
+        was_list.assign(1, {i, had});
         for (auto [c, old] : undo)
           if (std::none_of(was_list.begin(), was_list.end(), [&](auto& w) { return w.first == c; }))
-            was_list.push_back({c, choice[c]});
+            was_list.push_back({c, old});
         now_list.clear();
         double saved = 0;
         for (auto [c, old] : was_list) {
-          now_list.push_back({c, trial[c]});
-          saved += p.candidates[c].options[std::size_t(old)].cost_ms - p.candidates[c].options[std::size_t(trial[c])].cost_ms;
+          now_list.push_back({c, choice[c]});
+          saved += p.candidates[c].options[std::size_t(old)].cost_ms - p.candidates[c].options[std::size_t(choice[c])].cost_ms;
         }
-        if (saved <= 1e-9 || !trial_fits(trial)) continue;
-        choice = std::move(trial);
-        now = evaluate(p, choice);
-        pr = profiles(p, choice);
-        device_max = RangeMax(pr.device);
-        host_max = tier_max(pr.host, p.host_budget);
-        nvme_max = tier_max(pr.nvme, p.nvme_budget);
+        if (!repaired || saved <= 1e-9 || !trial_fits(choice)) {
+          for (auto it = undo.rbegin(); it != undo.rend(); ++it) choice[it->first] = it->second;
+          choice[i] = had;
+          continue;
+        }
+        take(pr.device, device_max, &Option::device);
+        take(pr.host, host_max, &Option::host);
+        take(pr.nvme, nvme_max, &Option::nvme);
         moved = true;
         break;
       }

@@ -115,20 +115,64 @@ class RangeMax {
   std::vector<std::vector<int>> at_;
 };
 
+// A profile that changes by additions over spans, with the highest value
+// over any span in logarithmic time (a segment tree whose nodes keep their
+// own pending addition): passes that take moves one at a time (cheapen,
+// undo_unneeded) add each taken move's pieces instead of rebuilding the
+// profile from every candidate, which on a 1T-parameter step was most of a
+// budgeted compile's time.
+class RangeAddMax {
+ public:
+  explicit RangeAddMax(const std::vector<std::int64_t>& v) : n_(int(v.size())) {
+    while (leaves_ < n_) leaves_ *= 2;
+    most_.assign(2 * std::size_t(leaves_), kNone);
+    added_.assign(2 * std::size_t(leaves_), 0);
+    for (int t = 0; t < n_; ++t) most_[std::size_t(leaves_ + t)] = v[std::size_t(t)];
+    for (int i = leaves_ - 1; i >= 1; --i)
+      most_[std::size_t(i)] = std::max(most_[std::size_t(2 * i)], most_[std::size_t(2 * i + 1)]);
+  }
+  void add(int first, int last, std::int64_t bytes) {
+    if (first <= last && n_ > 0) add(1, 0, leaves_ - 1, first, last, bytes);
+  }
+  // The highest value over [first, last].
+  std::int64_t operator()(int first, int last) const { return most(1, 0, leaves_ - 1, first, last); }
+  // The highest value, or 0 where it is below 0 or there are no positions
+  // (as Evaluation::device_peak counts it).
+  std::int64_t peak() const { return n_ > 0 ? std::max<std::int64_t>(0, most_[1]) : 0; }
+
+ private:
+  // Below any profile and far from overflowing when additions reach it.
+  static constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::min() / 4;
+  void add(int i, int lo, int hi, int first, int last, std::int64_t bytes) {
+    if (last < lo || hi < first) return;
+    if (first <= lo && hi <= last) {
+      most_[std::size_t(i)] += bytes;
+      added_[std::size_t(i)] += bytes;
+      return;
+    }
+    const int mid = lo + (hi - lo) / 2;
+    add(2 * i, lo, mid, first, last, bytes);
+    add(2 * i + 1, mid + 1, hi, first, last, bytes);
+    most_[std::size_t(i)] =
+        std::max(most_[std::size_t(2 * i)], most_[std::size_t(2 * i + 1)]) + added_[std::size_t(i)];
+  }
+  std::int64_t most(int i, int lo, int hi, int first, int last) const {
+    if (last < lo || hi < first) return kNone;
+    if (first <= lo && hi <= last) return most_[std::size_t(i)];
+    const int mid = lo + (hi - lo) / 2;
+    return std::max(most(2 * i, lo, mid, first, last), most(2 * i + 1, mid + 1, hi, first, last)) +
+           added_[std::size_t(i)];
+  }
+  int n_ = 0, leaves_ = 1;
+  std::vector<std::int64_t> most_, added_;  // by node: highest value below it, addition pending at it
+};
+
 // Device bytes times positions an option adds (negative where it frees).
 inline std::int64_t device_area(const Option& o) {
   std::int64_t a = 0;
   for (auto& e : o.device)
     if (!e.span.empty()) a += e.bytes * std::int64_t(e.span.last - e.span.first + 1);
   return a;
-}
-
-// Whether adding `o` keeps a tier's profile within its limit (0: none).
-inline bool tier_fits(const std::vector<std::int64_t>& prof, const std::vector<MemEffect>& add, std::int64_t limit) {
-  if (limit == 0 || add.empty()) return true;
-  for (std::size_t t = 0; t < prof.size(); ++t)
-    if (prof[t] + bytes_at(add, int(t)) > limit) return false;
-  return true;
 }
 
 // Repairs the requirements a changed choice breaks, in place: a candidate
@@ -216,31 +260,6 @@ struct RequirementRepair {
   }
 };
 
-// Sets back to keep, dearest first, every eviction in `choice` that the
-// device peak does not need to stay at or under `bound` (requirements kept).
-inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound) {
-  Solution s;
-  s.choice = std::move(choice);
-  std::vector<std::size_t> chosen;
-  for (std::size_t i = 0; i < s.choice.size(); ++i)
-    if (s.choice[i] != 0) chosen.push_back(i);
-  std::stable_sort(chosen.begin(), chosen.end(), [&](std::size_t a, std::size_t b) {
-    return p.candidates[a].options[std::size_t(s.choice[a])].cost_ms >
-           p.candidates[b].options[std::size_t(s.choice[b])].cost_ms;
-  });
-  const RequirementRepair index(p);
-  for (std::size_t i : chosen) {
-    int was = s.choice[i];
-    if (!index.may_choose(s.choice, i, 0)) continue;
-    s.choice[i] = 0;
-    Evaluation e = evaluate(p, s.choice);
-    if (!e.requirements_met || e.device_peak > bound) s.choice[i] = was;
-  }
-  s.eval = evaluate(p, s.choice);
-  s.feasible = s.eval.requirements_met && s.eval.device_peak <= bound;
-  return s;
-}
-
 // The net change of a tier's bytes (`tier`: &Option::device, ::host or
 // ::nvme) from switching candidates' options (each (candidate, option it
 // had) in `was`, the option it takes in `now`), as pieces of constant
@@ -284,18 +303,68 @@ inline std::vector<DevicePiece> tier_change(const BudgetProblem& p, const std::v
   return pieces;
 }
 
+// Sets back to keep, dearest first, every eviction in `choice` that the
+// device peak does not need to stay at or under `bound` (requirements kept).
+// Each undo is judged by what it changes: the requirements through the
+// index of who requires whom, the peak through the profile's range maximum,
+// updated by the undos taken (evaluating the whole choice per undo made
+// this pass quadratic: a fifth of a 1T-parameter step's budgeted compile).
+inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, std::int64_t bound) {
+  Solution s;
+  s.choice = std::move(choice);
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < s.choice.size(); ++i)
+    if (s.choice[i] != 0) chosen.push_back(i);
+  std::stable_sort(chosen.begin(), chosen.end(), [&](std::size_t a, std::size_t b) {
+    return p.candidates[a].options[std::size_t(s.choice[a])].cost_ms >
+           p.candidates[b].options[std::size_t(s.choice[b])].cost_ms;
+  });
+  const RequirementRepair index(p);
+  if (requirements_met(p, s.choice)) {
+    // Keep (option 0) requires nothing, so an undo that no chosen option
+    // forbids leaves every requirement met.
+    RangeAddMax device(profiles(p, s.choice).device);
+    std::vector<DevicePiece> pieces;
+    std::vector<std::pair<int, std::int64_t>> events;
+    std::vector<std::pair<std::size_t, int>> was(1), now(1);
+    for (std::size_t i : chosen) {
+      if (!index.may_choose(s.choice, i, 0)) continue;
+      was[0] = {i, s.choice[i]};
+      now[0] = {i, 0};
+      tier_change_into(pieces, events, p, was, now);
+      for (const DevicePiece& pc : pieces) device.add(pc.first, pc.last, pc.bytes);
+      if (device.peak() <= bound) {
+        s.choice[i] = 0;
+        continue;
+      }
+      for (const DevicePiece& pc : pieces) device.add(pc.first, pc.last, -pc.bytes);
+    }
+  } else {  // unmet already: only an undo that meets them all may pass
+    for (std::size_t i : chosen) {
+      int was = s.choice[i];
+      if (!index.may_choose(s.choice, i, 0)) continue;
+      s.choice[i] = 0;
+      Evaluation e = evaluate(p, s.choice);
+      if (!e.requirements_met || e.device_peak > bound) s.choice[i] = was;
+    }
+  }
+  s.eval = evaluate(p, s.choice);
+  s.feasible = s.eval.requirements_met && s.eval.device_peak <= bound;
+  return s;
+}
+
 // Whether switching options as `was` -> `now` keeps a tier (`tier` of each
-// option) within `limit` (0: none) over its profile `prof`: by the move's net
-// change, so a move of several parts that each fit alone but not together
-// is refused, and one that trades a tier's bytes for others is not.
-inline bool change_fits(const BudgetProblem& p, const std::vector<std::int64_t>& prof,
-                        const std::vector<std::pair<std::size_t, int>>& was,
-                        const std::vector<std::pair<std::size_t, int>>& now, std::vector<MemEffect> Option::*tier,
-                        std::int64_t limit) {
+// option) within `limit` (0: none) over its profile, whose highest value
+// over a span `most(first, last)` gives (RangeMax, RangeAddMax): by the
+// move's net change, so a move of several parts that each fit alone but not
+// together is refused, and one that trades a tier's bytes for others is not.
+template <class Most>
+bool change_fits(const BudgetProblem& p, const Most& most, const std::vector<std::pair<std::size_t, int>>& was,
+                 const std::vector<std::pair<std::size_t, int>>& now, std::vector<MemEffect> Option::*tier,
+                 std::int64_t limit) {
   if (limit == 0) return true;
   for (const DevicePiece& pc : tier_change(p, was, now, tier))
-    for (int t = pc.first; pc.bytes > 0 && t <= pc.last; ++t)
-      if (prof[std::size_t(t)] + pc.bytes > limit) return false;
+    if (pc.bytes > 0 && most(pc.first, pc.last) + pc.bytes > limit) return false;
   return true;
 }
 
@@ -310,6 +379,11 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
   // a candidate already evicted to a dearer option that frees more there.
   for (std::size_t round = 0; round <= 4 * p.candidates.size(); ++round) {
     Profiles pr = profiles(p, s.choice);
+    // The host and NVMe limits judged by range maxima: a persistent's
+    // option spans the whole step, and walking it per move tried was most
+    // of a deep model's greedy.
+    const RangeMax host_max(p.host_budget ? pr.host : std::vector<std::int64_t>{}),
+        nvme_max(p.nvme_budget ? pr.nvme : std::vector<std::int64_t>{});
     int peak = 0;
     for (int t = 1; t < p.positions; ++t)
       if (pr.device[std::size_t(t)] > pr.device[std::size_t(peak)]) peak = t;
@@ -358,8 +432,8 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
             move.push_back({c, s.choice[c]});
             move_was.push_back({c, was_option});
           }
-          ok = saving > 0 && change_fits(p, pr.host, move_was, move, &Option::host, p.host_budget) &&
-               change_fits(p, pr.nvme, move_was, move, &Option::nvme, p.nvme_budget);
+          ok = saving > 0 && change_fits(p, host_max, move_was, move, &Option::host, p.host_budget) &&
+               change_fits(p, nvme_max, move_was, move, &Option::nvme, p.nvme_budget);
         }
         for (auto it = undo.rbegin(); it != undo.rend(); ++it) s.choice[it->first] = it->second;
         if (!ok || saving <= 0) continue;
@@ -381,13 +455,13 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
     std::int64_t freed = 0;
     std::vector<char> touched(p.candidates.size(), 0);
     std::vector<std::pair<std::size_t, int>> was;
-    std::vector<std::int64_t> host = pr.host, nvme = pr.nvme;
+    RangeAddMax host(pr.host), nvme(pr.nvme);
     // A move must leave every position it adds bytes to below this round's
     // peak: one that lifts another position to it only moves the peak, and
     // such moves undid each other round after round (a candidate's options
     // free different spans, so the best at one peak is the worst at the
     // next) until the round limit, minutes into a deep model's solve.
-    std::vector<std::int64_t> device = pr.device;
+    RangeAddMax device(pr.device);
     const std::int64_t peak_bytes = pr.device[std::size_t(peak)];
     for (const Scored& m : scored) {
       if (freed >= excess) break;
@@ -405,8 +479,7 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
       bool ok = true;
       for (auto [c, k] : m.move) ok = ok && repair.may_choose(s.choice, c, k);
       const std::vector<DevicePiece> change = ok ? tier_change(p, was, m.move) : std::vector<DevicePiece>{};
-      for (const DevicePiece& pc : change)
-        for (int t = pc.first; ok && pc.bytes > 0 && t <= pc.last; ++t) ok = device[std::size_t(t)] + pc.bytes < peak_bytes;
+      for (const DevicePiece& pc : change) ok = ok && (pc.bytes <= 0 || device(pc.first, pc.last) + pc.bytes < peak_bytes);
       // The host and NVMe bytes of the moves taken this round count too.
       ok = ok && change_fits(p, host, was, m.move, &Option::host, p.host_budget) &&
            change_fits(p, nvme, was, m.move, &Option::nvme, p.nvme_budget);
@@ -415,10 +488,8 @@ inline Solution solve_greedy(const BudgetProblem& p, std::int64_t target) {
         continue;
       }
       for (auto [tier, prof] : {std::pair{&Option::host, &host}, std::pair{&Option::nvme, &nvme}})
-        for (const DevicePiece& pc : tier_change(p, was, m.move, tier))
-          for (int t = pc.first; t <= pc.last; ++t) (*prof)[std::size_t(t)] += pc.bytes;
-      for (const DevicePiece& pc : change)
-        for (int t = pc.first; t <= pc.last; ++t) device[std::size_t(t)] += pc.bytes;
+        for (const DevicePiece& pc : tier_change(p, was, m.move, tier)) prof->add(pc.first, pc.last, pc.bytes);
+      for (const DevicePiece& pc : change) device.add(pc.first, pc.last, pc.bytes);
       for (auto [c, k] : m.move) touched[c] = 1;
       freed += m.saving;
     }

@@ -340,7 +340,33 @@ inline void sort_by_kept_area(const BudgetProblem& p, std::vector<std::size_t>& 
 inline void move_off_freeing_most(const BudgetProblem& p, std::vector<int>& choice,
                                   const std::vector<std::size_t>& order) {
   auto freed = [](const Option& o) { return -double(device_area(o)); };
-  Profiles pr = profiles(p, choice);
+  const RequirementRepair index(p);
+  // The host and NVMe profiles with their range maxima, updated by each
+  // move: tier_fits and may_choose walked every position and every
+  // candidate per option tried, this start's whole time on a deep model.
+  const Profiles pr = profiles(p, choice);
+  RangeAddMax host(pr.host), nvme(pr.nvme);
+  std::vector<std::pair<int, std::int64_t>> events;
+  // tier_fits(profile, add, limit), by the profile's range maxima over the
+  // pieces of constant addition, the gaps between them (addition 0)
+  // included: the whole profile must stay within the limit.
+  auto fits = [&](const RangeAddMax& most, const std::vector<MemEffect>& add, std::int64_t limit) {
+    if (limit == 0 || add.empty() || p.positions == 0) return true;
+    events.clear();
+    for (const MemEffect& e : add)
+      if (!e.span.empty()) events.push_back({e.span.first, e.bytes}), events.push_back({e.span.last + 1, -e.bytes});
+    events.push_back({0, 0});
+    events.push_back({p.positions, 0});
+    std::sort(events.begin(), events.end());
+    std::int64_t level = 0;
+    for (std::size_t k = 0; k < events.size();) {
+      const int t = events[k].first;
+      for (; k < events.size() && events[k].first == t; ++k) level += events[k].second;
+      const int last = k < events.size() ? std::min(events[k].first, p.positions) - 1 : p.positions - 1;
+      if (t < p.positions && t <= last && most(t, last) + level > limit) return false;
+    }
+    return true;
+  };
   for (int pass = 0; pass < 2; ++pass)  // a second pass takes what needed another's choice first
     for (std::size_t i : order) {
       if (choice[i] != 0) continue;
@@ -352,23 +378,18 @@ inline void move_off_freeing_most(const BudgetProblem& p, std::vector<int>& choi
         const double f = freed(o);
         const bool free = o.requires_.empty();
         if (f < best_freed || (f == best_freed && (best != 0 && (best_free || !free))) || f <= 0) continue;
-        if (!may_choose(p, choice, i, j)) continue;
-        if (!tier_fits(pr.host, o.host, p.host_budget) || !tier_fits(pr.nvme, o.nvme, p.nvme_budget)) continue;
+        if (!index.may_choose(choice, i, j)) continue;
+        if (!fits(host, o.host, p.host_budget) || !fits(nvme, o.nvme, p.nvme_budget)) continue;
         best = j, best_freed = f, best_free = free;
       }
       if (best == 0) continue;
       choice[i] = best;
-      // What keep held becomes what `best` holds: its effects alone change
-      // (profiles() again per move was this start's whole time on a deep
-      // model's thousands of candidates).
+      // What keep held becomes what `best` holds: its effects alone change.
       const Option& o = p.candidates[i].options[std::size_t(best)];
-      auto add = [&](const std::vector<MemEffect>& effects, std::vector<std::int64_t>& prof) {
-        for (const MemEffect& e : effects)
-          for (int t = std::max(e.span.first, 0); t <= e.span.last && t < p.positions; ++t) prof[std::size_t(t)] += e.bytes;
-      };
-      add(o.device, pr.device);
-      add(o.host, pr.host);
-      add(o.nvme, pr.nvme);
+      for (const MemEffect& e : o.host)
+        if (!e.span.empty()) host.add(e.span.first, e.span.last, e.bytes);
+      for (const MemEffect& e : o.nvme)
+        if (!e.span.empty()) nvme.add(e.span.first, e.span.last, e.bytes);
     }
 }
 
