@@ -16,6 +16,7 @@
 #include <frugal/plan/budget_cbc.hpp>
 #include <frugal/plan/budget_cheapen.hpp>
 #include <frugal/plan/budget_exact.hpp>
+#include <frugal/plan/budget_fit.hpp>
 #include <frugal/plan/budget_least.hpp>
 #include <frugal/plan/budget_solve.hpp>
 
@@ -866,6 +867,96 @@ TEST_CASE("moving candidates off the device judges the host and NVMe limits as w
     }
   }
   CHECK(moved > 60);
+}
+
+TEST_CASE("what the device, host and NVMe must hold together at a position bounds every choice, and is each position's least",
+          "[budget][fit]") {
+  std::mt19937_64 rng(5);
+  int tight = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    const BudgetProblem p = step_problem(seed, {.min_layers = 2, .max_layers = 10});
+    for (TierWeights w : {TierWeights{1, 1, 1}, TierWeights{2, 2, 1}}) {
+      auto weighted = [&](const std::vector<MemEffect>& d, const std::vector<MemEffect>& h,
+                          const std::vector<MemEffect>& v, int t) {
+        return w.device * bytes_at(d, t) + w.host * bytes_at(h, t) + w.nvme * bytes_at(v, t);
+      };
+      const std::vector<std::int64_t> least = least_bytes_on_all_tiers(p, w);
+      REQUIRE(least.size() == std::size_t(p.positions));
+      // Each position's least, by walking every option of every candidate.
+      for (int t = 0; t < p.positions; ++t) {
+        std::int64_t walked = w.device * p.base[std::size_t(t)];
+        for (const Candidate& c : p.candidates) {
+          std::int64_t fewest = std::numeric_limits<std::int64_t>::max();
+          for (const Option& o : c.options) fewest = std::min(fewest, weighted(o.device, o.host, o.nvme, t));
+          walked += fewest;
+        }
+        INFO("seed " << seed << ", position " << t << ", NVMe weight " << w.nvme);
+        CHECK(least[std::size_t(t)] == walked);
+      }
+      // No choice holds less on the three tiers together, at any position.
+      std::vector<std::vector<int>> choices = {transfer_start(p).choice, checkpoint_start(p).choice,
+                                               solve_min_memory(p).choice, offload_checkpoint_start(p).choice};
+      for (int k = 0; k < 20; ++k) {
+        std::vector<int> c(p.candidates.size());
+        for (std::size_t i = 0; i < c.size(); ++i) c[i] = int(rng() % p.candidates[i].options.size());
+        choices.push_back(std::move(c));
+      }
+      for (const std::vector<int>& c : choices) {
+        const Profiles pr = profiles(p, c);
+        for (int t = 0; t < p.positions; ++t) {
+          const std::size_t u = std::size_t(t);
+          const std::int64_t held = w.device * pr.device[u] + w.host * pr.host[u] + w.nvme * pr.nvme[u];
+          CHECK(held >= least[u]);
+          tight += held == least[u];
+        }
+      }
+    }
+  }
+  CHECK(tight > 100);  // not a loose bound: choices reach it
+}
+
+TEST_CASE("a problem whose tiers together cannot hold it is named infeasible, and one they can hold is not",
+          "[budget][fit]") {
+  int overflowing = 0, holding = 0;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    BudgetProblem p = step_problem(seed, {.min_layers = 2, .max_layers = 8});
+    const std::vector<std::int64_t> alike = least_bytes_on_all_tiers(p);
+    const std::int64_t most = *std::max_element(alike.begin(), alike.end());
+    p.host_budget = std::max<std::int64_t>(1, most / 4);
+    bool nvme = false;
+    for (const Candidate& c : p.candidates)
+      for (const Option& o : c.options) nvme = nvme || !o.nvme.empty();
+    p.nvme_budget = nvme ? std::max<std::int64_t>(1, most / 4) : 0;
+    const std::vector<std::int64_t> halved = least_bytes_on_all_tiers(p, {2, 2, 1});
+    const std::int64_t most_halved = *std::max_element(halved.begin(), halved.end());
+    for (std::int64_t device : {most - p.host_budget - p.nvme_budget - 1, most - p.host_budget - p.nvme_budget,
+                                (most_halved - 2 * p.host_budget - p.nvme_budget + 1) / 2,
+                                (most_halved - 2 * p.host_budget - p.nvme_budget + 1) / 2 - 1}) {
+      p.device_budget = device;
+      const bool over_alike = most > device + p.host_budget + p.nvme_budget;
+      const bool over_halved = nvme && most_halved > 2 * device + 2 * p.host_budget + p.nvme_budget;
+      const std::optional<TiersOverflow> over = tiers_overflow(p);
+      INFO("seed " << seed << ", device " << device);
+      REQUIRE(over.has_value() == (over_alike || over_halved));
+      if (!over) {
+        ++holding;
+        continue;
+      }
+      ++overflowing;
+      const TierWeights w = over->weights;
+      CHECK(w.device == (over_alike ? 1 : 2));  // every byte alike first
+      CHECK(over->needed == (over_alike ? most : most_halved));
+      CHECK(over->room == w.device * device + w.host * p.host_budget + w.nvme * p.nvme_budget);
+      CHECK(over->least_device > device);
+      // And indeed no choice fits: the least search's answer breaks a limit.
+      const Solution s = least_memory_heuristic(p);
+      CHECK(!(s.feasible && s.eval.device_peak <= device));
+    }
+    p.host_budget = 0;  // no host limit: nothing to sum
+    CHECK(!tiers_overflow(p));
+  }
+  CHECK(overflowing > 40);
+  CHECK(holding > 40);
 }
 
 TEST_CASE("a profile under additions over spans keeps its range maxima and peak as walking every position does",

@@ -429,6 +429,55 @@ TEST_CASE("budget: where the priced solve fails, the fallback keeps the budget's
   CHECK(ps.plan.total_bytes() > 2 * ps.plan.min_feasible_bytes);
 }
 
+TEST_CASE("simulate: the largest-model search's fit check answers as planning the whole step does",
+          "[cluster][fit]") {
+  // A small gpt over 2 ranks of a DGX-2 whose budgets are scanned from
+  // nothing fitting to everything fitting; the fit check (the least-memory
+  // plan only, and a refusal without search where device, host and NVMe
+  // together cannot hold the step) must agree with the whole plan, and
+  // with no NVMe both kinds of refusal must occur.
+  frugal_plan::SimulateArgs a;
+  a.cluster = plan::Cluster::preset("dgx2");
+  a.model = sim_gpt();
+  a.model.master_weights = true;
+  const DeviceProfile gpu = a.cluster.device_profile(a.model.dtype, false, 2);
+  const std::size_t whole = frugal_plan::plan_rank(a, a.model, gpu, 0, 2).plan.total_bytes();
+  int fit = 0, refused = 0, refused_at_once = 0;
+  for (bool nvme : {false, true}) {
+    if (!nvme) a.cluster.nvme_bytes = 0;
+    else a.cluster = plan::Cluster::preset("dgx2");
+    for (double host_share : {0.02, 0.2, 1.0})
+      for (double device_share : {0.05, 0.15, 0.3, 0.6, 1.0}) {
+        a.host_budget = std::size_t(host_share * double(whole));
+        a.device_budget = std::size_t(device_share * double(whole));
+        bool planned = true;
+        try {
+          frugal_plan::plan_rank(a, a.model, gpu, 0, 2);
+        } catch (const BudgetError&) {
+          planned = false;
+        }
+        INFO("NVMe " << nvme << ", host " << *a.host_budget << ", device " << *a.device_budget << " of " << whole);
+        CHECK(frugal_plan::fits(a, a.model, gpu, 2) == planned);
+        (planned ? fit : refused) += 1;
+        if (planned) continue;
+        frugal_plan::SimulateArgs only = a;
+        only.options.plan.fit_only = true;
+        try {
+          frugal_plan::plan_rank(only, only.model, gpu, 0, 2);
+        } catch (const BudgetError& e) {
+          if (std::string(e.what()).find("together must hold at least") != std::string::npos) {
+            ++refused_at_once;
+            CHECK(!nvme);  // the DGX-2's NVMe holds a small gpt whole
+            CHECK(e.smallest_feasible_bytes <= whole);
+          }
+        }
+      }
+  }
+  CHECK(fit > 3);
+  CHECK(refused > 3);
+  CHECK(refused_at_once > 0);
+}
+
 // ---- ZeRO's model-state memory, as the paper counts it -------------------------------
 
 

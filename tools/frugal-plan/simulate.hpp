@@ -5,6 +5,7 @@
 // budgets, priced by its GPU's rates), with meta tensors so that no
 // parameter is allocated, and runs the plan in virtual time
 // (plan/step_sim.hpp) on the cluster's links.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -81,9 +82,14 @@ inline PlannedStep plan_rank(const SimulateArgs& a, const zoo::Config& model, co
   return zoo::plan(w, rank_budget(a, ranks), rank_options(a, gpu, rank, ranks));
 }
 
+// Whether some ZeRO stage fits: the least-memory plan only, and a stage
+// whose tiers together cannot hold the step refused without a search
+// (PlanOptions::fit_only), the same answer as planning it whole.
 inline bool fits(const SimulateArgs& a, const zoo::Config& model, const DeviceProfile& gpu, int ranks) {
+  SimulateArgs only = a;
+  only.options.plan.fit_only = true;
   try {
-    plan_rank(a, model, gpu, 0, ranks);
+    plan_rank(only, model, gpu, 0, ranks);
     return true;
   } catch (const BudgetError&) {
     return false;
@@ -98,9 +104,15 @@ inline constexpr int kMostLayersSearched = 256;
 // bisection (fitting is monotone in depth: a deeper model holds more).
 inline int largest_layers(const SimulateArgs& a, const DeviceProfile& gpu, int ranks) {
   zoo::Config c = a.model;
+  // Each probe said on stderr as it ends: at a 1T-parameter width a probe
+  // takes a minute and the search a quarter of an hour.
   auto ok = [&](int layers) {
     c.layers = layers;
-    return fits(a, c, gpu, ranks);
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool fit = fits(a, c, gpu, ranks);
+    std::cerr << "frugal-plan: largest model: " << layers << " layers " << (fit ? "fit" : "do not fit") << " ("
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s)\n";
+    return fit;
   };
   if (!ok(1)) return 0;
   int lo = 1, hi = 2;

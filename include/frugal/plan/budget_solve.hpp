@@ -25,6 +25,7 @@
 
 #include "budget_cheapen.hpp"
 #include "budget_exact.hpp"
+#include "budget_fit.hpp"
 #include "budget_greedy.hpp"
 #include "budget_least.hpp"
 #include "budget_saved.hpp"
@@ -182,6 +183,22 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     Solution s = solve_greedy(problem, target);
     return s.feasible ? cheapen(problem, std::move(s.choice), target) : s;
   };
+  if (o.fit_only)
+    if (const std::optional<TiersOverflow> over = tiers_overflow(problem)) {
+      const bool halved = over->weights.nvme < over->weights.device;
+      const auto bytes = [&](std::int64_t b) { return format_bytes(std::size_t(b / over->weights.device)); };
+      throw BudgetError(
+          cat("device budget ", format_bytes(budget.device), " (", budget.device, " bytes) is infeasible: at position ",
+              over->position, " of the step's ", problem.positions, " the device, the host pool",
+              budget.nvme_dir.empty() ? "" : halved ? " and half of NVMe (a tensor living there takes two slots)" : " and NVMe",
+              " together must hold at least ", bytes(over->needed),
+              " whatever is recomputed, swapped or spilled, and they give ", bytes(over->room),
+              ". Give more host memory", budget.nvme_dir.empty() ? "" : " or NVMe",
+              ", or shard the step over more ranks (a higher ZeRO stage). (A feasibility check, PlanOptions::fit_only: "
+              "the least device budget was not searched; it is at least ",
+              over->least_device, " bytes.)"),
+          std::size_t(std::max<std::int64_t>(over->least_device, 0)), base.total_bytes());
+    }
   // The least memory, from the price-free view of the problem; its choices
   // mapped back to the priced options they are (same placement, real costs).
   const MemoryView view = memory_view(problem);
@@ -201,6 +218,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
                       ". Largest consumers at that peak:", largest_consumers(*least.graph, least.plan)),
                       min_feasible, base.total_bytes());
   least.plan.min_feasible_bytes = min_feasible;
+  if (o.fit_only) return least;  // it fits: whether was the question
 
   // With least_saved_activations, a plan that fits is realized with fewer
   // activations held where the backward starts, its live bytes bounded by

@@ -52,6 +52,18 @@ struct PlanOptions {
   // multiplies by its micro-batches in flight, and what
   // torch.utils.checkpoint minimises. The peak stays within the budget.
   bool least_saved_activations = false;
+  // Only whether the step fits the budget, for searches that plan many
+  // models or clusters (frugal-plan's largest model): under a binding
+  // budget the least-memory plan is returned as soon as it fits, without
+  // the priced solves that make it faster (its predicted time is the
+  // least-memory plan's, an upper bound on the step's); and a step whose
+  // device, host and NVMe limits together cannot hold what it needs at some
+  // position (plan/budget_fit.hpp) is refused at once, its
+  // BudgetError::smallest_feasible_bytes then a lower bound, not the least
+  // budget searched. Over ZeRO stages it tries the highest first and stops
+  // at the first that fits. A step compiled with it runs that least-memory plan: exact and
+  // within the budget, but slower than the priced plan.
+  bool fit_only = false;
 };
 
 struct Plan {

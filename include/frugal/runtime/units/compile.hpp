@@ -813,7 +813,11 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
   // carries it as the step's unconstrained bytes, so a broker's probe
   // (MemoryBroker) can give the step up to that, not only its least.
   std::size_t stage0_unconstrained = 0;
-  for (int stage = 0; stage <= last; ++stage) {
+  // Whether it fits at all (PlanOptions::fit_only) is asked highest stage
+  // first: the stage that holds the least per rank, so a step that fits
+  // is mostly answered by one search.
+  for (int k = 0; k <= last; ++k) {
+    const int stage = o.plan.fit_only ? last - k : k;
     CompileOptions os = o;
     os.zero_stage = stage;
     try {
@@ -832,11 +836,12 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
       // A higher stage communicates more than the cost model can see on a
       // shared-memory machine's numbers; it must be predicted clearly faster.
       if (!best || pp.plan.predicted_step_ms < kClearlyFaster * best->plan.predicted_step_ms) best = std::move(pp);
+      if (o.plan.fit_only) break;  // whether it fits was the question, and it does
     } catch (const BudgetError& e) {
       tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes));
       least_needed = least_needed ? std::min(least_needed, e.smallest_feasible_bytes) : e.smallest_feasible_bytes;
       if (stage == 0) stage0_unconstrained = e.unconstrained_bytes;
-      if (stage == last && !best)
+      if (k == last && !best)
         throw BudgetError(
             cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s", " (",
                 tried, comm.size() == 1 ? "; one rank has nothing to shard over"
