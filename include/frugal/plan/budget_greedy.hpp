@@ -320,7 +320,10 @@ inline Solution undo_unneeded(const BudgetProblem& p, std::vector<int> choice, s
            p.candidates[b].options[std::size_t(s.choice[b])].cost_ms;
   });
   const RequirementRepair index(p);
-  if (requirements_met(p, s.choice)) {
+  const bool keep_requires_nothing = std::all_of(p.candidates.begin(), p.candidates.end(), [](const Candidate& c) {
+    return c.options.empty() || c.options[0].requires_.empty();
+  });
+  if (keep_requires_nothing && requirements_met(p, s.choice)) {
     // Keep (option 0) requires nothing, so an undo that no chosen option
     // forbids leaves every requirement met.
     RangeAddMax device(profiles(p, s.choice).device);
