@@ -30,6 +30,21 @@ inline frugal::plan::Rewritten verified_rewrite(const frugal::PlannedStep& ps, c
   return rw;
 }
 
+// A hand-picked `choice` that takes candidate `window` off the device (with
+// what a recomputation reading it needs): every requirement met, no higher a
+// device peak than with the window kept, and its rewrite verified (returned).
+inline frugal::plan::Rewritten verified_window_choice(const frugal::PlannedStep& ps,
+                                                      const frugal::plan::BudgetProblem& p,
+                                                      const std::vector<int>& choice, std::size_t window) {
+  using namespace frugal;
+  REQUIRE(!choice.empty());
+  REQUIRE(plan::requirements_met(p, choice));
+  std::vector<int> kept = choice;
+  kept[window] = 0;
+  CHECK(plan::evaluate(p, choice).device_peak <= plan::evaluate(p, kept).device_peak);
+  return verified_rewrite(ps, p, choice);
+}
+
 // visit(k, j, r, m) for each recomputation option j of candidate k, each
 // requirement r it makes of a window (candidate r.candidate), and each
 // option m of that window the requirement allows.
