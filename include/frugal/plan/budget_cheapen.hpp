@@ -34,23 +34,22 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
   std::vector<std::pair<std::size_t, int>> undo, was_list, now_list;
   std::vector<DevicePiece> pieces;  // scratch of the trials' verdicts
   std::vector<std::pair<int, std::int64_t>> events;
-  // The profiles and their range maxima, updated by each move taken (built
+  // The profiles' range maxima, and the device profile itself (the peak
+  // positions and hold_at read it), updated by each move taken (built
   // again from every candidate per move, they were most of this pass's
   // time on a 1T-parameter step).
   Profiles pr = profiles(p, choice);
   RangeAddMax device_max(pr.device), host_max(pr.host), nvme_max(pr.nvme);
-  auto take = [&](std::vector<std::int64_t>& prof, RangeAddMax& most, std::vector<MemEffect> Option::*tier) {
+  std::vector<std::int64_t> device = std::move(pr.device);
+  auto take = [&](RangeAddMax& most, std::vector<MemEffect> Option::*tier) {
     tier_change_into(pieces, events, p, was_list, now_list, tier);
-    for (const DevicePiece& pc : pieces) {
-      most.add(pc.first, pc.last, pc.bytes);
-      for (int t = pc.first; t <= pc.last; ++t) prof[std::size_t(t)] += pc.bytes;
-    }
+    for (const DevicePiece& pc : pieces) most.add(pc.first, pc.last, pc.bytes);
   };
   for (int round = 0; round < max_rounds; ++round) {
     // Repairs move a candidate to its option holding the fewest bytes where
     // the profile is highest (at the round's start), so they spend memory
     // where there is room.
-    const PeakPositions peaks(pr.device, device_max.peak());
+    const PeakPositions peaks(device, device_max.peak());
     auto at_high = [&](const Option& o) { return peaks.bytes(o); };
     // A trial is judged by what it changes alone (was_list -> now_list),
     // from a choice that fits: the same verdict as evaluating it whole,
@@ -67,7 +66,7 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
         if (!repair.may_choose(trial, c, k)) return false;
       if (rises_past(&Option::device, device_max, bound)) return false;
       if (hold_at >= 0) {
-        std::int64_t held = pr.device[std::size_t(hold_at)];
+        std::int64_t held = device[std::size_t(hold_at)];
         for (const DevicePiece& pc : pieces)
           if (pc.first <= hold_at && hold_at <= pc.last) held += pc.bytes;
         if (held > hold_cap) return false;
@@ -113,9 +112,11 @@ inline Solution cheapen(const BudgetProblem& p, std::vector<int> choice, std::in
           choice[i] = had;
           continue;
         }
-        take(pr.device, device_max, &Option::device);
-        take(pr.host, host_max, &Option::host);
-        take(pr.nvme, nvme_max, &Option::nvme);
+        take(host_max, &Option::host);
+        take(nvme_max, &Option::nvme);
+        take(device_max, &Option::device);
+        for (const DevicePiece& pc : pieces)
+          for (int t = pc.first; t <= pc.last; ++t) device[std::size_t(t)] += pc.bytes;
         moved = true;
         break;
       }
