@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -92,7 +93,12 @@ class Graph {
   NodeId last_node() const { return NodeId(nodes_.size()) - 1; }
   // Points input `slot` of node n at another value (a planner rewrite: a
   // reader takes a fetched or recomputed copy instead of the original).
-  void set_input(NodeId n, std::size_t slot, ValueId v) { nodes_.at(std::size_t(n)).inputs.at(slot) = v; }
+  void set_input(NodeId n, std::size_t slot, ValueId v) {
+    ValueId& in = nodes_.at(std::size_t(n)).inputs.at(slot);
+    const ValueId old = std::exchange(in, v);
+    drop_reader_unless_read(old, n);
+    add_reader(v, n);
+  }
 
   // Puts `op` in node n's place, reading `inputs` and producing the existing
   // values `outputs` (a graph pass merging nodes: ops/fusion.hpp). Each
@@ -103,7 +109,9 @@ class Graph {
                     std::vector<ValueId> outputs, std::vector<NodeId> after) {
     Node& node = nodes_.at(std::size_t(n));
     node.op = std::move(op);
-    node.inputs = std::move(inputs);
+    std::vector<ValueId> old = std::exchange(node.inputs, std::move(inputs));
+    for (ValueId v : old) drop_reader_unless_read(v, n);
+    for (ValueId v : node.inputs) add_reader(v, n);
     node.outputs = std::move(outputs);
     node.after = std::move(after);
     node.has_workspace = false;
@@ -135,16 +143,10 @@ class Graph {
   std::size_t num_values() const { return values_.size(); }
   std::size_t num_nodes() const { return nodes_.size(); }
 
-  std::vector<NodeId> consumers(ValueId v) const {
-    std::vector<NodeId> out;
-    for (NodeId n = 0; n < NodeId(nodes_.size()); ++n)
-      for (ValueId in : nodes_[std::size_t(n)].inputs)
-        if (in == v) {
-          out.push_back(n);
-          break;
-        }
-    return out;
-  }
+  // The nodes that read v, in node order. Kept as nodes are added and
+  // rewired: a capture asks it for every op that updates a value in place
+  // (each optimizer update), which a walk over all nodes made quadratic.
+  const std::vector<NodeId>& consumers(ValueId v) const { return readers_.at(std::size_t(v)); }
 
   std::vector<ValueId> values_of_kind(ValueKind k) const {
     std::vector<ValueId> out;
@@ -173,10 +175,24 @@ class Graph {
  private:
   ValueId add_value(Value v) {
     values_.push_back(std::move(v));
+    readers_.emplace_back();
     return ValueId(values_.size() - 1);
+  }
+  void add_reader(ValueId v, NodeId n) {
+    std::vector<NodeId>& r = readers_.at(std::size_t(v));
+    auto at = std::lower_bound(r.begin(), r.end(), n);
+    if (at == r.end() || *at != n) r.insert(at, n);
+  }
+  void drop_reader_unless_read(ValueId v, NodeId n) {
+    const std::vector<ValueId>& in = nodes_[std::size_t(n)].inputs;
+    if (std::find(in.begin(), in.end(), v) != in.end()) return;
+    std::vector<NodeId>& r = readers_.at(std::size_t(v));
+    auto at = std::lower_bound(r.begin(), r.end(), n);
+    if (at != r.end() && *at == n) r.erase(at);
   }
   std::vector<Value> values_;
   std::vector<Node> nodes_;
+  std::vector<std::vector<NodeId>> readers_;  // per value: the nodes reading it, ascending
   std::map<const void*, ValueId> by_storage_;
   ParameterSource parameter_source_;
   KernelQueries queries_;

@@ -66,6 +66,7 @@ std::vector<ValueId> Graph::apply_impl(std::shared_ptr<const Op> op, std::vector
     }
   }
   nodes_.push_back(std::move(node));
+  for (ValueId v : nodes_.back().inputs) add_reader(v, nid);
   auto r = nodes_.back().results();
   return {r.begin(), r.end()};
 }
