@@ -404,6 +404,13 @@ inline std::int64_t kept_on_device_area(const Option& o) {
 // kept that is not a segment boundary recomputed as late as it can be (its
 // recomputation option at the latest position), what those need of their
 // inputs repaired into place, latest readers first.
+//
+// Each move is made in place and undone if refused. Where the choice met
+// every requirement before a move, it meets them after it exactly when each
+// candidate the move changed may hold its new option (its own requirements,
+// and those of every option requiring something of it): the rest read what
+// they read before. A copy of the choice and a walk over every requirement
+// per move made this quadratic (a 20T-parameter GPT tiled 16 ways: minutes).
 inline void recompute_between_boundaries(const BudgetProblem& p, std::vector<int>& choice) {
   const RequirementRepair repair(p);
   std::vector<std::size_t> order;
@@ -411,7 +418,12 @@ inline void recompute_between_boundaries(const BudgetProblem& p, std::vector<int
     if (!p.candidates[i].wraps && !p.candidates[i].segment_boundary && choice[i] == 0) order.push_back(i);
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return p.candidates[a].after > p.candidates[b].after; });
+  bool met = requirements_met(p, choice);
   std::vector<std::pair<std::size_t, int>> undo;
+  auto revert = [&](std::size_t i, int was) {
+    for (auto u = undo.rbegin(); u != undo.rend(); ++u) choice[u->first] = u->second;
+    choice[i] = was;
+  };
   for (std::size_t i : order) {
     const auto& opts = p.candidates[i].options;
     int latest = -1;
@@ -420,21 +432,33 @@ inline void recompute_between_boundaries(const BudgetProblem& p, std::vector<int
           (latest < 0 || opts[std::size_t(j)].in_start > opts[std::size_t(latest)].in_start))
         latest = j;
     if (latest < 0 || choice[i] == latest) continue;
-    std::vector<int> trial = choice;
-    trial[i] = latest;
+    const int was = choice[i];
+    choice[i] = latest;
     undo.clear();
-    if (!repair.repair(trial, i, kept_on_device_area, undo) || !requirements_met(p, trial)) continue;
+    bool ok = repair.repair(choice, i, kept_on_device_area, undo);
+    if (ok && met) {
+      ok = repair.may_choose(choice, i, latest);
+      for (std::size_t u = 0; ok && u < undo.size(); ++u)
+        ok = repair.may_choose(choice, undo[u].first, choice[undo[u].first]);
+    } else if (ok) {
+      ok = requirements_met(p, choice);
+    }
+    if (!ok) {
+      revert(i, was);
+      continue;
+    }
     // Only where the device holds less for it: an earlier reader's short
     // recomputation can ask for a long-lived input to be kept again.
-    std::int64_t before = device_area(opts[std::size_t(choice[i])]), after = device_area(opts[std::size_t(latest)]);
+    std::int64_t before = device_area(opts[std::size_t(was)]), after = device_area(opts[std::size_t(latest)]);
     for (std::size_t u = 0; u < undo.size(); ++u) {
       const auto [k, old] = undo[u];  // the first move of each candidate holds its old option
       if (k == i || std::any_of(undo.begin(), undo.begin() + std::ptrdiff_t(u), [&](auto& e) { return e.first == k; }))
         continue;
       before += device_area(p.candidates[k].options[std::size_t(old)]);
-      after += device_area(p.candidates[k].options[std::size_t(trial[k])]);
+      after += device_area(p.candidates[k].options[std::size_t(choice[k])]);
     }
-    if (after < before) choice = std::move(trial);
+    if (after < before) met = true;
+    else revert(i, was);
   }
 }
 
