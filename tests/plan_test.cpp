@@ -11,6 +11,8 @@
 #include <frugal/runtime/executor.hpp>
 #include <frugal/backend/cpu/worker_team.hpp>
 #include <new>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "../samples/common/plot.hpp"
@@ -730,4 +732,68 @@ TEST_CASE("constants are bound once, read-only, reported as constants, and offlo
   std::string names;
   for (ValueId v : step.graph().values_of_kind(ValueKind::buffer)) names += plan::describe_value(step.graph(), v) + ";";
   CHECK_THAT(names, Catch::Contains("buffer 'running_mean'") && Catch::Contains("buffer 'running_var'"));
+}
+
+namespace {
+
+// plan::assign_offsets as it was written first: every placed interval
+// checked for overlap with each new one.
+plan::Placement assign_offsets_by_scanning(const std::vector<plan::Interval>& iv) {
+  std::vector<std::size_t> order(iv.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (iv[a].bytes != iv[b].bytes) return iv[a].bytes > iv[b].bytes;
+    int la = iv[a].last - iv[a].first, lb = iv[b].last - iv[b].first;
+    if (la != lb) return la > lb;
+    return iv[a].value < iv[b].value;
+  });
+  plan::Placement p;
+  p.offset.assign(iv.size(), 0);
+  std::vector<std::size_t> placed;
+  std::vector<std::pair<std::size_t, std::size_t>> busy;
+  for (std::size_t i : order) {
+    busy.clear();
+    for (std::size_t j : placed)
+      if (iv[i].overlaps(iv[j])) busy.push_back({p.offset[j], p.offset[j] + iv[j].bytes});
+    std::sort(busy.begin(), busy.end());
+    std::size_t best = SIZE_MAX, best_gap = SIZE_MAX, cursor = 0;
+    for (auto [b, e] : busy) {
+      if (b > cursor && b - cursor >= iv[i].bytes && b - cursor < best_gap) best = cursor, best_gap = b - cursor;
+      cursor = std::max(cursor, e);
+    }
+    p.offset[i] = best != SIZE_MAX ? best : cursor;
+    p.arena_bytes = std::max(p.arena_bytes, p.offset[i] + iv[i].bytes);
+    placed.push_back(i);
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("arena offsets found through the time index are those scanning every placed buffer gives", "[plan]") {
+  // Random lifetimes over few and many positions, sizes with many ties
+  // (the order's tie-breaks), single-position and whole-step buffers; and
+  // every placement checked: buffers that overlap in time never share bytes.
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int positions = 1 + int(rng() % (trial % 2 ? 400 : 9));
+    const std::size_t n = std::size_t(rng() % 300);
+    std::vector<plan::Interval> iv(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      int a = int(rng() % std::uint64_t(positions)), b = int(rng() % std::uint64_t(positions));
+      if (rng() % 5 == 0) a = 0, b = positions - 1;
+      iv[k].value = ValueId(rng() % 1000);
+      iv[k].bytes = 64 * (1 + rng() % (trial % 3 ? 4 : 40));
+      iv[k].used = iv[k].bytes;
+      iv[k].first = std::min(a, b), iv[k].last = std::max(a, b);
+    }
+    const plan::Placement fast = plan::assign_offsets(iv), scanned = assign_offsets_by_scanning(iv);
+    INFO("trial " << trial << ", " << n << " buffers over " << positions << " positions");
+    CHECK(fast.offset == scanned.offset);
+    CHECK(fast.arena_bytes == scanned.arena_bytes);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (iv[i].overlaps(iv[j]))
+          REQUIRE((fast.offset[i] + iv[i].bytes <= fast.offset[j] || fast.offset[j] + iv[j].bytes <= fast.offset[i]));
+  }
 }
