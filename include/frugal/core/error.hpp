@@ -20,6 +20,10 @@ struct BudgetError : Error {
       : Error(what), smallest_feasible_bytes(smallest), unconstrained_bytes(unconstrained) {}
   std::size_t smallest_feasible_bytes = 0;  // the least device budget that plan fits, when known
   std::size_t unconstrained_bytes = 0;      // what the step needs with nothing evicted, when known
+  // smallest_feasible_bytes is a lower bound, not the searched least: the
+  // step was refused because its device, host and NVMe together cannot hold
+  // it (PlanOptions::refuse_overflow, fit_only).
+  bool smallest_is_lower_bound = false;
 };
 struct DataError : Error {
   using Error::Error;

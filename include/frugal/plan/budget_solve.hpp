@@ -183,21 +183,23 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     Solution s = solve_greedy(problem, target);
     return s.feasible ? cheapen(problem, std::move(s.choice), target) : s;
   };
-  if (o.fit_only)
+  if (o.fit_only || o.refuse_overflow)
     if (const std::optional<TiersOverflow> over = tiers_overflow(problem)) {
       const bool halved = over->weights.nvme < over->weights.device;
       const auto bytes = [&](std::int64_t b) { return format_bytes(std::size_t(b / over->weights.device)); };
-      throw BudgetError(
+      BudgetError e(
           cat("device budget ", format_bytes(budget.device), " (", budget.device, " bytes) is infeasible: at position ",
               over->position, " of the step's ", problem.positions, " the device, the host pool",
               budget.nvme_dir.empty() ? "" : halved ? " and half of NVMe (a tensor living there takes two slots)" : " and NVMe",
               " together must hold at least ", bytes(over->needed),
               " whatever is recomputed, swapped or spilled, and they give ", bytes(over->room),
               ". Give more host memory", budget.nvme_dir.empty() ? "" : " or NVMe",
-              ", or shard the step over more ranks (a higher ZeRO stage). (A feasibility check, PlanOptions::fit_only: "
+              ", or shard the step over more ranks (a higher ZeRO stage). (A feasibility check: "
               "the least device budget was not searched; it is at least ",
               over->least_device, " bytes.)"),
           std::size_t(std::max<std::int64_t>(over->least_device, 0)), base.total_bytes());
+      e.smallest_is_lower_bound = true;
+      throw e;
     }
   // The least memory, from the price-free view of the problem; its choices
   // mapped back to the priced options they are (same placement, real costs).

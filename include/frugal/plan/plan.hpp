@@ -64,6 +64,13 @@ struct PlanOptions {
   // at the first that fits. A step compiled with it runs that least-memory plan: exact and
   // within the budget, but slower than the priced plan.
   bool fit_only = false;
+  // Refuse at once a step whose device, host and NVMe limits together cannot
+  // hold what it needs at some position (fit_only implies it), its
+  // BudgetError then carrying a lower bound (smallest_is_lower_bound). Over
+  // ZeRO stages left to the planner, every stage is first asked so: a 20T
+  // model's stages 0 to 2 need hundreds of TB a rank, and their least-memory
+  // searches took minutes each only to say so.
+  bool refuse_overflow = false;
 };
 
 struct Plan {

@@ -807,22 +807,42 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
   // stage only when predicted at least 5% faster than the lower one.
   constexpr double kClearlyFaster = 0.95;
   std::optional<PlannedPrepared> best;
-  std::string tried;
-  std::size_t least_needed = 0;
+  std::vector<std::pair<int, std::string>> tried;  // by stage: what it needs or how it fits
+  auto tried_list = [&] {
+    std::sort(tried.begin(), tried.end());
+    std::string out;
+    for (auto& [_, what] : tried) out += (out.empty() ? "" : "; ") + what;
+    return out;
+  };
   // Where the search would stop: stage 0 with nothing evicted. A refusal
   // carries it as the step's unconstrained bytes, so a broker's probe
   // (MemoryBroker) can give the step up to that, not only its least.
   std::size_t stage0_unconstrained = 0;
+  // Each stage is first refused at once where its device, host and NVMe
+  // together cannot hold it (PlanOptions::refuse_overflow): such a stage
+  // cannot fit, and its least is searched only if its lower bound is below
+  // every other stage's least when none fits (then the refusal names the
+  // least device budget of some stage, exactly, as before).
+  struct Refusal {
+    int stage;
+    BudgetError error;
+  };
+  std::vector<Refusal> refused;
+  auto plan_stage = [&](int stage, bool refuse_overflow) {
+    CompileOptions os = o;
+    os.zero_stage = stage;
+    os.plan.refuse_overflow = refuse_overflow || o.plan.refuse_overflow;
+    PlannedPrepared pp = plan_fused(prepare(os), budget, os, &prepare);
+    pp.plan.zero_stage = stage;
+    return pp;
+  };
   // Whether it fits at all (PlanOptions::fit_only) is asked highest stage
   // first: the stage that holds the least per rank, so a step that fits
   // is mostly answered by one search.
   for (int k = 0; k <= last; ++k) {
     const int stage = o.plan.fit_only ? last - k : k;
-    CompileOptions os = o;
-    os.zero_stage = stage;
     try {
-      PlannedPrepared pp = plan_fused(prepare(os), budget, os, &prepare);
-      pp.plan.zero_stage = stage;
+      PlannedPrepared pp = plan_stage(stage, true);
       char ms[32];
       std::snprintf(ms, sizeof ms, "%.2f", pp.plan.predicted_step_ms);
       if (stage == 0 && pp.plan.decisions.empty()) {
@@ -831,24 +851,52 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
         best = std::move(pp);
         break;
       }
-      tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " fits in ", format_bytes(pp.plan.total_bytes()),
-                   ", predicted ", ms, " ms");
+      tried.push_back({stage, cat("stage ", stage, " fits in ", format_bytes(pp.plan.total_bytes()), ", predicted ",
+                                  ms, " ms")});
       // A higher stage communicates more than the cost model can see on a
       // shared-memory machine's numbers; it must be predicted clearly faster.
       if (!best || pp.plan.predicted_step_ms < kClearlyFaster * best->plan.predicted_step_ms) best = std::move(pp);
       if (o.plan.fit_only) break;  // whether it fits was the question, and it does
     } catch (const BudgetError& e) {
-      tried += cat(tried.empty() ? "" : "; ", "stage ", stage, " needs at least ", format_bytes(e.smallest_feasible_bytes));
-      least_needed = least_needed ? std::min(least_needed, e.smallest_feasible_bytes) : e.smallest_feasible_bytes;
+      refused.push_back({stage, e});
       if (stage == 0) stage0_unconstrained = e.unconstrained_bytes;
-      if (k == last && !best)
-        throw BudgetError(
-            cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s", " (",
-                tried, comm.size() == 1 ? "; one rank has nothing to shard over"
-                                        : last < 2 ? cat("; stages 2 and 3 were not tried, for ", no_stage2) : std::string(),
-                "). At stage ", stage, ": ", e.what()),
-            least_needed, stage0_unconstrained);
     }
+  }
+  if (!best) {
+    // The stage needing least, its least searched where only bounded (a
+    // bound below every other stage's least could be the answer).
+    auto least = [&] {
+      return std::min_element(refused.begin(), refused.end(), [](const Refusal& a, const Refusal& b) {
+        return a.error.smallest_feasible_bytes < b.error.smallest_feasible_bytes;
+      });
+    };
+    const bool exact_wanted = !o.plan.fit_only && !o.plan.refuse_overflow;
+    for (auto r = least(); exact_wanted && r->error.smallest_is_lower_bound; r = least()) {
+      try {
+        plan_stage(r->stage, false);
+        fail("internal error: ZeRO stage ", r->stage, " was refused as overflowing its tiers, yet fits");
+      } catch (const BudgetError& e) {
+        r->error = e;
+      }
+    }
+  }
+  for (const Refusal& r : refused)
+    tried.push_back({r.stage, cat("stage ", r.stage, " needs at least ", format_bytes(r.error.smallest_feasible_bytes),
+                                  r.error.smallest_is_lower_bound ? " (its device, host and NVMe together cannot hold it)"
+                                                                  : "")});
+  if (!best) {
+    const Refusal& r = *std::min_element(refused.begin(), refused.end(), [](const Refusal& a, const Refusal& b) {
+      return a.error.smallest_feasible_bytes < b.error.smallest_feasible_bytes;
+    });
+    BudgetError e(cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s",
+                      " (", tried_list(),
+                      comm.size() == 1  ? "; one rank has nothing to shard over"
+                      : last < 2 ? cat("; stages 2 and 3 were not tried, for ", no_stage2)
+                                 : std::string(),
+                      "). At stage ", r.stage, ", which needs least: ", r.error.what()),
+                  r.error.smallest_feasible_bytes, stage0_unconstrained);
+    e.smallest_is_lower_bound = r.error.smallest_is_lower_bound;
+    throw e;
   }
   // Each stage tried prepared the optimizer's state in its own layout
   // (Optimizer::state_tensor), kept with its values, and the chosen step
@@ -860,7 +908,7 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
   best->p.opt->prepared_again(best->p.optimizer_layout);
   if (best->plan.zero_reason.empty())
     best->plan.zero_reason = cat("the fastest that fits (a higher stage only if 5% faster), chosen by the planner over ",
-                                 comm.size(), " ranks (", tried, ")");
+                                 comm.size(), " ranks (", tried_list(), ")");
   return std::move(*best);
 }
 
