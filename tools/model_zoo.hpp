@@ -35,9 +35,12 @@ struct Config {
   // Parameters and optimizer state as meta tensors (MetaScope): the model
   // can be planned, not run, and costs no memory however large.
   bool meta = false;
+  // Memory-centric tiling of every Linear (mlp, gpt): nn::LinearTiling.
+  nn::LinearTiling tiling = {};
 
   std::string name() const {
-    return cat(family, " layers=", layers, " width=", width, " batch=", batch, " dtype=", dtype_name(dtype));
+    return cat(family, " layers=", layers, " width=", width, " batch=", batch, " dtype=", dtype_name(dtype),
+               tiling.tiled() ? cat(" tiles=", tiling.out_splits, "x", tiling.in_splits) : std::string());
   }
 };
 
@@ -138,7 +141,7 @@ class Mlp : public nn::Module {
     int in = c.features;
     for (int i = 0; i <= c.layers; ++i) {
       int out = i == c.layers ? c.classes : c.width;
-      fc.push_back(std::make_unique<nn::Linear>(in, out, nn::LinearOptions{.dtype = c.dtype}));
+      fc.push_back(std::make_unique<nn::Linear>(in, out, nn::LinearOptions{.dtype = c.dtype, .tiling = c.tiling}));
       register_module(std::string("fc") + std::to_string(i), *fc.back());
       in = out;
     }
@@ -199,7 +202,8 @@ inline Workload make(const Config& c) {
   } else if (c.family == "gpt") {
     if (c.width % c.heads) fail("gpt: width ", c.width, " is not a multiple of heads ", c.heads);
     auto m = std::make_unique<nn::Gpt>(nn::GptConfig{.vocab = c.vocab, .context = c.seq, .layers = c.layers,
-                                                     .d_model = c.width, .heads = c.heads, .dtype = c.dtype});
+                                                     .d_model = c.width, .heads = c.heads, .dtype = c.dtype,
+                                                     .linear_tiling = c.tiling});
     nn::Gpt* mp = m.get();
     w.inputs = {input<std::int32_t>({c.batch, c.seq}, "tokens"), input<std::int32_t>({c.batch, c.seq}, "next tokens")};
     w.loss = [mp](const std::vector<Var>& v) { return mp->loss(v[0], v[1]); };

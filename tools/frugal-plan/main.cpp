@@ -4,7 +4,7 @@
 //
 //   frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N]
 //               [--dtype f32|f64] [--optimizer adamw|sgd] [--seq N] [--heads N]
-//               [--vocab N] [--features N] [--classes N] [--image N] [--no-reorder]
+//               [--vocab N] [--tiles O[xI]] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--least-saved] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
 //               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]
 //               [--overlap auto|0|1]] [--offload auto|0|1|nvme|nvme+params]
@@ -70,7 +70,7 @@ using namespace frugal;
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "frugal-plan: " << why
             << "\nusage: frugal-plan --model mlp|gpt|gcn|resnet [--batch N] [--layers N] [--width N] [--dtype f32|f64]\n"
-               "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--features N]\n"
+               "                   [--optimizer adamw|sgd] [--seq N] [--heads N] [--vocab N] [--tiles O[xI]] [--features N]\n"
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse] [--least-saved]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
                "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n"
@@ -141,6 +141,21 @@ int main(int argc, char** argv) try {
     else if (k == "--seq") c.seq = num();
     else if (k == "--heads") c.heads = num();
     else if (k == "--vocab") c.vocab = num();
+    else if (k == "--tiles") {
+      // O or OxI: each Linear's weight held as O x I tiles (nn::LinearTiling).
+      std::string v = val();
+      const std::size_t x = v.find('x');
+      try {
+        std::size_t used = 0;
+        c.tiling.out_splits = std::stoll(v.substr(0, x), &used);
+        if (used != (x == std::string::npos ? v.size() : x)) throw std::invalid_argument("");
+        c.tiling.in_splits = x == std::string::npos ? 1 : std::stoll(v.substr(x + 1), &used);
+        if (x != std::string::npos && used != v.size() - x - 1) throw std::invalid_argument("");
+      } catch (...) {
+        usage("--tiles takes O or OxI (positive whole numbers), got '" + v + "'");
+      }
+      if (c.tiling.out_splits < 1 || c.tiling.in_splits < 1) usage("--tiles takes positive splits, got '" + v + "'");
+    }
     else if (k == "--features") c.features = num();
     else if (k == "--classes") c.classes = num();
     else if (k == "--image") c.image = num();

@@ -31,6 +31,8 @@ struct MultiHeadAttentionOptions {
   // The default keeps the GPT layer's behaviour; false for an encoder or
   // cross-attention.
   bool causal = true;
+  // Memory-centric tiling of the qkv and output projections (LinearTiling).
+  LinearTiling tiling = {};
 };
 
 // Masks as nn.MultiheadAttention takes them (boolean, stored as u8; true =
@@ -49,8 +51,8 @@ class MultiHeadAttention : public Layer {
  public:
   ~MultiHeadAttention() override;
   MultiHeadAttention(std::int64_t d, std::int64_t heads, MultiHeadAttentionOptions o = {})
-      : qkv(d, 3 * d, {.bias = o.bias, .dtype = o.dtype}),
-        proj(d, d, {.bias = o.bias, .dtype = o.dtype}),
+      : qkv(d, 3 * d, {.bias = o.bias, .dtype = o.dtype, .tiling = o.tiling}),
+        proj(d, d, {.bias = o.bias, .dtype = o.dtype, .tiling = o.tiling}),
         heads_(heads),
         dropout_(o.dropout),
         causal_(o.causal) {
@@ -84,11 +86,10 @@ class MultiHeadAttention : public Layer {
                        " and value ", value.meta().str(),
                        " must share the batch, and key and value the number of keys");
     const std::int64_t d = qkv.in_features();
-    const std::string q = qkv.qualified_name(), pre = q.empty() ? "" : q + ".";
-    std::vector<Var> w = split(persistent_var(qkv.weight, ValueKind::parameter, pre + "weight"), {d, d, d}, 0);
+    std::vector<Var> w = split(qkv.weight_value(), {d, d, d}, 0);
     std::vector<std::optional<Var>> b(3);
-    if (qkv.bias.defined()) {
-      auto bs = split(persistent_var(qkv.bias, ValueKind::parameter, pre + "bias"), {d, d, d}, 0);
+    if (std::optional<Var> whole = qkv.bias_value()) {
+      auto bs = split(*whole, {d, d, d}, 0);
       for (int i = 0; i < 3; ++i) b[std::size_t(i)] = bs[std::size_t(i)];
     }
     return attend(linear(query, w[0], b[0]), linear(key, w[1], b[1]), linear(value, w[2], b[2]), masks);

@@ -22,6 +22,10 @@ struct GptConfig {
   std::int64_t mlp_hidden = 0;  // 0: 4 * d_model
   double dropout = 0;           // after the embeddings and in every block
   DType dtype = DType::f32;
+  // Memory-centric tiling (LinearTiling) of every Linear: the blocks' four
+  // and the head. What lets a layer whose weight or gradient would not fit
+  // a device train one tile at a time (ZeRO-Infinity's tens of trillions).
+  LinearTiling linear_tiling = {};
 };
 
 class Gpt : public Module {
@@ -32,7 +36,7 @@ class Gpt : public Module {
         tok(c.vocab, c.d_model, {c.dtype}),
         pos(c.context, c.d_model, {c.dtype}),
         ln_f(c.d_model, {.dtype = c.dtype}),
-        head(c.d_model, c.vocab, {.bias = false, .dtype = c.dtype}) {
+        head(c.d_model, c.vocab, {.bias = false, .dtype = c.dtype, .tiling = c.linear_tiling}) {
     ops::check_dropout_p(c.dropout);
     register_module("tok", tok);
     register_module("pos", pos);
@@ -40,7 +44,8 @@ class Gpt : public Module {
     for (std::int64_t i = 0; i < c.layers; ++i)
       blocks.push_back(std::make_shared<TransformerBlock>(
           c.d_model, c.heads,
-          TransformerBlockOptions{.mlp_hidden = c.mlp_hidden, .dropout = c.dropout, .dtype = c.dtype}));
+          TransformerBlockOptions{
+              .mlp_hidden = c.mlp_hidden, .dropout = c.dropout, .dtype = c.dtype, .linear_tiling = c.linear_tiling}));
     register_module("ln_f", ln_f);
     register_module("head", head);
   }

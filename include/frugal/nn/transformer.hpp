@@ -16,6 +16,7 @@ struct MlpOptions {
   bool approximate_gelu = false;  // false: exact erf GELU (PyTorch's default); true: the tanh form
   double dropout = 0;             // after the second Linear
   DType dtype = DType::f32;
+  LinearTiling linear_tiling = {};  // of both Linears (memory-centric tiling)
 };
 
 // Linear(d, hidden) - GELU - Linear(hidden, d); submodules "fc" and "fc_proj".
@@ -23,7 +24,9 @@ class Mlp : public Layer {
  public:
   ~Mlp() override;
   Mlp(std::int64_t d, std::int64_t hidden, MlpOptions o = {})
-      : fc(d, hidden, {.dtype = o.dtype}), fc_proj(hidden, d, {.dtype = o.dtype}), o_(o) {
+      : fc(d, hidden, {.dtype = o.dtype, .tiling = o.linear_tiling}),
+        fc_proj(hidden, d, {.dtype = o.dtype, .tiling = o.linear_tiling}),
+        o_(o) {
     ops::check_dropout_p(o.dropout);
     register_module("fc", fc);
     register_module("fc_proj", fc_proj);
@@ -44,6 +47,8 @@ struct TransformerBlockOptions {
   double eps = 1e-5;
   bool approximate_gelu = false;
   DType dtype = DType::f32;
+  // Memory-centric tiling of the block's four Linears (LinearTiling).
+  LinearTiling linear_tiling = {};
 };
 
 // Pre-norm: x + attn(ln1(x)), then x + mlp(ln2(x)). The MLP's Linears sit
@@ -54,10 +59,10 @@ class TransformerBlock : public Layer {
   ~TransformerBlock() override;
   TransformerBlock(std::int64_t d, std::int64_t heads, TransformerBlockOptions o = {})
       : ln1(d, {.eps = o.eps, .dtype = o.dtype}),
-        attn(d, heads, {.dropout = o.dropout, .dtype = o.dtype}),
+        attn(d, heads, {.dropout = o.dropout, .dtype = o.dtype, .tiling = o.linear_tiling}),
         ln2(d, {.eps = o.eps, .dtype = o.dtype}),
-        fc(d, o.mlp_hidden > 0 ? o.mlp_hidden : 4 * d, {.dtype = o.dtype}),
-        fc_proj(o.mlp_hidden > 0 ? o.mlp_hidden : 4 * d, d, {.dtype = o.dtype}),
+        fc(d, o.mlp_hidden > 0 ? o.mlp_hidden : 4 * d, {.dtype = o.dtype, .tiling = o.linear_tiling}),
+        fc_proj(o.mlp_hidden > 0 ? o.mlp_hidden : 4 * d, d, {.dtype = o.dtype, .tiling = o.linear_tiling}),
         o_(o) {
     ops::check_dropout_p(o.dropout);
     register_module("ln1", ln1);
