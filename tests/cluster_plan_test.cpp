@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstring>
 
 #include <frugal/backend/cuda/planning_backend.hpp>
 #include <frugal/dist/plan_only.hpp>
@@ -620,7 +621,38 @@ TEST_CASE("tiling: a tiled Linear holds the untiled weight in blocks and compute
     for (std::size_t k = 0; k < got.fd.size(); ++k)
       for (std::size_t j = 0; j < got.fd[k].size(); ++j)
         CHECK(got.grads[k].data<double>()[j] == Approx(got.fd[k][j]).margin(1e-7));
+    // A whole weight (a checkpoint's) written into another seed's tiles.
+    nn::manual_seed(12);
+    nn::Linear loaded(7, 5, {.dtype = DType::f64, .tiling = t});
+    loaded.copy_weight_from(whole.weight);
+    for (std::int64_t o = 0; o < t.out_splits; ++o)
+      for (std::int64_t i = 0; i < t.in_splits; ++i) {
+        const Tensor &a = loaded.tile(std::size_t(o), std::size_t(i)), &b = tiled.tile(std::size_t(o), std::size_t(i));
+        CHECK(std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+      }
+    CHECK_THROWS_AS(loaded.copy_weight_from(Tensor({5, 6}, DType::f64)), ShapeError);
   }
+}
+
+TEST_CASE("tiling: cross-attention reads a tiled projection's whole weight as the untiled one's", "[cluster][tiling]") {
+  // Cross-attention takes the q, k and v row blocks of qkv's weight, which a
+  // tiled qkv (rows 24 = 5 + 5 + 5 + 5 + 4, across the q/k/v boundaries)
+  // joins from its tiles; f64, the same seed: the same outputs.
+  const Tensor q = normal_f64({2, 3, 8}, 5), kv = normal_f64({2, 4, 8}, 6);
+  auto attend = [&](nn::LinearTiling t) {
+    nn::manual_seed(21);
+    nn::MultiHeadAttention mha(8, 2, {.dtype = DType::f64, .causal = false, .tiling = t});
+    Step step = compile_inference([&] {
+      return mha.forward(persistent_var(q, ValueKind::state, "q"), persistent_var(kv, ValueKind::state, "k"),
+                         persistent_var(kv, ValueKind::state, "v"));
+    }, {});
+    step.run();
+    return step.output(0).clone();
+  };
+  const Tensor whole = attend({}), tiled = attend({2, 5});
+  REQUIRE(tiled.shape() == whole.shape());
+  for (std::int64_t j = 0; j < whole.numel(); ++j)
+    CHECK(tiled.data<double>()[j] == Approx(whole.data<double>()[j]).margin(1e-12));
 }
 
 TEST_CASE("tiling: a tiled GPT trains as the untiled one does, under 16-bit inputs with f32 master weights",

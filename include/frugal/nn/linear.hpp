@@ -130,6 +130,31 @@ class Linear : public Layer {
     return tiles_[o * in_sizes_.size() + i];
   }
 
+  // Writes a whole weight [out, in] (a PyTorch or untiled checkpoint's) into
+  // the tiles, or into the weight of an untiled Linear.
+  void copy_weight_from(const Tensor& whole) {
+    if (whole.shape() != Shape{out_, in_} || whole.dtype() != (tiling_.tiled() ? tiles_[0] : weight).dtype())
+      fail<ShapeError>("nn::Linear(", in_, " -> ", out_, ")::copy_weight_from: a weight must be ",
+                       Shape{out_, in_}.str(), " ", dtype_name((tiling_.tiled() ? tiles_[0] : weight).dtype()),
+                       ", got ", whole.shape().str(), " ", dtype_name(whole.dtype()));
+    if (!tiling_.tiled()) {
+      weight.copy_from(whole);
+      return;
+    }
+    if (whole.is_meta() || tiles_[0].is_meta())
+      fail("nn::Linear::copy_weight_from: a meta tensor (MetaScope) has no bytes to copy");
+    std::int64_t r0 = 0;
+    for (std::size_t ro = 0; ro < out_sizes_.size(); ++ro) {
+      std::int64_t c0 = 0;
+      for (std::size_t ci = 0; ci < in_sizes_.size(); ++ci) {
+        Tensor t = tile(ro, ci);
+        copy_block(whole, r0, c0, t);
+        c0 += in_sizes_[ci];
+      }
+      r0 += out_sizes_[ro];
+    }
+  }
+
   // Untiled: the weight. Tiled: undefined (the tiles hold it).
   Tensor weight, bias;
 
