@@ -455,8 +455,14 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
           const ValueId root = view_root(g, in);
           // A repeatable op's own writes (a collective's count) only count.
           const bool own_count = std::find(writes.begin(), writes.end(), int(i)) != writes.end();
-          for (int m : mutated_at[std::size_t(root)])
-            if (!own_count && m >= prod && m < q) pl.ok = false;  // it would read a value already overwritten
+          // It would read a value already overwritten: a write in [prod, q)
+          // (the writes are in schedule order; a state written by every
+          // collective has tens of thousands on a tiled 20T step).
+          if (!own_count) {
+            const std::vector<int>& ms = mutated_at[std::size_t(root)];
+            const auto m = std::lower_bound(ms.begin(), ms.end(), prod);
+            if (m != ms.end() && *m < q) pl.ok = false;
+          }
           const Value& rv = g.value(root);
           if (rv.kind == ValueKind::parameter || rv.kind == ValueKind::state) {
             for (const Gap& gp : gaps[std::size_t(root)])
@@ -499,6 +505,10 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
            pos_of[std::size_t(g.value(recompute_later[y].v).producer)];
   });
   std::vector<std::vector<Plan1>> plans(C0);
+  // Which producers one recomputation inlines: set by close_over, each one
+  // listed in its inline_nodes, and cleared through that list (zeroing a
+  // node-sized vector per recomputation was most of a 20T step's build).
+  std::vector<char> inlined(g.num_nodes(), 0);
   for (std::size_t k : order) {
     const Pending& r = recompute_later[k];
     const Node& n = g.node(g.value(r.v).producer);
@@ -514,8 +524,8 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     for (int q : chosen) {
       Plan1 pl;
       pl.q = q;
-      std::vector<char> inlined(g.num_nodes(), 0);
       close_over(g.value(r.v).producer, q, 0, pl, inlined);
+      for (NodeId m : pl.inline_nodes) inlined[std::size_t(m)] = 0;
       if (!pl.ok) continue;
       for (ValueId out : n.outputs)
         if (out != r.v) pl.transient += std::int64_t(align_up(std::max<std::size_t>(g.value(out).meta.nbytes(), 1)));
