@@ -145,9 +145,24 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
   std::vector<DevicePiece> pieces;                   // judge()'s scratch
   std::vector<std::pair<int, std::int64_t>> events;
   std::size_t start = 0;  // where the scan resumes: the last candidate moved
+  // The choice's profiles, kept by the moves taken (each round rebuilt them,
+  // twice, and on a tiled 20T step's 200,000 candidates that was most of the
+  // search); whether it meets every requirement, which each move taken keeps.
+  Profiles pr = profiles(p, s.choice);
+  bool met = requirements_met(p, s.choice);
+  std::vector<int> round_start;
   for (int round = 0; round < max_rounds && n > 0; ++round) {
-    const Evaluation now = evaluate(p, s.choice);
-    const Profiles pr = profiles(p, s.choice);
+    struct {
+      std::int64_t device_peak = 0, host_peak = 0, nvme_peak = 0;
+      bool requirements_met = false;
+    } now;
+    for (std::size_t t = 0; t < n; ++t) {
+      now.device_peak = std::max(now.device_peak, pr.device[t]);
+      now.host_peak = std::max(now.host_peak, pr.host[t]);
+      now.nvme_peak = std::max(now.nvme_peak, pr.nvme[t]);
+    }
+    now.requirements_met = met;
+    round_start = s.choice;
     const std::int64_t peak = now.device_peak;
     const PeakPositions peaks(pr.device, peak);
     const std::vector<int>& at_peak = peaks.at;
@@ -212,13 +227,22 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
     };
     std::vector<int> trial = s.choice;  // tried in place; each try is undone
     // The candidates whose option holds host (NVMe) bytes, in index order:
-    // the only ones that can make room there.
+    // the only ones that can make room there. Listed when a move first goes
+    // over a limit in this round: reading every candidate's option each
+    // round was half a tiled 20T step's search.
     std::vector<std::size_t> on_host, on_nvme;
-    for (std::size_t k = 0; k < C; ++k) {
-      const Option& held = p.candidates[k].options[std::size_t(s.choice[k])];
-      if (!held.host.empty()) on_host.push_back(k);
-      if (!held.nvme.empty()) on_nvme.push_back(k);
-    }
+    bool listed = false;
+    auto holders = [&](bool host) -> const std::vector<std::size_t>& {
+      if (!listed) {
+        for (std::size_t k = 0; k < C; ++k) {
+          const Option& held = p.candidates[k].options[std::size_t(s.choice[k])];
+          if (!held.host.empty()) on_host.push_back(k);
+          if (!held.nvme.empty()) on_nvme.push_back(k);
+        }
+        listed = true;
+      }
+      return host ? on_host : on_nvme;
+    };
     bool moved = false;
     for (std::size_t step = 0; step < C && !moved; ++step) {
       const std::size_t i = (start + step) % C;
@@ -279,7 +303,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
             if (!e.span.empty() && e.span.first <= v.over_at && v.over_at <= e.span.last) bytes += e.bytes;
           return bytes >= v.overshoot;
         };
-        for (std::size_t k : host_over ? on_host : on_nvme) {
+        for (std::size_t k : holders(host_over)) {
           if (moved) break;
           if (k == i || trial[k] != s.choice[k] || !holds_at(k)) continue;
           int best = -1;
@@ -313,6 +337,20 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
       if (moved) start = i;
     }
     if (!moved) break;
+    // A move taken meets every requirement (judged so, or evaluated so).
+    met = true;
+    for (std::size_t c = 0; c < C; ++c) {
+      if (round_start[c] == s.choice[c]) continue;
+      const Option &was = p.candidates[c].options[std::size_t(round_start[c])],
+                   &is = p.candidates[c].options[std::size_t(s.choice[c])];
+      for (auto [tier, prof] : {std::pair{&Option::device, &pr.device}, std::pair{&Option::host, &pr.host},
+                                std::pair{&Option::nvme, &pr.nvme}}) {
+        for (const MemEffect& e : was.*tier)
+          for (int t = e.span.first; !e.span.empty() && t <= e.span.last; ++t) (*prof)[std::size_t(t)] -= e.bytes;
+        for (const MemEffect& e : is.*tier)
+          for (int t = e.span.first; !e.span.empty() && t <= e.span.last; ++t) (*prof)[std::size_t(t)] += e.bytes;
+      }
+    }
   }
   s.eval = evaluate(p, s.choice);
   s.feasible = fits_target(p, s.eval, s.eval.device_peak);
