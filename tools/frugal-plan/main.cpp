@@ -49,6 +49,12 @@
 // (--no-largest skips that search). A model that does not fit exits with
 // status 1, naming what runs out and by how much.
 //
+// --tiles O[xI] holds every Linear of an mlp or gpt as O x I tiles
+// (nn::LinearTiling, ZeRO-Infinity's memory-centric tiling): each tile its
+// own parameter, gathered, differentiated and reduce-scattered alone, which
+// is what lets a layer larger than a device train (zinf-20t: one weight
+// gradient is 60.5 GiB, a V100 holds 32).
+//
 // frugal-plan --simulate local --ranks N plans the step of each rank of an
 // MPI job on this machine (mpirun -np N; --threads T each, by default as the
 // samples pick them, on --cores C, by default this machine's) and runs rank
