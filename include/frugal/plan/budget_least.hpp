@@ -151,6 +151,22 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
   Profiles pr = profiles(p, s.choice);
   bool met = requirements_met(p, s.choice);
   std::vector<int> round_start;
+  // The candidates whose option holds host (NVMe) bytes, in index order:
+  // the only ones that can make room there. Kept by the moves taken too:
+  // listing them each round read every candidate's option, half a tiled
+  // 20T step's search.
+  std::vector<std::size_t> on_host, on_nvme;
+  for (std::size_t k = 0; k < C; ++k) {
+    const Option& held = p.candidates[k].options[std::size_t(s.choice[k])];
+    if (!held.host.empty()) on_host.push_back(k);
+    if (!held.nvme.empty()) on_nvme.push_back(k);
+  }
+  auto hold = [](std::vector<std::size_t>& list, std::size_t k, bool holds) {
+    auto at = std::lower_bound(list.begin(), list.end(), k);
+    const bool listed = at != list.end() && *at == k;
+    if (holds && !listed) list.insert(at, k);
+    if (!holds && listed) list.erase(at);
+  };
   for (int round = 0; round < max_rounds && n > 0; ++round) {
     struct {
       std::int64_t device_peak = 0, host_peak = 0, nvme_peak = 0;
@@ -226,23 +242,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
       return v;
     };
     std::vector<int> trial = s.choice;  // tried in place; each try is undone
-    // The candidates whose option holds host (NVMe) bytes, in index order:
-    // the only ones that can make room there. Listed when a move first goes
-    // over a limit in this round: reading every candidate's option each
-    // round was half a tiled 20T step's search.
-    std::vector<std::size_t> on_host, on_nvme;
-    bool listed = false;
-    auto holders = [&](bool host) -> const std::vector<std::size_t>& {
-      if (!listed) {
-        for (std::size_t k = 0; k < C; ++k) {
-          const Option& held = p.candidates[k].options[std::size_t(s.choice[k])];
-          if (!held.host.empty()) on_host.push_back(k);
-          if (!held.nvme.empty()) on_nvme.push_back(k);
-        }
-        listed = true;
-      }
-      return host ? on_host : on_nvme;
-    };
+
     bool moved = false;
     for (std::size_t step = 0; step < C && !moved; ++step) {
       const std::size_t i = (start + step) % C;
@@ -303,7 +303,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
             if (!e.span.empty() && e.span.first <= v.over_at && v.over_at <= e.span.last) bytes += e.bytes;
           return bytes >= v.overshoot;
         };
-        for (std::size_t k : holders(host_over)) {
+        for (std::size_t k : host_over ? on_host : on_nvme) {
           if (moved) break;
           if (k == i || trial[k] != s.choice[k] || !holds_at(k)) continue;
           int best = -1;
@@ -343,6 +343,8 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
       if (round_start[c] == s.choice[c]) continue;
       const Option &was = p.candidates[c].options[std::size_t(round_start[c])],
                    &is = p.candidates[c].options[std::size_t(s.choice[c])];
+      hold(on_host, c, !is.host.empty());
+      hold(on_nvme, c, !is.nvme.empty());
       for (auto [tier, prof] : {std::pair{&Option::device, &pr.device}, std::pair{&Option::host, &pr.host},
                                 std::pair{&Option::nvme, &pr.nvme}}) {
         for (const MemEffect& e : was.*tier)
