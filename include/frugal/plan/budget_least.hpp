@@ -168,10 +168,7 @@ inline Solution improve_least_memory(const BudgetProblem& p, Solution s, int max
     if (!holds && listed) list.erase(at);
   };
   for (int round = 0; round < max_rounds && n > 0; ++round) {
-    struct {
-      std::int64_t device_peak = 0, host_peak = 0, nvme_peak = 0;
-      bool requirements_met = false;
-    } now;
+    Evaluation now;
     for (std::size_t t = 0; t < n; ++t) {
       now.device_peak = std::max(now.device_peak, pr.device[t]);
       now.host_peak = std::max(now.host_peak, pr.host[t]);

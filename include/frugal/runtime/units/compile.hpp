@@ -862,14 +862,15 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
       if (stage == 0) stage0_unconstrained = e.unconstrained_bytes;
     }
   }
+  // The refused stage needing least.
+  auto least = [&] {
+    return std::min_element(refused.begin(), refused.end(), [](const Refusal& a, const Refusal& b) {
+      return a.error.smallest_feasible_bytes < b.error.smallest_feasible_bytes;
+    });
+  };
   if (!best) {
-    // The stage needing least, its least searched where only bounded (a
-    // bound below every other stage's least could be the answer).
-    auto least = [&] {
-      return std::min_element(refused.begin(), refused.end(), [](const Refusal& a, const Refusal& b) {
-        return a.error.smallest_feasible_bytes < b.error.smallest_feasible_bytes;
-      });
-    };
+    // Its least searched where only bounded (a bound below every other
+    // stage's least could be the answer).
     const bool exact_wanted = !o.plan.fit_only && !o.plan.refuse_overflow;
     for (auto r = least(); exact_wanted && r->error.smallest_is_lower_bound; r = least()) {
       try {
@@ -885,9 +886,7 @@ static PlannedPrepared plan_training_alone(const PrepareTraining& prepare, const
                                   r.error.smallest_is_lower_bound ? " (its device, host and NVMe together cannot hold it)"
                                                                   : "")});
   if (!best) {
-    const Refusal& r = *std::min_element(refused.begin(), refused.end(), [](const Refusal& a, const Refusal& b) {
-      return a.error.smallest_feasible_bytes < b.error.smallest_feasible_bytes;
-    });
+    const Refusal& r = *least();
     BudgetError e(cat("no ZeRO stage fits the device budget over ", comm.size(), " rank", comm.size() == 1 ? "" : "s",
                       " (", tried_list(),
                       comm.size() == 1  ? "; one rank has nothing to shard over"
