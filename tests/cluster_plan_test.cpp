@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <random>
 
 #include <frugal/backend/cuda/planning_backend.hpp>
 #include <frugal/dist/plan_only.hpp>
@@ -15,6 +17,7 @@
 #include <frugal/runtime/process_memory.hpp>
 
 #include "../bench/published/zero_formulas.hpp"
+#include "budget_problem_of.hpp"
 #include "model_states.hpp"
 #include "../tools/model_zoo.hpp"
 #include "../tools/frugal-plan/simulate.hpp"
@@ -705,6 +708,120 @@ TEST_CASE("tiling: under ZeRO-3 no point of a tiled step needs a whole weight on
   CHECK(whole >= weight);
   CHECK(tiled < weight);
   CHECK(2 * tiled < whole);
+}
+
+namespace {
+
+// Positions kept off the device over requests `ats` by fetches back at
+// `chosen`: each request is served by the latest chosen position at or
+// before it (off over before+1 .. that - 1), else by none (0).
+std::int64_t kept_off(const std::vector<int>& ats, int before, std::vector<int> chosen) {
+  std::sort(chosen.begin(), chosen.end());
+  std::int64_t total = 0;
+  for (int a : ats) {
+    auto it = std::upper_bound(chosen.begin(), chosen.end(), a);
+    if (it != chosen.begin()) total += *std::prev(it) - before - 1;
+  }
+  return total;
+}
+
+// The most kept_off reaches with at most k of `ats`, by trying every subset.
+std::int64_t kept_off_best(const std::vector<int>& ats, int before, int k) {
+  std::int64_t best = 0;
+  const int n = int(ats.size());
+  std::vector<int> pick;
+  std::function<void(int)> go = [&](int from) {
+    best = std::max(best, kept_off(ats, before, pick));
+    if (int(pick.size()) == k) return;
+    for (int i = from; i < n; ++i) {
+      pick.push_back(ats[std::size_t(i)]);
+      go(i + 1);
+      pick.pop_back();
+    }
+  };
+  go(0);
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("budget build: a window asked for by more recomputations than it has room for gets the fetches that keep it "
+          "off the device longest",
+          "[budget][recompute][tiling]") {
+  // The choice itself, against every subset, on random requests.
+  std::mt19937 rng(20);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int before = int(rng() % 20), n = 1 + int(rng() % 10), k = int(rng() % 5);
+    std::vector<int> ats;
+    for (int a = before + 2; int(ats.size()) < n; ++a)
+      if (rng() % 3 == 0) ats.push_back(a);
+    const std::vector<int> chosen = plan::detail::fetch_positions(ats, before, k);
+    INFO("trial " << trial << ": " << n << " requests, room for " << k);
+    CHECK(int(chosen.size()) <= k);
+    for (int c : chosen) CHECK(std::binary_search(ats.begin(), ats.end(), c));
+    CHECK(kept_off(ats, before, chosen) == kept_off_best(ats, before, k));
+  }
+
+  // On a real step: a GPT tiled 8 ways under ZeRO-3, whose windows are asked
+  // for at more positions than 32-bit option masks leave room for (the
+  // forward's recomputations of each tile, and the backward's).
+  zoo::Config c;
+  c.family = "gpt", c.layers = 2, c.width = 128, c.heads = 4, c.seq = 32, c.vocab = 64, c.batch = 2;
+  c.dtype = DType::f16, c.master_weights = true, c.tiling = {.in_splits = 1, .out_splits = 8};
+  const PlannedStep ps = plan_zoo_rank(c, true, 0, 8, 3);
+  const plan::BudgetProblem p = test_support::budget_problem_of(
+      ps, {.device = 1, .host = 1 << 14, .nvme_dir = "/tmp", .nvme = std::size_t(1) << 34});
+  std::vector<std::vector<int>> asked(p.candidates.size());
+  for (const plan::Candidate& k : p.candidates)
+    for (const plan::Option& o : k.options)
+      if (o.choice == plan::Choice::recompute)
+        for (const plan::Requirement& r : o.requires_) asked[std::size_t(r.candidate)].push_back(o.in_start);
+  int over = 0, checked = 0;
+  for (std::size_t w = 0; w < p.candidates.size(); ++w) {
+    const plan::Candidate& win = p.candidates[w];
+    std::vector<int>& ats = asked[w];
+    std::sort(ats.begin(), ats.end());
+    ats.erase(std::unique(ats.begin(), ats.end()), ats.end());
+    ats.erase(ats.begin(), std::lower_bound(ats.begin(), ats.end(), win.before + 2));
+    std::vector<int> fetched;  // positions some transfer is back by for a recomputation
+    for (const plan::Option& o : win.options)
+      if ((o.choice == plan::Choice::host || o.choice == plan::Choice::nvme) && o.in_done >= 0) fetched.push_back(o.in_done);
+    std::sort(fetched.begin(), fetched.end());
+    fetched.erase(std::unique(fetched.begin(), fetched.end()), fetched.end());
+    if (fetched.empty()) continue;
+    INFO("window " << w << " (" << win.before << ", " << win.after << "): " << ats.size() << " positions asked, "
+                   << fetched.size() << " fetched for");
+    for (int f : fetched) CHECK(std::binary_search(ats.begin(), ats.end(), f));
+    if (fetched.size() >= ats.size()) continue;
+    ++over;
+    // As many positions off as the best choice of that many, and (where
+    // every subset can be tried) the best of all.
+    const int k = int(fetched.size());
+    CHECK(kept_off(ats, win.before, fetched) ==
+          kept_off(ats, win.before, plan::detail::fetch_positions(ats, win.before, k)));
+    for (int small = 1; small <= std::min(k, 3); ++small, ++checked)
+      CHECK(kept_off(ats, win.before, plan::detail::fetch_positions(ats, win.before, small)) ==
+            kept_off_best(ats, win.before, small));
+  }
+  // Each recomputation may have its input back by the latest fetch before it.
+  for (const plan::Candidate& k : p.candidates)
+    for (const plan::Option& o : k.options) {
+      if (o.choice != plan::Choice::recompute) continue;
+      for (const plan::Requirement& r : o.requires_) {
+        const plan::Candidate& win = p.candidates[std::size_t(r.candidate)];
+        int latest = -1;
+        for (int m = 1; m < int(win.options.size()); ++m) {
+          const plan::Option& f = win.options[std::size_t(m)];
+          if ((f.choice == plan::Choice::host || f.choice == plan::Choice::nvme) && f.in_done >= 0 &&
+              f.in_done <= o.in_start && (latest < 0 || f.in_done > win.options[std::size_t(latest)].in_done))
+            latest = m;
+        }
+        if (latest >= 0) CHECK(((r.allowed >> latest) & 1u) == 1u);
+      }
+    }
+  INFO(over << " windows over their room, " << checked << " checked against every subset");
+  CHECK(over > 0);
+  CHECK(checked > 0);
 }
 
 // ---- ZeRO's model-state memory, as the paper counts it -------------------------------

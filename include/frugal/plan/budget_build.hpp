@@ -45,6 +45,44 @@ inline constexpr std::size_t kMinPersistentCandidate = 1 << 10;  // smaller stat
 inline constexpr int kMaxInlineDepth = 4;
 inline constexpr int kMaxRecomputePositions = 16;
 
+namespace detail {
+// Of the positions `ats` (sorted, distinct, each after `before` + 1) at
+// which recomputations ask for a window's value, the at most `k` that get
+// an option fetching it back just in time: a request at `a` is served by
+// the latest chosen position at or before it, whose option keeps the value
+// off the device over before+1 .. that position - 1. Chosen to keep the
+// most positions off over all the requests (a request no chosen position
+// serves keeps it on the device: 0), by dynamic programming over the
+// requests in order. From positions alone, never from a price.
+inline std::vector<int> fetch_positions(const std::vector<int>& ats, int before, int k) {
+  const int n = int(ats.size());
+  if (k <= 0 || n == 0) return {};
+  if (n <= k) return ats;
+  // best[m][j]: the most positions requests j.. keep off with a chosen
+  // position at ats[j] and at most m - 1 more after it; next: the next one.
+  auto off = [&](int j) { return std::int64_t(ats[std::size_t(j)] - before - 1); };
+  std::vector<std::vector<std::int64_t>> best(std::size_t(k) + 1, std::vector<std::int64_t>(std::size_t(n), 0));
+  std::vector<std::vector<int>> next(std::size_t(k) + 1, std::vector<int>(std::size_t(n), n));
+  for (int m = 1; m <= k; ++m)
+    for (int j = n - 1; j >= 0; --j) {
+      std::int64_t& b = best[std::size_t(m)][std::size_t(j)];
+      b = std::int64_t(n - j) * off(j);  // no position after j
+      if (m == 1) continue;
+      for (int l = j + 1; l < n; ++l) {
+        const std::int64_t v = std::int64_t(l - j) * off(j) + best[std::size_t(m) - 1][std::size_t(l)];
+        if (v > b) b = v, next[std::size_t(m)][std::size_t(j)] = l;
+      }
+    }
+  int first = 0;
+  for (int j = 1; j < n; ++j)
+    if (best[std::size_t(k)][std::size_t(j)] > best[std::size_t(k)][std::size_t(first)]) first = j;
+  std::vector<int> chosen;
+  for (int j = first, m = k; j < n && m > 0; j = next[std::size_t(m)][std::size_t(j)], --m)
+    chosen.push_back(ats[std::size_t(j)]);
+  return chosen;
+}
+}  // namespace detail
+
 // The value whose buffer a view (reshape) reads, following views back.
 inline ValueId view_root(const Graph& g, ValueId v) {
   for (;;) {
@@ -559,11 +597,9 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
   }
   // A recomputation that reads a value inside one of its windows needs it
   // on the device there: kept, recomputed by then, or fetched back by then.
-  // Each such position gets an option of its own on the window: off the
-  // device after the read before it, back just in time for the
-  // recomputation (then kept to the window's end). `fetched_by` returns the
-  // mask of the window's transfer options that are back by `at`, that one
-  // included. Without it:
+  // Such positions get options of their own on the window: off the device
+  // after the read before it, back just in time for the recomputation
+  // (then kept to the window's end). Without them:
   // - ZeRO-3's re-gather of a weight for the forward recomputed before its
   //   backward pinned that weight's shard on the device from its forward to
   //   its backward (117 GiB of a 1T model's 32 GB V100, every shard at once);
@@ -571,37 +607,77 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
   //   its own reader, so checkpointing's segment inputs could not wait on
   //   the host or NVMe until their segment is recomputed (a 1T GPT's 256 of
   //   them, 87 GiB, stayed on the device).
-  auto fetched_by = [&](int kc, int at) {
-    Candidate& w = p.candidates[std::size_t(kc)];
+  // A window has room for few of them (requirement masks are 32 bits), and
+  // an option back by `at` serves every recomputation at or after `at`; so
+  // all the positions asked of a window are gathered first, and the ones
+  // given an option are those that keep the most positions off the device
+  // over all the requests (detail::fetch_positions). Taken in the order
+  // they were asked, a tiled 20T step's attention input spent its slots on
+  // recomputations inside the forward, each freeing a position or two, and
+  // its backward's recomputations could only keep it (all 41 layers' qkv,
+  // 21 GiB a GPU, at the peak).
+  std::vector<std::vector<int>> asked(p.candidates.size());
+  for (std::size_t c = 0; c < C0; ++c) {
+    std::size_t next = 0;
+    for (const Plan1& pl : plans[c]) {
+      if (next++ >= rec_options[c].size()) break;
+      for (auto [kc, at] : pl.keep_needs) asked[std::size_t(kc)].push_back(at);
+      for (auto [ic, at] : pl.needs) asked[std::size_t(ic)].push_back(at);
+    }
+  }
+  for (std::size_t kc = 0; kc < p.candidates.size(); ++kc) {
+    std::vector<int>& ats = asked[kc];
+    if (ats.empty()) continue;
+    Candidate& w = p.candidates[kc];
     const bool persistent = is_persistent(g.value(w.value).kind);
+    std::vector<Choice> tiers;  // those with a just-in-time option to copy
+    for (Choice tier : {Choice::host, Choice::nvme})
+      if (std::any_of(w.options.begin(), w.options.end(), [&](const Option& o) { return o.choice == tier && o.price_free; }))
+        tiers.push_back(tier);
+    // The room is counted as if each tier had its overlapped copy too (the
+    // prices decide whether it does), so that which positions get an option
+    // does not depend on a price: the smallest feasible budget must not.
+    const std::size_t held =
+        1 + std::size_t(std::count_if(w.options.begin() + 1, w.options.end(), [](const Option& o) { return o.price_free; })) +
+        tiers.size();
+    if (tiers.empty() || held >= 32) continue;
+    std::sort(ats.begin(), ats.end());
+    ats.erase(std::unique(ats.begin(), ats.end()), ats.end());
+    // Only where something is off the device before it: at - 1 >= before + 1.
+    ats.erase(ats.begin(), std::lower_bound(ats.begin(), ats.end(), w.before + 2));
+    const int room = int((32 - held) / tiers.size());
+    for (int at : detail::fetch_positions(ats, w.before, room))
+      for (Choice tier : tiers) {
+        // A fetch of that tier already back just in time for `at`.
+        if (std::any_of(w.options.begin(), w.options.end(),
+                        [&](const Option& o) { return o.choice == tier && o.in_done == at; }) ||
+            w.options.size() >= 32)
+          continue;
+        const Option& jit = *std::find_if(w.options.begin(), w.options.end(),
+                                          [&](const Option& o) { return o.choice == tier && o.price_free; });
+        Option d = jit;
+        d.device = {{{w.before + 1, at - 1}, -std::int64_t(w.bytes)}};
+        // An activation's copy is needed on that tier only until it is back
+        // (a persistent's window holds nothing there: its home does).
+        for (MemEffect& e : tier == Choice::host ? d.host : d.nvme) e.span.last = at;
+        d.in_start = d.in_done = at;
+        const char* where = tier == Choice::host ? "the host" : "NVMe";
+        d.reason = persistent ? cat("device copy dropped after position ", w.before, " and fetched again from ", where,
+                                    " for a recomputation before position ", at, " (", d.cost_ms, " ms not hidden)")
+                              : cat(tier == Choice::host ? "copied to the host pool" : "written to NVMe",
+                                    " after position ", w.before, " and back for a recomputation before position ", at,
+                                    " (", d.cost_ms, " ms not hidden)");
+        w.options.push_back(std::move(d));
+      }
+  }
+  // The options of window kc that are back on the device by `at`.
+  auto fetched_by = [&](int kc, int at) {
+    const Candidate& w = p.candidates[std::size_t(kc)];
     std::uint32_t allowed = 0;
-    bool fetched_at[2] = {false, false};  // host, NVMe
     for (int j = 1; j < int(w.options.size()) && j < 32; ++j) {
       const Option& o = w.options[std::size_t(j)];
       if (o.choice != Choice::host && o.choice != Choice::nvme) continue;
-      if ((o.in_done >= 0 ? o.in_done : w.after) > at) continue;  // not back yet
-      allowed |= 1u << j;
-      if (o.in_start == at) fetched_at[o.choice == Choice::nvme] = true;
-    }
-    for (Choice tier : {Choice::host, Choice::nvme}) {
-      if (fetched_at[tier == Choice::nvme] || at - 1 < w.before + 1 || w.options.size() >= 32) continue;
-      auto jit = std::find_if(w.options.begin(), w.options.end(),
-                              [&](const Option& o) { return o.choice == tier && o.price_free; });
-      if (jit == w.options.end()) continue;
-      Option d = *jit;
-      d.device = {{{w.before + 1, at - 1}, -std::int64_t(w.bytes)}};
-      // An activation's copy is needed on that tier only until it is back
-      // (a persistent's window holds nothing there: its home does).
-      for (MemEffect& e : tier == Choice::host ? d.host : d.nvme) e.span.last = at;
-      d.in_start = d.in_done = at;
-      const char* where = tier == Choice::host ? "the host" : "NVMe";
-      d.reason = persistent ? cat("device copy dropped after position ", w.before, " and fetched again from ", where,
-                                  " for a recomputation before position ", at, " (", d.cost_ms, " ms not hidden)")
-                            : cat(tier == Choice::host ? "copied to the host pool" : "written to NVMe", " after position ",
-                                  w.before, " and back for a recomputation before position ", at, " (", d.cost_ms,
-                                  " ms not hidden)");
-      allowed |= 1u << w.options.size();
-      w.options.push_back(std::move(d));
+      if ((o.in_done >= 0 ? o.in_done : w.after) <= at) allowed |= 1u << j;
     }
     return allowed;
   };
