@@ -64,17 +64,11 @@ class Linear : public Layer {
     linear_default_init(whole, o.bias ? &b : nullptr, in_features);
     in_sizes_ = even_pieces(in_features, tiling_.in_splits);
     out_sizes_ = even_pieces(out_features, tiling_.out_splits);
-    std::int64_t r0 = 0;
-    for (std::size_t ro = 0; ro < out_sizes_.size(); ++ro) {
-      std::int64_t c0 = 0;
-      for (std::size_t ci = 0; ci < in_sizes_.size(); ++ci) {
-        Tensor t({out_sizes_[ro], in_sizes_[ci]}, o.dtype);
-        if (!t.is_meta()) copy_block(whole, r0, c0, t);
-        tiles_.push_back(register_parameter("weight_" + std::to_string(ro) + "_" + std::to_string(ci), std::move(t)));
-        c0 += in_sizes_[ci];
-      }
-      r0 += out_sizes_[ro];
-    }
+    for (std::size_t ro = 0; ro < out_sizes_.size(); ++ro)
+      for (std::size_t ci = 0; ci < in_sizes_.size(); ++ci)
+        tiles_.push_back(register_parameter("weight_" + std::to_string(ro) + "_" + std::to_string(ci),
+                                            Tensor({out_sizes_[ro], in_sizes_[ci]}, o.dtype)));
+    if (!whole.is_meta()) cut_into_tiles(whole);
     if (o.bias) bias = register_parameter("bias", b);
   }
 
@@ -143,16 +137,7 @@ class Linear : public Layer {
     }
     if (whole.is_meta() || tiles_[0].is_meta())
       fail("nn::Linear::copy_weight_from: a meta tensor (MetaScope) has no bytes to copy");
-    std::int64_t r0 = 0;
-    for (std::size_t ro = 0; ro < out_sizes_.size(); ++ro) {
-      std::int64_t c0 = 0;
-      for (std::size_t ci = 0; ci < in_sizes_.size(); ++ci) {
-        Tensor t = tile(ro, ci);
-        copy_block(whole, r0, c0, t);
-        c0 += in_sizes_[ci];
-      }
-      r0 += out_sizes_[ro];
-    }
+    cut_into_tiles(whole);
   }
 
   // Untiled: the weight. Tiled: undefined (the tiles hold it).
@@ -165,13 +150,22 @@ class Linear : public Layer {
     for (std::int64_t j = 0; j < n % k; ++j) ++out[std::size_t(j)];
     return out;
   }
-  static void copy_block(const Tensor& whole, std::int64_t r0, std::int64_t c0, Tensor& tile) {
+  // Each tile's bytes from its block of a whole weight [out, in].
+  void cut_into_tiles(const Tensor& whole) {
     const std::size_t es = dtype_size(whole.dtype());
-    const std::int64_t cols = whole.shape()[1], rows = tile.shape()[0], n = tile.shape()[1];
     const auto* src = static_cast<const unsigned char*>(whole.raw());
-    auto* dst = static_cast<unsigned char*>(tile.raw());
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + std::size_t(r * n) * es, src + std::size_t((r0 + r) * cols + c0) * es, std::size_t(n) * es);
+    std::int64_t r0 = 0;
+    for (std::size_t ro = 0; ro < out_sizes_.size(); ++ro) {
+      std::int64_t c0 = 0;
+      for (std::size_t ci = 0; ci < in_sizes_.size(); ++ci) {
+        const std::int64_t rows = out_sizes_[ro], n = in_sizes_[ci];
+        auto* dst = static_cast<unsigned char*>(tiles_[ro * in_sizes_.size() + ci].raw());
+        for (std::int64_t r = 0; r < rows; ++r)
+          std::memcpy(dst + std::size_t(r * n) * es, src + std::size_t((r0 + r) * in_ + c0) * es, std::size_t(n) * es);
+        c0 += n;
+      }
+      r0 += out_sizes_[ro];
+    }
   }
 
   std::int64_t in_, out_;

@@ -616,24 +616,30 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
   // recomputations inside the forward, each freeing a position or two, and
   // its backward's recomputations could only keep it (all 41 layers' qkv,
   // 21 GiB a GPU, at the peak).
+  // f(plan, its option's index) for each of candidate c's recomputations
+  // that became an option (the first ones: the rest found no room).
+  auto each_optioned_plan = [&](std::size_t c, auto&& f) {
+    for (std::size_t k = 0; k < rec_options[c].size(); ++k) f(plans[c][k], rec_options[c][k].second);
+  };
   std::vector<std::vector<int>> asked(p.candidates.size());
-  for (std::size_t c = 0; c < C0; ++c) {
-    std::size_t next = 0;
-    for (const Plan1& pl : plans[c]) {
-      if (next++ >= rec_options[c].size()) break;
+  for (std::size_t c = 0; c < C0; ++c)
+    each_optioned_plan(c, [&](const Plan1& pl, int) {
       for (auto [kc, at] : pl.keep_needs) asked[std::size_t(kc)].push_back(at);
       for (auto [ic, at] : pl.needs) asked[std::size_t(ic)].push_back(at);
-    }
-  }
+    });
   for (std::size_t kc = 0; kc < p.candidates.size(); ++kc) {
     std::vector<int>& ats = asked[kc];
     if (ats.empty()) continue;
     Candidate& w = p.candidates[kc];
     const bool persistent = is_persistent(g.value(w.value).kind);
-    std::vector<Choice> tiers;  // those with a just-in-time option to copy
-    for (Choice tier : {Choice::host, Choice::nvme})
-      if (std::any_of(w.options.begin(), w.options.end(), [&](const Option& o) { return o.choice == tier && o.price_free; }))
-        tiers.push_back(tier);
+    // The tiers with a just-in-time transfer, and its option (each fetch
+    // is a copy of it, back at another position).
+    std::vector<std::pair<Choice, std::size_t>> tiers;
+    for (Choice tier : {Choice::host, Choice::nvme}) {
+      const auto jit = std::find_if(w.options.begin(), w.options.end(),
+                                    [&](const Option& o) { return o.choice == tier && o.price_free; });
+      if (jit != w.options.end()) tiers.push_back({tier, std::size_t(jit - w.options.begin())});
+    }
     // The room is counted as if each tier had its overlapped copy too (the
     // prices decide whether it does), so that which positions get an option
     // does not depend on a price: the smallest feasible budget must not.
@@ -647,15 +653,13 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     ats.erase(ats.begin(), std::lower_bound(ats.begin(), ats.end(), w.before + 2));
     const int room = int((32 - held) / tiers.size());
     for (int at : detail::fetch_positions(ats, w.before, room))
-      for (Choice tier : tiers) {
+      for (auto [tier, jit] : tiers) {
         // A fetch of that tier already back just in time for `at`.
         if (std::any_of(w.options.begin(), w.options.end(),
                         [&](const Option& o) { return o.choice == tier && o.in_done == at; }) ||
             w.options.size() >= 32)
           continue;
-        const Option& jit = *std::find_if(w.options.begin(), w.options.end(),
-                                          [&](const Option& o) { return o.choice == tier && o.price_free; });
-        Option d = jit;
+        Option d = w.options[jit];
         d.device = {{{w.before + 1, at - 1}, -std::int64_t(w.bytes)}};
         // An activation's copy is needed on that tier only until it is back
         // (a persistent's window holds nothing there: its home does).
@@ -681,11 +685,9 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     }
     return allowed;
   };
-  for (std::size_t c = 0; c < C0; ++c) {
-    std::size_t next = 0;
-    for (const Plan1& pl : plans[c]) {
-      if (next >= rec_options[c].size()) break;
-      Option& o = p.candidates[c].options[std::size_t(rec_options[c][next++].second)];
+  for (std::size_t c = 0; c < C0; ++c)
+    each_optioned_plan(c, [&](const Plan1& pl, int option) {
+      Option& o = p.candidates[c].options[std::size_t(option)];
       for (auto [kc, at] : pl.keep_needs) o.requires_.push_back({kc, 1u | fetched_by(kc, at)});  // kept, or back
       for (auto [ic, at] : pl.needs) {
         std::uint32_t allowed = 1u;  // kept
@@ -693,8 +695,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
           if (q <= at && j < 32) allowed |= 1u << j;  // its clone exists by then
         o.requires_.push_back({ic, allowed | fetched_by(ic, at)});
       }
-    }
-  }
+    });
   return built;
 }
 
