@@ -7,7 +7,7 @@
 //               [--vocab N] [--tiles O[xI]] [--features N] [--classes N] [--image N] [--no-reorder]
 //               [--no-inplace] [--no-fuse] [--least-saved] [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR]
 //               [--profile FILE] [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3]
-//               [--overlap auto|0|1]] [--offload auto|0|1|nvme|nvme+params]
+//               [--overlap auto|0|1]] [--offload auto|0|1|nvme|nvme+params] [--nvme-slots 1|2]
 //
 // With --ranks N, the step of each of N data-parallel ranks (each on a batch
 // of --batch rows) is planned as under mpirun, at the ZeRO stage --zero pins
@@ -24,7 +24,10 @@
 // on the device; auto (the default) lets the budget solve move it there
 // where the budget binds. nvme pins its home to the NVMe file between steps
 // (ZeRO-Infinity; needs --nvme-dir), nvme+params the parameters' too; with
-// --nvme-dir the budget solve may also choose that itself.
+// --nvme-dir the budget solve may also choose that itself. --nvme-slots 1
+// writes each update back in place, as ZeRO-Infinity does: half the NVMe of
+// the default 2, which keep the state a failed step started from
+// (NvmeHomeOptions::slots).
 //
 // With --budget (bytes such as 48MiB, or a percentage of the unconstrained
 // device bytes), it shows the budget solver's decisions; an infeasible
@@ -80,10 +83,10 @@ using namespace frugal;
                "                   [--classes N] [--image N] [--no-reorder] [--no-inplace] [--no-fuse] [--least-saved]\n"
                "                   [--budget BYTES|N%] [--host BYTES] [--nvme-dir DIR] [--profile FILE]\n"
                "                   [--svg FILE] [--json] [--ranks N [--zero auto|0|1|2|3] [--overlap auto|0|1]]\n"
-               "                   [--offload auto|0|1|nvme|nvme+params]\n"
+               "                   [--offload auto|0|1|nvme|nvme+params] [--nvme-slots 1|2]\n"
                "       frugal-plan --simulate CLUSTER.json|dgx2|dgx-a100|dgx-h100|dgx-h200 [--nodes N]\n"
                "                   --model PRESET|mlp|gpt|gcn|resnet [model flags] [--ranks N] [--budget BYTES]\n"
-               "                   [--host BYTES] [--zero ...] [--offload ...] [--dtype bf16|f16|f32]\n"
+               "                   [--host BYTES] [--zero ...] [--offload ...] [--nvme-slots 1|2] [--dtype bf16|f16|f32]\n"
                "                   [--no-master-weights] [--tf32] [--gemm-efficiency F] [--stream-efficiency F]\n"
                "                   [--no-largest] [--json]\n"
                "       frugal-plan --simulate local --ranks N --model mlp|gpt|gcn|resnet [model flags] [--budget ...]\n"
@@ -196,7 +199,10 @@ int main(int argc, char** argv) try {
       overlap = val();
       if (overlap != "auto" && overlap != "0" && overlap != "1") usage("--overlap takes auto, 0 or 1");
     }
-    else if (k == "--offload") {
+    else if (k == "--nvme-slots") {
+      o.plan.nvme_offload.slots = num();
+      if (o.plan.nvme_offload.slots != 1 && o.plan.nvme_offload.slots != 2) usage("--nvme-slots takes 1 or 2");
+    } else if (k == "--offload") {
       offload = val();
       if (offload != "auto" && offload != "0" && offload != "1" && offload != "nvme" && offload != "nvme+params")
         usage("--offload takes auto, 0, 1, nvme or nvme+params");

@@ -273,8 +273,9 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
     }
     // Its home the NVMe file (ZeRO-Infinity): off the device and the host
     // between steps, read before its first use and written back after its
-    // update, twice its bytes in the file (the plan keeps the copy the step
-    // read until the step has succeeded: plan/nvme_home.hpp).
+    // update, twice its bytes in the file where the plan keeps the copy the
+    // step read until the step has succeeded, once where it writes back in
+    // place (NvmeHomeOptions::slots, plan/nvme_home.hpp).
     const std::uint32_t host_staged = ((1u << c.options.size()) - 1) & ~1u;
     if (nvme && (nvme_homes.automatic || pinned) && may_live_on_nvme(val.kind)) {
       const double ri = prices.nvme_read_ms(val.meta.nbytes()), wo = dirty ? prices.nvme_write_ms(val.meta.nbytes()) : 0.0;
@@ -288,7 +289,7 @@ inline BuiltProblem build_budget_problem(const Graph& g, const std::vector<NodeI
         Option o{Choice::nvme_home, exposed + prices.overlap_slowdown * (ri + wo)};
         o.price_free = out == last && in == u.front();
         o.device = {{{0, in - 1}, -bytes}, {{out + 1, T - 1}, -bytes}};
-        o.nvme = {{{0, T - 1}, 2 * tier_bytes(val.meta.nbytes())}};
+        o.nvme = {{{0, T - 1}, std::int64_t(nvme_homes.slots) * tier_bytes(val.meta.nbytes())}};
         o.out_done = out;
         o.in_start = in;
         o.reason = cat("lives on NVMe between steps: read before its first use (", ri, " ms)",

@@ -9,7 +9,8 @@
 // least-memory search would find. Two weightings are tried: every byte
 // alike, and NVMe's counted half (an NVMe home takes two slots, one the
 // step reads and one its write back fills, so a persistent costs the same
-// there as on the host; counted whole, NVMe looks twice its size).
+// there as on the host; counted whole, NVMe looks twice its size). Any
+// weights give a true bound, so both hold for homes of one slot too.
 //
 // A feasibility search (PlanOptions::fit_only, frugal-plan's largest model)
 // refuses such a step at once: on a 1T-parameter GPT over one DGX-2, ZeRO

@@ -56,10 +56,18 @@ inline bool may_live_on_nvme(ValueKind kind) { return kind == ValueKind::paramet
 // Which parameters and optimizer state the budget problem may home on NVMe
 // (PlanOptions::nvme_offload, given a directory): the kinds pinned there
 // (offered no other home), and with `automatic` any where that helps.
+// `slots`: the NVMe bytes each such tensor takes, in copies of it. 2 keeps
+// the copy a step read until the step has succeeded, so a step that fails
+// part way leaves the state it started from. 1 writes the update back in
+// place, as ZeRO-Infinity does: half the NVMe, but a step that fails after
+// its first write back leaves the state part updated, and the step then
+// refuses to run or hand its tensors back until it is compiled again and
+// a checkpoint loaded (runtime/executor.hpp).
 struct NvmeHomeOptions {
   bool optimizer_state = false;
   bool parameters = false;
   bool automatic = true;
+  int slots = 2;
   bool pins(ValueKind k) const {
     return (k == ValueKind::state && optimizer_state) || (k == ValueKind::parameter && parameters);
   }

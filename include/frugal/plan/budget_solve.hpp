@@ -136,6 +136,10 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
   base.budget_bytes = budget.device;
   const bool shrink = o.least_saved_activations && budget.device > 0;
   const bool pinned = o.nvme_offload.pinned();
+  if (o.nvme_offload.slots != 1 && o.nvme_offload.slots != 2)
+    fail("PlanOptions::nvme_offload.slots is ", o.nvme_offload.slots,
+         ": a tensor living on NVMe takes 2 slots (a failed step leaves the state it started from) or 1 (written "
+         "back in place, as ZeRO-Infinity does)");
   if (pinned && budget.nvme_dir.empty())
     fail("PlanOptions::nvme_offload pins ", o.nvme_offload.optimizer_state ? "the optimizer state" : "the parameters",
          " to NVMe, but the budget names no NVMe directory: set Budget::nvme_dir (--nvme-dir)");
@@ -160,7 +164,7 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
     p.transfer_slots = rw.transfer_slots;
     p.original_nodes = NodeId(g->num_nodes());
     for (auto& d : rw.decisions) p.decisions.push_back({d.value, d.choice, d.bytes, d.from, d.to, d.wraps, d.cost_ms, d.reason});
-    place_nvme_homes(*rw.graph, p);
+    place_nvme_homes(*rw.graph, p, o.nvme_offload.slots);
     p.predicted_step_ms = base_ms + (choice == s.choice ? s.eval.cost_ms : evaluate(problem, choice).cost_ms);
     p.unconstrained_bytes = base.total_bytes();
     p.budget_bytes = budget.device;
@@ -190,7 +194,10 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
       BudgetError e(
           cat("device budget ", format_bytes(budget.device), " (", budget.device, " bytes) is infeasible: at position ",
               over->position, " of the step's ", problem.positions, " the device, the host pool",
-              budget.nvme_dir.empty() ? "" : halved ? " and half of NVMe (a tensor living there takes two slots)" : " and NVMe",
+              budget.nvme_dir.empty()                 ? ""
+              : halved && o.nvme_offload.slots == 2 ? " and half of NVMe (a tensor living there takes two slots)"
+              : halved                                ? " and NVMe (each byte there weighted half)"
+                                                      : " and NVMe",
               " together must hold at least ", bytes(over->needed),
               " whatever is recomputed, swapped or spilled, and they give ", bytes(over->room),
               ". Give more host memory", budget.nvme_dir.empty() ? "" : " or NVMe",

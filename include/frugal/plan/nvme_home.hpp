@@ -9,7 +9,8 @@
 // host. This file gives each such tensor its slots in the NVMe file: two,
 // one holding the bytes the step reads and one its write back fills, which
 // the executor swaps only once the step has succeeded, so a step that fails
-// part way leaves the state it started from intact (runtime/executor.hpp).
+// part way leaves the state it started from intact (runtime/executor.hpp);
+// or, where NvmeHomeOptions::slots is 1, one, written back in place.
 #include <algorithm>
 #include <vector>
 
@@ -22,14 +23,15 @@ namespace frugal::plan {
 // on NVMe: their slots after the plan's spill slots, their bytes moved from
 // the host's count to the NVMe homes', and no early fetch from them (the
 // slot a next step reads is only known once this step has succeeded).
-inline void place_nvme_homes(const Graph& g, Plan& p) {
+inline void place_nvme_homes(const Graph& g, Plan& p, int slots = 2) {
   p.nvme_home_of.assign(g.num_values(), std::nullopt);
+  p.nvme_home_slots = slots;
   for (const Plan::Decision& d : p.decisions) {
     if (d.choice != Choice::nvme_home || p.nvme_home_of[std::size_t(d.value)]) continue;
     const Value& val = g.value(d.value);
     const std::size_t slot = align_up(std::max<std::size_t>(val.meta.nbytes(), 1), kTierAlignment);
     p.nvme_home_of[std::size_t(d.value)] = p.nvme_bytes;
-    p.nvme_bytes += 2 * slot;
+    p.nvme_bytes += std::size_t(slots) * slot;
     p.nvme_home_bytes += val.meta.nbytes();
     const std::string kind = persistent_category(val.kind);
     p.nvme_home_by_kind[kind] += val.meta.nbytes();

@@ -94,10 +94,12 @@ struct Plan {
   std::size_t host_bytes = 0;  // the host pool this plan needs
   std::size_t nvme_bytes = 0;  // the NVMe file this plan needs (spills, then the homes below)
   // Persistents whose home between steps is the NVMe file (ZeRO-Infinity,
-  // plan/nvme_home.hpp): by value id, the offset of their two slots (the
-  // copy the step reads, and the one its write back fills), and their bytes
-  // (not in offloaded_bytes, which counts the host's).
+  // plan/nvme_home.hpp): by value id, the offset of their slots (two: the
+  // copy the step reads, and the one its write back fills; one where the
+  // update is written back in place), and their bytes (not in
+  // offloaded_bytes, which counts the host's).
   std::vector<std::optional<std::size_t>> nvme_home_of;
+  int nvme_home_slots = 2;
   std::size_t nvme_home_bytes = 0;
   std::map<std::string, std::size_t> nvme_home_by_kind;
   int transfer_slots = 0;      // copy-engine events

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <chrono>
@@ -100,7 +101,9 @@ class Executor {
   // The tensors whose home is this step's NVMe file get their bytes back:
   // the file goes with the step.
   ~Executor() {
-    try {
+    if (torn_)
+      std::fprintf(stderr, "frugal: %s\n", torn_message().c_str());  // their tensors keep no bytes: load a checkpoint
+    else try {
       sync_to_host();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "frugal: reading the NVMe homes back into their tensors failed: %s\n", e.what());
@@ -127,6 +130,8 @@ class Executor {
   // `times`, when given, receives each node's wall time (the backend
   // synchronised after each, so the time is the op's own).
   void run(std::uint64_t step = 0, plan::OpTimeRecorder* times = nullptr) {
+    if (torn_) fail(torn_message());
+    wrote_in_place_ = false;
     if (copies_) copies_->reset_error();
     if (comms_) comms_->reset_error();
     // This step's early fetches were issued by its last run, and each still
@@ -166,6 +171,7 @@ class Executor {
         if (comms_) comms_->drain();  // nor communicating into it
       } catch (...) {
       }
+      torn_ = wrote_in_place_;  // an update written back in place cannot be undone
       journal_.undo(backend_);  // the persistents as they were before this step
       written_changed();        // a write may have been cut short
       for (Mirror& m : mirrors_) m.loaded = kStale;  // the tensors still hold the state before the step
@@ -174,7 +180,8 @@ class Executor {
     if (copies_) copies_->drain();
     backend_.synchronize();
     store_mirrors();
-    for (Home& h : homes_) h.current ^= std::uint8_t(h.written);  // the slot this step wrote holds the state now
+    if (home_slots_ == 2)
+      for (Home& h : homes_) h.current ^= std::uint8_t(h.written);  // the slot this step wrote holds the state now
     prefetched_ = !early_fetch_count_zero();
   }
 
@@ -260,6 +267,7 @@ class Executor {
     arena_ = m.arena.data();
     arena_bytes_ = plan.arena_bytes;
     nvme_ = m.nvme.get();
+    home_slots_ = plan.nvme_home_slots;
     fill(kWatermark);  // so high_water() can tell what the steps have written
     address_.assign(graph_->num_values(), nullptr);
     mirrors_.clear();
@@ -461,15 +469,18 @@ class Executor {
         else
           copies_->wait(m.slot);
         return;
-      case Move::nvme_write: return copies_->write_nvme(m.slot, *nvme_, nvme_offset(m), m.src, m.bytes);
+      case Move::nvme_write:
+        wrote_in_place_ = wrote_in_place_ || (m.home >= 0 && home_slots_ == 1);
+        return copies_->write_nvme(m.slot, *nvme_, nvme_offset(m), m.src, m.bytes);
       case Move::nvme_read: return copies_->read_nvme(m.slot, *nvme_, nvme_offset(m), m.dst, m.bytes);
     }
   }
-  // A home is read from its current slot and written back into the other.
+  // A home is read from its current slot and written back into the other,
+  // or, with one slot, into the one it was read from.
   std::uint64_t nvme_offset(const Move& m) const {
     if (m.home < 0) return m.nvme_offset;
     const Home& h = homes_[std::size_t(m.home)];
-    const unsigned slot = m.via == Move::nvme_read ? h.current : 1u - h.current;
+    const unsigned slot = home_slots_ == 1 || m.via == Move::nvme_read ? h.current : 1u - h.current;
     return h.offset + slot * h.slot_bytes;
   }
 
@@ -491,6 +502,7 @@ class Executor {
       NvmeHomes::release_pages(h.host, h.bytes);
       h.in_host = false;
       NvmeHomes::registry().hold(h.host, this, [this, i] {
+        if (torn_) fail(torn_message());
         Home& back = homes_[i];
         nvme_->read(back.offset + back.current * back.slot_bytes, back.host, back.bytes);
         back.in_host = true;
@@ -524,6 +536,18 @@ class Executor {
   std::vector<std::vector<std::size_t>> early_at_;  // by position: early fetches issued after it
   std::vector<char> early_;                         // by position: an early fetch
   bool prefetched_ = false;
+  // Homes of one slot (NvmeHomeOptions::slots): a run that failed after it
+  // started writing one back left the state part updated, and nothing may
+  // run or read it since.
+  int home_slots_ = 2;
+  bool wrote_in_place_ = false;
+  bool torn_ = false;
+  static std::string torn_message() {
+    return "a step failed after writing parameters or optimizer state back in place on NVMe "
+           "(PlanOptions::nvme_offload.slots = 1): they are part updated, so this step neither runs again nor hands "
+           "them back. Compile the step again and load the last checkpoint (io::load_checkpoint); with 2 slots (the "
+           "default) a step that fails leaves the state it started from";
+  }
   std::vector<std::uint64_t> fetched_at_;  // by position: its source's generation when fetched early
   // The write generations of the host-resident parameters and state the
   // step reads or writes, by address.
@@ -546,7 +570,8 @@ class Executor {
   // Persistents whose home is the NVMe file (plan/nvme_home.hpp): two slots
   // each, `current` the one holding the state; a run reads it and writes
   // back into the other, which becomes current once the run has succeeded,
-  // so a run that fails part way leaves the state it started from.
+  // so a run that fails part way leaves the state it started from. With one
+  // slot (home_slots_) the write back goes where the read came from.
   struct Home {
     void* host;  // the user's tensor: its bytes only while in_host
     std::size_t bytes;

@@ -545,7 +545,11 @@ static std::string offload_note(const Plan& plan, const CompileOptions& o) {
     nvme = cat(format_bytes(bytes_of(plan.nvme_home_by_kind, "optimizer state")), " of optimizer state and ",
                format_bytes(bytes_of(plan.nvme_home_by_kind, "parameters")), " of parameters (",
                plan.count(plan::Choice::nvme_home), " tensors) live on NVMe between steps, read before their first "
-               "use and written back after their update: ",
+               "use and written back after their update",
+               plan.nvme_home_slots == 1 ? " in place (one slot each: a step that fails part way leaves them part "
+                                           "updated)"
+                                         : " (two slots each: a step that fails part way leaves the state it started from)",
+               ": ",
                o.plan.nvme_offload.pinned() ? "pinned by PlanOptions::nvme_offload" : "chosen by the budget solve");
   }
   const std::size_t bytes = bytes_of(plan.offloaded_by_kind, "optimizer state");
