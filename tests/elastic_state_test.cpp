@@ -14,6 +14,7 @@
 #include <frugal/io/state_slices.hpp>
 
 #include "thread_ranks.hpp"
+#include "bytes_of.hpp"
 
 using namespace frugal;
 
@@ -79,9 +80,6 @@ std::vector<io::StateSlice> trained_slices(int ranks, int stage, std::int64_t st
   return slices;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
 
 }  // namespace
 
@@ -109,7 +107,7 @@ TEST_CASE("elastic: the slices of every rank, at any ZeRO stage and rank count, 
       for (auto& [name, t] : whole.tensors) {
         INFO(name);
         REQUIRE(file_contents.contains(name));
-        CHECK(same_bytes(file_contents.at(name), t));
+        CHECK(same_raw_bytes(file_contents.at(name), t));
       }
     }
   std::filesystem::remove_all(dir);
@@ -150,7 +148,7 @@ TEST_CASE("elastic: a state moved to another rank count and stage is the same st
     const io::SafetensorsFile got = io::assemble_slices(again, *alone.model, *alone.opt, "test");
     CHECK(io::state_hash(got) == io::state_hash(want));
     for (std::size_t i = 0; i < got.tensors.size(); ++i)
-      CHECK(same_bytes(got.tensors[i].second, want.tensors[i].second));
+      CHECK(same_raw_bytes(got.tensors[i].second, want.tensors[i].second));
     // Step 3's mean loss over the same 12 rows: only the order of the
     // gradient sums differs from the 3-rank run's, so the losses agree to
     // float rounding (1e-5 relative bounds a few ulps of a sum of 12).

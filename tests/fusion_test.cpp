@@ -210,20 +210,20 @@ struct ResidualMlp : nn::Module {
   }
 };
 
-struct Trained {
+struct TrainedMlp {
   std::vector<float> losses;
   std::vector<std::vector<char>> params;
   Plan plan;
 };
 
-Trained train_mlp(DType dt, bool fuse, Budget budget = {}) {
+TrainedMlp train_mlp(DType dt, bool fuse, Budget budget = {}) {
   nn::manual_seed(5);
   ResidualMlp net(12, 32, 4, 5, dt);
   optim::AdamW opt(net.parameters(), {.lr = 1e-2});
   const int batch = 16;
   Step step = compile([&](Var x, Var y) { return cross_entropy(net.forward(x), y); },
                       {{{dt, {batch, 12}}, "x"}, input<std::int32_t>({batch})}, opt, budget, fusing(fuse));
-  Trained t;
+  TrainedMlp t;
   t.plan = step.plan();
   for (int s = 0; s < 4; ++s) {
     Tensor x = normal({batch, 12}, dt, std::uint64_t(1000 + s)), y({batch}, DType::i32);
@@ -240,14 +240,14 @@ Trained train_mlp(DType dt, bool fuse, Budget budget = {}) {
 TEST_CASE("an MLP with bias, gelu and residual chains trains bit for bit fused and unfused", "[fusion]") {
   for (DType dt : {DType::f32, DType::f64}) {
     INFO("dtype " << dtype_name(dt));
-    Trained plain = train_mlp(dt, false), fused = train_mlp(dt, true);
+    TrainedMlp plain = train_mlp(dt, false), fused = train_mlp(dt, true);
     CHECK(plain.plan.fused_chains == 0);
     CHECK(fused.plan.fused_chains >= 4);  // at least one chain per block
     CHECK(fused.losses == plain.losses);
     CHECK(fused.params == plain.params);
     // Under a budget that binds, the fused graph's recomputations and
     // swaps change nothing either.
-    Trained tight = train_mlp(dt, true, Budget{.device = fused.plan.total_bytes() * 7 / 10});
+    TrainedMlp tight = train_mlp(dt, true, Budget{.device = fused.plan.total_bytes() * 7 / 10});
     CHECK(tight.plan.total_bytes() <= fused.plan.total_bytes() * 7 / 10);
     CHECK(tight.losses == plain.losses);
     CHECK(tight.params == plain.params);
@@ -312,7 +312,7 @@ TEST_CASE("the budget test's random graphs train bit for bit fused and unfused",
       optim::SGD opt(net.parameters(), {.lr = 0.05, .momentum = 0.9});
       Step step = compile([&](Var x, Var y) { return cross_entropy(net.forward(x), y); },
                           {input<float>({batch, in}), input<std::int32_t>({batch})}, opt, budget, fusing(fuse));
-      Trained t;
+      TrainedMlp t;
       t.plan = step.plan();
       for (int s = 0; s < 2; ++s) {
         Rng d(seed * 1000 + std::uint64_t(s));
@@ -324,14 +324,14 @@ TEST_CASE("the budget test's random graphs train bit for bit fused and unfused",
       for (auto& [name, p] : net.named_parameters()) t.params.push_back(bytes_of(p));
       return t;
     };
-    Trained plain = train(false, {}), fused = train(true, {});
+    TrainedMlp plain = train(false, {}), fused = train(true, {});
     CHECK(fused.losses == plain.losses);
     CHECK(fused.params == plain.params);
     chains += fused.plan.fused_chains;
     // A binding budget over the fused graph: still the unfused bits.
     const std::size_t budget = fused.plan.total_bytes() * 8 / 10;
     try {
-      Trained tight = train(true, Budget{.device = budget});
+      TrainedMlp tight = train(true, Budget{.device = budget});
       CHECK(tight.losses == plain.losses);
       CHECK(tight.params == plain.params);
     } catch (const BudgetError&) {

@@ -15,6 +15,7 @@
 #include <iterator>
 
 #include "toy_task.hpp"
+#include "bytes_of.hpp"
 
 using namespace frugal;
 using Catch::Matchers::Contains;
@@ -80,9 +81,6 @@ io::NamedTensors every_dtype() {
   return out;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
 
 // Runs f and returns the DataError's message ("" and a failed check if it
 // threw nothing or something else).

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <frugal/dist/plan_only.hpp>
+#include <frugal/plan/budget_build.hpp>  // kMinPersistentCandidate
 #include <frugal/frugal.hpp>
 #include <frugal/runtime/nvme_store.hpp>  // testing::nvme_read_fault_in
 

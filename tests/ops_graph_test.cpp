@@ -551,7 +551,7 @@ fd::EdgeList edge_list(const std::vector<std::pair<std::int64_t, std::int64_t>>&
   return l;
 }
 
-ref::Array param(const Tensor& t) { return array_of(t); }
+ref::Array param_of(const Tensor& t) { return array_of(t); }
 
 }  // namespace
 
@@ -581,7 +581,7 @@ TEST_CASE("GCNConv: PyG names and init, forward matches A (x W^T) + b", "[nn][gr
     frugal::Step s = frugal::compile_inference([&](Var xv) { return conv(xv, sm); }, {frugal::input<double>({n, in})});
     s.run(xt);
     ref::Array want = ref::matmul(ref::graph::gcn_dense(n, edges),
-                                         ref::graph::linear(array_of(xt), param(conv.lin.weight), {}));
+                                         ref::graph::linear(array_of(xt), param_of(conv.lin.weight), {}));
     for (std::int64_t i = 0; i < n; ++i)
       for (std::int64_t o = 0; o < out; ++o) want.v[std::size_t(i * out + o)] += conv.bias.data<double>()[o];
     expect_close("GCNConv forward", doubles(s.output()), want.v, want.shape, 1e-12);
@@ -608,8 +608,8 @@ TEST_CASE("SAGEConv: PyG names, forward matches lin_l(mean of neighbours) + lin_
     s.run(xt);
     ref::Array xa = array_of(xt);
     ref::Array neigh = ref::graph::linear(ref::matmul(ref::graph::mean_dense(n, edges), xa),
-                                          param(conv.lin_l.weight), doubles(conv.lin_l.bias));
-    ref::Array root = ref::graph::linear(xa, param(conv.lin_r.weight), {});
+                                          param_of(conv.lin_l.weight), doubles(conv.lin_l.bias));
+    ref::Array root = ref::graph::linear(xa, param_of(conv.lin_r.weight), {});
     for (std::size_t k = 0; k < neigh.v.size(); ++k) neigh.v[k] += root.v[k];
     expect_close("SAGEConv forward", doubles(s.output()), neigh.v, neigh.shape, 1e-12);
     // The isolated node: lin_l's bias plus lin_r of its own features.

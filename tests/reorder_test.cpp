@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "gcn_net.hpp"
+#include "bytes_of.hpp"
 
 namespace reorder_test {  // named: unity builds share anonymous namespaces
 
@@ -85,9 +86,6 @@ bool same_csr(const fd::Csr& a, const fd::Csr& b) {
   return a.rows == b.rows && a.cols == b.cols && a.row_ptr == b.row_ptr && a.col == b.col && a.values == b.values;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
 
 }  // namespace reorder_test
 
