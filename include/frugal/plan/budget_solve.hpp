@@ -201,7 +201,12 @@ inline BudgetedPlan solve_budget(std::shared_ptr<Graph> g, std::span<const Value
               " together must hold at least ", bytes(over->needed),
               " whatever is recomputed, swapped or spilled, and they give ", bytes(over->room),
               ". Give more host memory", budget.nvme_dir.empty() ? "" : " or NVMe",
-              ", or shard the step over more ranks (a higher ZeRO stage). (A feasibility check: "
+              ", or shard the step over more ranks (a higher ZeRO stage)",
+              halved && o.nvme_offload.slots == 2
+                  ? ", or write the tensors living on NVMe back in place (PlanOptions::nvme_offload.slots = 1, "
+                    "--nvme-slots 1: one slot each, but a step that fails part way leaves them part updated)"
+                  : "",
+              ". (A feasibility check: "
               "the least device budget was not searched; it is at least ",
               over->least_device, " bytes.)"),
           std::size_t(std::max<std::int64_t>(over->least_device, 0)), base.total_bytes());
