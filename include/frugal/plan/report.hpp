@@ -323,8 +323,7 @@ struct RankRow {
   std::size_t parameters = 0, optimizer_state = 0, gradients = 0, activations = 0, scratch = 0, communication = 0,
               total = 0, host = 0, nvme = 0;
   std::size_t host_state = 0, host_parameters = 0;  // of host: optimizer state (offloaded) and parameters
-  std::size_t nvme_state = 0, nvme_parameters = 0;  // living on NVMe between steps (nvme_home_slots each in `nvme`)
-  int nvme_home_slots = 2;
+  std::size_t nvme_state = 0, nvme_parameters = 0;  // living on NVMe between steps (Plan::nvme_home_slots each in `nvme`)
   int zero_stage = -1;
 };
 template <class PlannedSteps>
@@ -355,7 +354,6 @@ std::vector<RankRow> rank_rows(const PlannedSteps& steps) {
     };
     r.nvme_state = on_nvme("optimizer state");
     r.nvme_parameters = on_nvme("parameters");
-    r.nvme_home_slots = p.nvme_home_slots;
     r.zero_stage = p.zero_stage;
     rows.push_back(r);
   }
@@ -383,7 +381,7 @@ std::string ranks_table(const PlannedSteps& steps) {
   }
   os << "  (* live at the rank's peak; the device total also counts the arena's packing; the host holds swapped\n"
         "   values, parameters staged from there, and optimizer state updated there; NVMe holds spilled values and\n"
-     << (!rows.empty() && rows.front().nvme_home_slots == 1
+     << (!steps.empty() && steps.front().plan.nvme_home_slots == 1
              ? "   one slot of each parameter and state living there between steps, written back in place)\n"
              : "   two slots of each parameter and state living there between steps)\n");
   if (!steps.empty() && steps.front().plan.zero_stage >= 0)
