@@ -142,6 +142,13 @@ TEST_CASE("gemm: the engine a float product takes follows the CPU, the forced in
   cpu::forced_cpu_isa = -1;
   CHECK(cpu::sgemm_engine(cpu::sgemm512::kMaxDepth + 1) == cpu::SgemmEngine::openblas);
   if (!cpu::sgemm512::available()) CHECK(cpu::sgemm_engine(256) == cpu::SgemmEngine::openblas);
+  // Full-width AVX-512 takes frugal's engine whatever kernels OpenBLAS
+  // chose (OPENBLAS_CORETYPE=SkylakeX must not move it); a Zen 4 keeps
+  // OpenBLAS's.
+  if (cpu::gemm_detail::sgemm_env().empty())
+    CHECK(cpu::sgemm_engine(256) == (cpu::sgemm512::available() && !cpu::gemm_detail::avx512_half_width()
+                                         ? cpu::SgemmEngine::avx512
+                                         : cpu::SgemmEngine::openblas));
   // bf16 products: the bf16 kernel needs AVX512-BF16, so a cap at plain
   // AVX-512 sends them to f32 images.
   CHECK_FALSE(cpu::bf16_gemm_direct(cpu::sgemm512::kMaxDepth + 1));

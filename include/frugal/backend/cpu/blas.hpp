@@ -123,19 +123,6 @@ inline std::string lower(std::string s) {
   return s;
 }
 
-// Does OpenBLAS run AVX-512 kernels of its own on this CPU? It names the
-// core whose kernels it chose at start-up, once (the Winograd forward asks
-// on every call).
-inline bool openblas_runs_avx512() {
-  static const bool runs = [] {
-    const std::string core = lower(openblas_get_corename());
-    for (const char* k : {"skylakex", "cooperlake", "sapphirerapids"})
-      if (core.find(k) != std::string::npos) return true;
-    return false;
-  }();
-  return runs;
-}
-
 // AMD's Zen 4 (family 0x19) executes a 512-bit FMA as two 256-bit halves:
 // its AVX-512 peak is its AVX2 peak, so frugal's kernel has nothing to add
 // to OpenBLAS's there. (Debian's OpenBLAS 0.3.21 runs its Cooperlake
@@ -143,7 +130,12 @@ inline bool openblas_runs_avx512() {
 // 0.95-1.05x frugal's on the mlp and gpt products, 2 threads; frugal's
 // engine for a convolution's products gained 3% at 1 thread and nothing
 // at 2, so those stay on OpenBLAS too.) Zen 5 (family 0x1A) and Intel's
-// AVX-512 cores have 512-bit FMA units.
+// AVX-512 cores have 512-bit FMA units, and there frugal's engine runs
+// even where OpenBLAS has AVX-512 kernels of its own: on a Zen 5 with
+// OPENBLAS_CORETYPE=SkylakeX, OpenBLAS's one threaded call took 1.0-1.23x
+// frugal's time on the mlp and gpt products, and the tiles frugal must
+// cut to keep its bits independent of the thread count (one OpenBLAS call
+// each) another 1.03-1.2x (bench/gemm_kernels, 2 threads).
 inline bool avx512_half_width() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   unsigned a, b, c, d;
@@ -182,8 +174,7 @@ inline SgemmEngine configured() {
     }
     if (s != "auto" && !s.empty())
       fail("FRUGAL_SGEMM='", s, "' is not an engine: use openblas, avx512 or auto");
-    return sgemm512::available() && !openblas_runs_avx512() && !avx512_half_width() ? SgemmEngine::avx512
-                                                                                     : SgemmEngine::openblas;
+    return sgemm512::available() && !avx512_half_width() ? SgemmEngine::avx512 : SgemmEngine::openblas;
   }();
   return e;
 }
