@@ -3,9 +3,11 @@
 #include <type_traits>
 
 #include "../../ops/elementwise_math.hpp"
+#include "../../ops/gelu.hpp"
 #include "../../ops/loss.hpp"
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
+#include "row_math.hpp"
 
 #include "abi.hpp"
 
@@ -51,10 +53,14 @@ inline void cross_entropy_kernel(const ops::CrossEntropy&, const KernelArgs& a) 
       double s = 0;
       for (std::int64_t q = b; q < e; ++q) {
         const S* row = x + q * C;
-        T mx = math::convert<T>(row[0]);
-        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, math::convert<T>(row[c]));
-        T z = 0;
-        for (std::int64_t c = 0; c < C; ++c) z += math::exp_(math::convert<T>(row[c]) - mx);
+        T mx;
+        if constexpr (std::is_same_v<S, T>) {
+          mx = row_max(row, C);
+        } else {
+          mx = math::convert<T>(row[0]);
+          for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, math::convert<T>(row[c]));
+        }
+        const T z = lane_sum<T>(C, [&](std::int64_t c) { return math::exp_poly(math::convert<T>(row[c]) - mx); });
         s += double(mx + math::log_(z) - math::convert<T>(row[lab[q]]));
       }
       return s;
@@ -74,21 +80,21 @@ inline void cross_entropy_grad_kernel(const ops::CrossEntropyGrad&, const Kernel
       for (std::int64_t q = b; q < e; ++q) {
         const S* row = x + q * C;
         S* drow = dx + q * C;
-        T mx = math::convert<T>(row[0]);
-        for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, math::convert<T>(row[c]));
-        T z = 0;
         if constexpr (std::is_same_v<S, T>) {
-          for (std::int64_t c = 0; c < C; ++c) z += (drow[c] = math::exp_(row[c] - mx));
-          T inv = scale / z;
+          const T mx = row_max(row, C);
+          for (std::int64_t c = 0; c < C; ++c) drow[c] = math::exp_poly(row[c] - mx);
+          const T inv = scale / row_sum(drow, C);
           for (std::int64_t c = 0; c < C; ++c) drow[c] *= inv;
           drow[lab[q]] -= scale;
         } else {
           // 16-bit storage: recompute the exponentials and round each
           // gradient once (the label's entry after subtracting).
-          for (std::int64_t c = 0; c < C; ++c) z += math::exp_(math::convert<T>(row[c]) - mx);
+          T mx = math::convert<T>(row[0]);
+          for (std::int64_t c = 1; c < C; ++c) mx = std::max(mx, math::convert<T>(row[c]));
+          const T z = lane_sum<T>(C, [&](std::int64_t c) { return math::exp_poly(math::convert<T>(row[c]) - mx); });
           T inv = scale / z;
           for (std::int64_t c = 0; c < C; ++c) {
-            T d = math::exp_(math::convert<T>(row[c]) - mx) * inv;
+            T d = math::exp_poly(math::convert<T>(row[c]) - mx) * inv;
             drow[c] = math::convert<S>(c == lab[q] ? d - scale : d);
           }
         }
