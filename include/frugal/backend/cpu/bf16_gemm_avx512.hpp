@@ -246,9 +246,10 @@ inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::
   const std::int64_t kp = (k + 1) / 2;  // pairs: the packed depth
   PairBuffers& buf = PairBuffers::mine();
   std::uint32_t* ap = buf.a.at_least(std::max<std::int64_t>(kp, 1) * MR);
-  std::uint32_t* bp = buf.b.at_least(std::max<std::int64_t>(kp, 1) * NC);
+  const std::int64_t nc_most = sgemm512::columns_packed(std::max<std::int64_t>(kp, 1));
+  std::uint32_t* bp = buf.b.at_least(std::max<std::int64_t>(kp, 1) * nc_most);
   sgemm512::for_each_register_tile(
-      r0, r1, c0, c1, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, b16, ldb, jc, nc, k, bp); },
+      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, b16, ldb, jc, nc, k, bp); },
       [&](std::int64_t ir, int mr) { pack_a(ta, a16, lda, ir, mr, k, ap); },
       [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
         micro_kernel(kp, ap, bp + q * kp * NR, c16 + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);

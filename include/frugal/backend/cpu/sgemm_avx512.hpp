@@ -48,7 +48,7 @@ namespace frugal::cpu::inline FRUGAL_KERNEL_ABI::sgemm512 {
 
 inline constexpr int MR = 12;               // rows of a register tile: 24 accumulators
 inline constexpr int NR = 32;               // columns of a register tile: two 16-float vectors
-inline constexpr std::int64_t NC = 128;     // columns of B packed together (4 panels)
+inline constexpr std::int64_t NC = 128;     // columns of B packed together (4 panels), at least
 inline constexpr std::int64_t kMaxDepth = 8192;  // deeper products go to BLAS: the packed
                                                  // slivers would outgrow the caches
 
@@ -76,7 +76,8 @@ struct GrowingBuffer {
 };
 
 // This thread's packing buffers: at k = kMaxDepth they hold (NC + MR) * k
-// floats, 4.6 MB (bf16_gemm_avx512.hpp's pairs: half that).
+// floats, 4.6 MB (bf16_gemm_avx512.hpp's pairs: half that); at most
+// kPackedChunkWords + MR * k below depth 1024.
 struct PackBuffers {
   GrowingBuffer<float> a, b;
   static PackBuffers& mine() {
@@ -282,15 +283,28 @@ inline void micro_kernel(std::int64_t, const float*, const float*, float*, std::
 #endif
 
 
+// Columns of B packed together for a product whose packed columns are
+// `words` 4-byte words deep: NC, or more while the chunk stays within
+// kPackedChunkWords (512 KB, NC columns at depth 1024, what the L2 of every
+// AVX-512 core holds). A is packed again for every chunk, so shallow
+// products take wide chunks: at depth 256 a block of 512 columns packed
+// its A four times with chunks of NC, once now. The chunking does not touch
+// the order of any sum: the bits are the same.
+inline constexpr std::int64_t kPackedChunkWords = 128 * 1024;
+inline std::int64_t columns_packed(std::int64_t words) {
+  const std::int64_t wide = kPackedChunkWords / std::max<std::int64_t>(words, 1) / NR * NR;
+  return std::max(NC, wide);
+}
+
 // How both kernels (this one and bf16_gemm_avx512.hpp's) walk a block
-// C[r0:r1, c0:c1]: B packed NC columns at a time (pack_b(jc, nc)), then A
-// MR rows at a time (pack_a(ir, mr)), then one register tile per NR-column
-// panel of the packed chunk (tile(q, ir, jc, mr, nr) for panel q).
+// C[r0:r1, c0:c1]: B packed nc_most columns at a time (pack_b(jc, nc)),
+// then A MR rows at a time (pack_a(ir, mr)), then one register tile per
+// NR-column panel of the packed chunk (tile(q, ir, jc, mr, nr) for panel q).
 template <class PackB, class PackA, class Tile>
-void for_each_register_tile(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, PackB&& pack_b,
-                            PackA&& pack_a, Tile&& tile) {
-  for (std::int64_t jc = c0; jc < c1; jc += NC) {
-    const std::int64_t nc = std::min(NC, c1 - jc);
+void for_each_register_tile(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t nc_most,
+                            PackB&& pack_b, PackA&& pack_a, Tile&& tile) {
+  for (std::int64_t jc = c0; jc < c1; jc += nc_most) {
+    const std::int64_t nc = std::min(nc_most, c1 - jc);
     pack_b(jc, nc);
     for (std::int64_t ir = r0; ir < r1; ir += MR) {
       const int mr = int(std::min<std::int64_t>(MR, r1 - ir));
@@ -308,9 +322,10 @@ inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::
   PackBuffers& buf = PackBuffers::mine();
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
   float* ap = buf.a.at_least(kk * MR);
-  float* bp = buf.b.at_least(kk * NC);
+  const std::int64_t nc_most = columns_packed(kk);
+  float* bp = buf.b.at_least(kk * nc_most);
   for_each_register_tile(
-      r0, r1, c0, c1, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
+      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
       [&](std::int64_t ir, int mr) { pack_a(ta, A, lda, ir, mr, k, ap); },
       [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
         micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
