@@ -647,3 +647,60 @@ TEST_CASE("optimizer updates: every instruction set this CPU has gives the scala
         }
       }
 }
+
+// The elementwise kernels (unary, their gradients, binary with and without
+// broadcasting, fused chains) and the column sums of a bias gradient run
+// their loops compiled for the widest instruction set (run_widest); the
+// kernel units build with -ffp-contract=off, so every path must give the
+// plain x86-64 build's bits. Lengths leave vector tails; the inputs span
+// GELU's polynomial ranges and its clamps.
+TEST_CASE("elementwise kernels and column sums: every instruction set this CPU has gives the same bits",
+          "[ops][isa]") {
+  using namespace frugal;
+  test_support::KeepCpuIsa keep;
+  auto backend = std::shared_ptr<Backend>(make_backend("cpu"));
+  const int widest = int(cpu::widest_cpu_isa());
+  INFO("widest instruction set here: " << cpu::isa_name(cpu::widest_cpu_isa()));
+  Rng r(91);
+  auto filled = [&](const Shape& s) {
+    Tensor t(s, DType::f32);
+    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(r.normal() * 3.0);
+    return t;
+  };
+  // Runs op on the inputs at every instruction set; the outputs' bits must agree.
+  auto check = [&](const Op& op, std::vector<Tensor> in, const Shape& out_shape) {
+    INFO(op.name() << " on " << in.size() << " inputs, output " << out_shape.numel() << " elements");
+    std::vector<Tensor> outs;
+    for (int isa = 0; isa <= widest; ++isa) {
+      cpu::forced_cpu_isa = isa;
+      Tensor y(out_shape, DType::f32);
+      std::vector<TensorRef> ins;
+      for (Tensor& t : in) ins.push_back({t.raw(), t.dtype(), &t.shape()});
+      std::vector<TensorRef> outs_ref{TensorRef{y.raw(), y.dtype(), &y.shape()}};
+      KernelArgs args;
+      args.in = ins;
+      args.out = outs_ref;
+      backend->kernel_for(op)(op, args);
+      outs.push_back(std::move(y));
+    }
+    for (std::size_t k = 1; k < outs.size(); ++k) {
+      INFO("instruction set " << cpu::isa_name(cpu::CpuIsa(k)) << " against x86-64");
+      CHECK(std::memcmp(outs[k].raw(), outs[0].raw(), outs[0].nbytes()) == 0);
+    }
+  };
+  for (std::int64_t n : {std::int64_t(5), std::int64_t(1000), std::int64_t(100003)}) {
+    const Shape s{n};
+    check(ops::Unary<math::GeluErfPoly>{}, {filled(s)}, s);
+    check(ops::UnaryGrad<math::GeluErfPoly>{}, {filled(s), filled(s), filled(s)}, s);
+    check(ops::Unary<math::GeluTanh>{}, {filled(s)}, s);
+    check(ops::UnaryGrad<math::Sigmoid>{}, {filled(s), filled(s), filled(s)}, s);
+    check(ops::Binary<math::Mul>{}, {filled(s), filled(s)}, s);
+  }
+  // Broadcast rows (a bias add) and the bias gradient's column sums, with
+  // column counts off the vector width.
+  for (std::int64_t cols : {std::int64_t(7), std::int64_t(256), std::int64_t(1000)}) {
+    const Shape m{33, cols}, row{cols};
+    check(ops::Binary<math::Add>{}, {filled(m), filled(row)}, m);
+    check(ops::Sum({0}, false), {filled(m)}, row);
+  }
+}

@@ -27,6 +27,7 @@
 #include "../../ops/fused_elementwise.hpp"
 #include "../../runtime/backend.hpp"
 #include "convert.hpp"
+#include "isa.hpp"
 #include "parallel.hpp"
 #include "strided.hpp"
 
@@ -52,15 +53,18 @@ template <class F, class C>
 void step_loop(const ops::FusedFn& fn, const C* const* a, C* __restrict r, int m) {
   const F f = *std::get_if<F>(&fn);
   const C* __restrict x = a[0];
-  if constexpr (ops::fused_arity<F> == 1) {
-    for (int j = 0; j < m; ++j) r[j] = f(x[j]);
-  } else if constexpr (ops::fused_arity<F> == 2) {
-    const C* __restrict z = a[1];
-    for (int j = 0; j < m; ++j) r[j] = f(x[j], z[j]);
-  } else {
-    const C *__restrict y = a[1], *__restrict dy = a[2];
-    for (int j = 0; j < m; ++j) r[j] = f(x[j], y[j], dy[j]);
-  }
+  // run_widest: AVX-512 or AVX2 registers, the bits of the baseline build.
+  run_widest([&] {
+    if constexpr (ops::fused_arity<F> == 1) {
+      for (int j = 0; j < m; ++j) r[j] = f(x[j]);
+    } else if constexpr (ops::fused_arity<F> == 2) {
+      const C* __restrict z = a[1];
+      for (int j = 0; j < m; ++j) r[j] = f(x[j], z[j]);
+    } else {
+      const C *__restrict y = a[1], *__restrict dy = a[2];
+      for (int j = 0; j < m; ++j) r[j] = f(x[j], y[j], dy[j]);
+    }
+  });
 }
 
 template <class C, std::size_t... I>
