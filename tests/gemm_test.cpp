@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <frugal/backend/cpu/blas.hpp>
+#include <frugal/backend/cpu/small_gemm_avx512.hpp>
 #include <limits>
 #include <random>
 #include <vector>
@@ -131,6 +132,65 @@ TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", 
           cpu::sgemm512::gemm_block(ta, tb, rows[i], rows[i + 1], cols[j], cols[j + 1], k, 1.f, A.data(), lda,
                                     B.data(), ldb, 0.f, cut.data(), n);
       CHECK(std::memcmp(whole.data(), cut.data(), whole.size() * 4) == 0);
+    }
+}
+
+// The unpacked kernel attention's tiles use (small_gemm_avx512.hpp) reads
+// A through two strides and B by rows: within float rounding of a float64
+// product, C's row padding untouched, NaN in C ignored with beta 0, and the
+// packed kernel's bits element for element, since both run one FMA chain
+// over p from zero and then alpha * sum + beta * C.
+TEST_CASE("gemm: the unpacked small-product kernel gives the packed AVX-512 kernel's bits, plain or transposed A",
+          "[blas][gemm]") {
+  if (!cpu::small_gemm::available()) {
+    WARN("skipped: this CPU (or build) has no AVX-512F");
+    return;
+  }
+  const float alphas[] = {1.f, 0.125f}, betas[] = {0.f, 1.f};
+  for (const std::int64_t m : {1, 5, 6, 7, 32, 65})
+    for (const std::int64_t n : {1, 15, 16, 17, 64, 65, 130})
+      for (const std::int64_t k : {0, 1, 17, 64})
+        for (const bool ta : {false, true}) {
+          const GemmCase c{ta, false, m, n, k, 3};
+          const std::int64_t lda = (ta ? m : k) + c.pad, ldb = n + c.pad, ldc = n + c.pad;
+          const auto A = test_support::uniform_floats(std::size_t((ta ? k : m) * lda) + 1, 6);
+          const auto B = test_support::uniform_floats(std::size_t(k * ldb) + 1, 7);
+          const auto C0 = test_support::uniform_floats(std::size_t(m * ldc), 8);
+          for (const float alpha : alphas)
+            for (const float beta : betas) {
+              INFO("m " << m << " n " << n << " k " << k << " ta " << ta << " alpha " << alpha << " beta " << beta);
+              std::vector<float> start = C0;
+              if (beta == 0.f)
+                for (std::int64_t i = 0; i < m; ++i)
+                  for (std::int64_t j = 0; j < n; ++j) start[std::size_t(i * ldc + j)] = std::nanf("");
+              std::vector<float> small = start, packed = start;
+              cpu::small_gemm::gemm(m, n, k, alpha, A.data(), ta ? 1 : lda, ta ? lda : 1, B.data(), ldb, beta,
+                                    small.data(), ldc);
+              cpu::sgemm512::gemm_block(ta, false, 0, m, 0, n, k, alpha, A.data(), lda, B.data(), ldb, beta,
+                                        packed.data(), ldc);
+              CHECK(worst_against_float64(c, alpha, beta, A, B, start, small, lda, ldb, ldc) <= 1.0);
+              CHECK(std::memcmp(small.data(), packed.data(), small.size() * 4) == 0);
+            }
+        }
+}
+
+TEST_CASE("gemm: the AVX-512 transpose attention uses moves every element, edges included", "[blas][gemm]") {
+  if (!cpu::small_gemm::available()) {
+    WARN("skipped: this CPU (or build) has no AVX-512F");
+    return;
+  }
+  for (const std::int64_t rows : {1, 15, 16, 17, 40})
+    for (const std::int64_t cols : {1, 15, 16, 33}) {
+      INFO("rows " << rows << " cols " << cols);
+      const std::int64_t ld = cols + 3;
+      const auto x = test_support::uniform_floats(std::size_t(rows * ld), 9);
+      std::vector<float> xt(std::size_t(rows * cols), -1.f);
+      cpu::small_gemm::transpose(x.data(), ld, rows, cols, xt.data());
+      bool same = true;
+      for (std::int64_t j = 0; j < rows; ++j)
+        for (std::int64_t c = 0; c < cols; ++c)
+          same = same && xt[std::size_t(c * rows + j)] == x[std::size_t(j * ld + c)];
+      CHECK(same);
     }
 }
 

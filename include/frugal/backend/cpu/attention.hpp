@@ -15,10 +15,14 @@
 //   dq += dS k,   dk += dSᵀ q.
 //
 // Tiles live on the stack (2 x kBq x kBk elements), the running statistics
-// too; the output rows are the accumulator. The GEMMs are OpenBLAS called
-// from inside the OpenMP region, so each runs single-threaded on its task.
-// Every task's work is fixed by the shapes alone: the same bits for any
-// thread count and wherever the operands sit.
+// too; the output rows are the accumulator. A task transposes the keys (and
+// in the backward the values) it reads once, so that every tile product
+// reads its right operand by rows. The products run on the task's thread:
+// in f32 on an AVX-512 CPU through small_gemm_avx512.hpp, which reads the
+// tiles where they lie (the packed engine packed both operands of every
+// 32 x 64 x 64 product, as long as the product itself took); elsewhere
+// through gemm_serial. Every task's work is fixed by the shapes alone: the
+// same bits for any thread count and wherever the operands sit.
 //
 // bf16/f16: the same kernels on f32 images of q, k, v (o, do) in the op's
 // planned workspace, the outputs rounded once (half_images.hpp); the
@@ -33,7 +37,9 @@
 #include "half_images.hpp"
 #include "../../runtime/backend.hpp"
 #include "parallel.hpp"
+#include "isa.hpp"
 #include "row_math.hpp"
+#include "small_gemm_avx512.hpp"
 
 #include "abi.hpp"
 
@@ -59,6 +65,46 @@ struct HeadView {
   T* at(std::int64_t b, std::int64_t h) const { return base + b * batch + h * head; }
 };
 
+// C[m, n] = alpha * sum_p A(i, p) B(p, j) + beta * C on the calling thread,
+// A(i, p) = A[i*sai + p*sap] (one of the strides 1: a tile or its
+// transpose), B(p, j) = B[p*ldb + j].
+template <class T>
+void tile_product(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* A, std::int64_t sai,
+                  std::int64_t sap, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_isa() >= CpuIsa::avx512 && small_gemm::available() && !gemm_detail::openblas_forced())
+      return small_gemm::gemm(m, n, k, alpha, A, sai, sap, B, ldb, beta, C, ldc);
+    const bool ta = sap != 1;
+    return gemm_serial(sgemm_engine(k), ta, false, m, n, k, alpha, A, ta ? sap : sai, B, ldb, beta, C, ldc);
+  } else {
+    const bool ta = sap != 1;
+    check_gemm_dims(m, n, k, ta ? sap : sai, ldb, ldc);
+    if (m > 0 && n > 0)
+      cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, blasint(m), blasint(n), blasint(k),
+                  alpha, A, blasint(ta ? sap : sai), B, blasint(ldb), beta, C, blasint(ldc));
+  }
+}
+
+// xt[c * rows + j] = x[j * ld + c] for j < rows, c < cols: a head's keys (or
+// values) as columns, so that products with them read rows.
+template <class T>
+void transpose_rows(const T* x, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* xt) {
+  if constexpr (std::is_same_v<T, float>)
+    if (cpu_isa() >= CpuIsa::avx512 && small_gemm::available()) return small_gemm::transpose(x, ld, rows, cols, xt);
+  for (std::int64_t j = 0; j < rows; ++j)
+    for (std::int64_t c = 0; c < cols; ++c) xt[c * rows + j] = x[j * ld + c];
+}
+
+// This thread's transposed keys and values (hd x tk floats each).
+template <class T>
+struct AttnBuffers {
+  sgemm512::GrowingBuffer<T> kt, vt;
+  static AttnBuffers& mine() {
+    static thread_local AttnBuffers b;
+    return b;
+  }
+};
+
 struct AttnShape {
   std::int64_t batch, heads, tq, tk, hd, hdv;
   std::int64_t offset() const { return tk - tq; }  // query i attends keys <= i + offset
@@ -81,6 +127,7 @@ void attention_forward(HeadView<const T> q, HeadView<const T> k, HeadView<const 
   parallel_for(tasks, kAttnBq * d.tk * (d.hd + d.hdv), [&](std::int64_t t0, std::int64_t t1) {
     T s[kAttnBq * kAttnBk];
     T m[kAttnBq], l[kAttnBq];
+    AttnBuffers<T>& buf = AttnBuffers<T>::mine();
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int64_t bh = t / qblocks, b = bh / d.heads, h = bh % d.heads;
       const std::int64_t i0 = (t % qblocks) * kAttnBq, nq = std::min(kAttnBq, d.tq - i0);
@@ -94,28 +141,34 @@ void attention_forward(HeadView<const T> q, HeadView<const T> k, HeadView<const 
         m[r] = kNegInf, l[r] = T(0);
       }
       const std::int64_t keys = i0 + nq + off;  // the last row's keys: every row here sees a prefix of them
+      T* Kt = buf.kt.at_least(std::max<std::int64_t>(keys * d.hd, 1));
+      transpose_rows(K, k.row, keys, d.hd, Kt);
       for (std::int64_t j0 = 0; j0 < keys; j0 += kAttnBk) {
         const std::int64_t nk = std::min(kAttnBk, keys - j0);
-        gemm(false, true, nq, nk, d.hd, scale, Q, q.row, K + j0 * k.row, k.row, T(0), s, kAttnBk);
-        for (std::int64_t r = 0; r < nq; ++r) {
-          T* __restrict row = s + r * kAttnBk;
-          const std::int64_t n = valid_keys(i0 + r, off, j0, nk);
-          if (n == 0) {  // this tile lies wholly beyond the row's last key
-            std::fill(row, row + nk, T(0));
-            continue;
+        tile_product(nq, nk, d.hd, scale, Q, q.row, 1, Kt + j0, keys, T(0), s, kAttnBk);
+        // run_widest: the exponentials in AVX-512 or AVX2 registers, the
+        // baseline build's bits (the kernel units build -ffp-contract=off).
+        run_widest([&] {
+          for (std::int64_t r = 0; r < nq; ++r) {
+            T* __restrict row = s + r * kAttnBk;
+            const std::int64_t n = valid_keys(i0 + r, off, j0, nk);
+            if (n == 0) {  // this tile lies wholly beyond the row's last key
+              std::fill(row, row + nk, T(0));
+              continue;
+            }
+            const T mnew = std::max(m[r], row_max(row, n));
+            const T corr = attn_exp(m[r] - mnew);  // 0 on the first tile (m = -inf)
+            for (std::int64_t j = 0; j < n; ++j) row[j] = attn_exp(row[j] - mnew);
+            std::fill(row + n, row + nk, T(0));
+            l[r] = l[r] * corr + row_sum(row, n);
+            m[r] = mnew;
+            if (corr != T(1)) {
+              T* orow = O + r * o.row;
+              for (std::int64_t c = 0; c < d.hdv; ++c) orow[c] *= corr;
+            }
           }
-          const T mnew = std::max(m[r], row_max(row, n));
-          const T corr = attn_exp(m[r] - mnew);  // 0 on the first tile (m = -inf)
-          for (std::int64_t j = 0; j < n; ++j) row[j] = attn_exp(row[j] - mnew);
-          std::fill(row + n, row + nk, T(0));
-          l[r] = l[r] * corr + row_sum(row, n);
-          m[r] = mnew;
-          if (corr != T(1)) {
-            T* orow = O + r * o.row;
-            for (std::int64_t c = 0; c < d.hdv; ++c) orow[c] *= corr;
-          }
-        }
-        gemm(false, false, nq, d.hdv, nk, T(1), s, kAttnBk, V + j0 * v.row, v.row, T(1), O, o.row);
+        });
+        tile_product(nq, d.hdv, nk, T(1), s, kAttnBk, 1, V + j0 * v.row, v.row, T(1), O, o.row);
       }
       for (std::int64_t r = 0; r < nq; ++r) {
         const T inv = T(1) / l[r];
@@ -136,11 +189,16 @@ void attention_backward(HeadView<const T> q, HeadView<const T> k, HeadView<const
   parallel_for(d.batch * d.heads, d.tq * d.tk * (3 * d.hd + 2 * d.hdv), [&](std::int64_t b0, std::int64_t b1) {
     T p[kAttnBq * kAttnBk], dp[kAttnBq * kAttnBk];
     T delta[kAttnBq];
+    AttnBuffers<T>& buf = AttnBuffers<T>::mine();
     for (std::int64_t bh = b0; bh < b1; ++bh) {
       const std::int64_t b = bh / d.heads, h = bh % d.heads;
       const T *Q = q.at(b, h), *K = k.at(b, h), *V = v.at(b, h), *O = o.at(b, h), *dO = dout.at(b, h);
       const T* L = lse + bh * d.tq;
       T *dQ = dq.at(b, h), *dK = dk.at(b, h), *dV = dv.at(b, h);
+      T* Kt = buf.kt.at_least(std::max<std::int64_t>(d.tk * d.hd, 1));
+      T* Vt = buf.vt.at_least(std::max<std::int64_t>(d.tk * d.hdv, 1));
+      transpose_rows(K, k.row, d.tk, d.hd, Kt);
+      transpose_rows(V, v.row, d.tk, d.hdv, Vt);
       for (std::int64_t r = 0; r < d.tq; ++r) std::fill(dQ + r * dq.row, dQ + r * dq.row + d.hd, T(0));
       for (std::int64_t r = 0; r < d.tk; ++r) {
         std::fill(dK + r * dk.row, dK + r * dk.row + d.hd, T(0));
@@ -152,30 +210,33 @@ void attention_backward(HeadView<const T> q, HeadView<const T> k, HeadView<const
         const std::int64_t keys = i0 + nq + off;
         for (std::int64_t j0 = 0; j0 < keys; j0 += kAttnBk) {
           const std::int64_t nk = std::min(kAttnBk, keys - j0);
-          gemm(false, true, nq, nk, d.hd, scale, Q + i0 * q.row, q.row, K + j0 * k.row, k.row, T(0), p, kAttnBk);
-          for (std::int64_t r = 0; r < nq; ++r) {
-            T* __restrict row = p + r * kAttnBk;
-            const std::int64_t n = valid_keys(i0 + r, off, j0, nk);
-            const T lr = L[i0 + r];
-            for (std::int64_t j = 0; j < n; ++j) row[j] = attn_exp(row[j] - lr);
-            std::fill(row + n, row + nk, T(0));
-          }
+          tile_product(nq, nk, d.hd, scale, Q + i0 * q.row, q.row, 1, Kt + j0, d.tk, T(0), p, kAttnBk);
+          run_widest([&] {
+            for (std::int64_t r = 0; r < nq; ++r) {
+              T* __restrict row = p + r * kAttnBk;
+              const std::int64_t n = valid_keys(i0 + r, off, j0, nk);
+              const T lr = L[i0 + r];
+              for (std::int64_t j = 0; j < n; ++j) row[j] = attn_exp(row[j] - lr);
+              std::fill(row + n, row + nk, T(0));
+            }
+          });
           // dV[j0:] += Pᵀ dO[i0:]
-          gemm(true, false, nk, d.hdv, nq, T(1), p, kAttnBk, dO + i0 * dout.row, dout.row, T(1), dV + j0 * dv.row,
-               dv.row);
+          tile_product(nk, d.hdv, nq, T(1), p, 1, kAttnBk, dO + i0 * dout.row, dout.row, T(1), dV + j0 * dv.row,
+                       dv.row);
           // dP = dO[i0:] V[j0:]ᵀ
-          gemm(false, true, nq, nk, d.hdv, T(1), dO + i0 * dout.row, dout.row, V + j0 * v.row, v.row, T(0), dp,
-               kAttnBk);
+          tile_product(nq, nk, d.hdv, T(1), dO + i0 * dout.row, dout.row, 1, Vt + j0, d.tk, T(0), dp, kAttnBk);
           // dS = P (dP - delta) scale, written over dP; masked entries have P = 0.
-          for (std::int64_t r = 0; r < nq; ++r) {
-            const T* __restrict prow = p + r * kAttnBk;
-            T* __restrict drow = dp + r * kAttnBk;
-            const T dr = delta[r];
-            for (std::int64_t j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - dr) * scale;
-          }
+          run_widest([&] {
+            for (std::int64_t r = 0; r < nq; ++r) {
+              const T* __restrict prow = p + r * kAttnBk;
+              T* __restrict drow = dp + r * kAttnBk;
+              const T dr = delta[r];
+              for (std::int64_t j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - dr) * scale;
+            }
+          });
           // dQ[i0:] += dS K[j0:];  dK[j0:] += dSᵀ Q[i0:]
-          gemm(false, false, nq, d.hd, nk, T(1), dp, kAttnBk, K + j0 * k.row, k.row, T(1), dQ + i0 * dq.row, dq.row);
-          gemm(true, false, nk, d.hd, nq, T(1), dp, kAttnBk, Q + i0 * q.row, q.row, T(1), dK + j0 * dk.row, dk.row);
+          tile_product(nq, d.hd, nk, T(1), dp, kAttnBk, 1, K + j0 * k.row, k.row, T(1), dQ + i0 * dq.row, dq.row);
+          tile_product(nk, d.hd, nq, T(1), dp, 1, kAttnBk, Q + i0 * q.row, q.row, T(1), dK + j0 * dk.row, dk.row);
         }
       }
     }
