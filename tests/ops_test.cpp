@@ -662,18 +662,24 @@ TEST_CASE("elementwise kernels and column sums: every instruction set this CPU h
   const int widest = int(cpu::widest_cpu_isa());
   INFO("widest instruction set here: " << cpu::isa_name(cpu::widest_cpu_isa()));
   Rng r(91);
+  DType dt = DType::f32;
   auto filled = [&](const Shape& s) {
-    Tensor t(s, DType::f32);
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(r.normal() * 3.0);
+    Tensor t(s, dt);
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const float x = float(r.normal() * 3.0);
+      if (dt == DType::f32) t.data<float>()[i] = x;
+      else t.data<BFloat16>()[i] = BFloat16(x);
+    }
     return t;
   };
   // Runs op on the inputs at every instruction set; the outputs' bits must agree.
   auto check = [&](const Op& op, std::vector<Tensor> in, const Shape& out_shape) {
-    INFO(op.name() << " on " << in.size() << " inputs, output " << out_shape.numel() << " elements");
+    INFO(op.name() << " in " << dtype_name(dt) << " on " << in.size() << " inputs, output " << out_shape.numel()
+                   << " elements");
     std::vector<Tensor> outs;
     for (int isa = 0; isa <= widest; ++isa) {
       cpu::forced_cpu_isa = isa;
-      Tensor y(out_shape, DType::f32);
+      Tensor y(out_shape, dt);
       std::vector<TensorRef> ins;
       for (Tensor& t : in) ins.push_back({t.raw(), t.dtype(), &t.shape()});
       std::vector<TensorRef> outs_ref{TensorRef{y.raw(), y.dtype(), &y.shape()}};
@@ -688,19 +694,22 @@ TEST_CASE("elementwise kernels and column sums: every instruction set this CPU h
       CHECK(std::memcmp(outs[k].raw(), outs[0].raw(), outs[0].nbytes()) == 0);
     }
   };
-  for (std::int64_t n : {std::int64_t(5), std::int64_t(1000), std::int64_t(100003)}) {
-    const Shape s{n};
-    check(ops::Unary<math::GeluErfPoly>{}, {filled(s)}, s);
-    check(ops::UnaryGrad<math::GeluErfPoly>{}, {filled(s), filled(s), filled(s)}, s);
-    check(ops::Unary<math::GeluTanh>{}, {filled(s)}, s);
-    check(ops::UnaryGrad<math::Sigmoid>{}, {filled(s), filled(s), filled(s)}, s);
-    check(ops::Binary<math::Mul>{}, {filled(s), filled(s)}, s);
-  }
-  // Broadcast rows (a bias add) and the bias gradient's column sums, with
-  // column counts off the vector width.
-  for (std::int64_t cols : {std::int64_t(7), std::int64_t(256), std::int64_t(1000)}) {
-    const Shape m{33, cols}, row{cols};
-    check(ops::Binary<math::Add>{}, {filled(m), filled(row)}, m);
-    check(ops::Sum({0}, false), {filled(m)}, row);
+  for (DType d : {DType::f32, DType::bf16}) {
+    dt = d;
+    for (std::int64_t n : {std::int64_t(5), std::int64_t(1000), std::int64_t(100003)}) {
+      const Shape s{n};
+      check(ops::Unary<math::GeluErfPoly>{}, {filled(s)}, s);
+      check(ops::UnaryGrad<math::GeluErfPoly>{}, {filled(s), filled(s), filled(s)}, s);
+      check(ops::Unary<math::GeluTanh>{}, {filled(s)}, s);
+      check(ops::UnaryGrad<math::Sigmoid>{}, {filled(s), filled(s), filled(s)}, s);
+      check(ops::Binary<math::Mul>{}, {filled(s), filled(s)}, s);
+    }
+    // Broadcast rows (a bias add) and the bias gradient's column sums, with
+    // column counts off the vector width.
+    for (std::int64_t cols : {std::int64_t(7), std::int64_t(256), std::int64_t(1000)}) {
+      const Shape m{33, cols}, row{cols};
+      check(ops::Binary<math::Add>{}, {filled(m), filled(row)}, m);
+      check(ops::Sum({0}, false), {filled(m)}, row);
+    }
   }
 }

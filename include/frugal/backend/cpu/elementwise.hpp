@@ -39,7 +39,9 @@ void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
         for (std::int64_t i = b; i < e; i += bulk::kBlock) {
           int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
           convert_block(x + i, buf, m);
-          for (int j = 0; j < m; ++j) buf[j] = f(buf[j]);
+          run_widest([&] {
+            for (int j = 0; j < m; ++j) buf[j] = f(buf[j]);
+          });
           convert_block(buf, y + i, m);
         }
       });
@@ -70,7 +72,9 @@ void unary_grad_kernel(const ops::UnaryGrad<F>& op, const KernelArgs& a) {
           if constexpr (F::uses_x) convert_block(x + i, bx, m);
           if constexpr (F::uses_y) convert_block(y + i, by, m);
           convert_block(dy + i, bd, m);
-          for (int j = 0; j < m; ++j) bd[j] = f.grad(F::uses_x ? bx[j] : bd[j], F::uses_y ? by[j] : bd[j], bd[j]);
+          run_widest([&] {
+            for (int j = 0; j < m; ++j) bd[j] = f.grad(F::uses_x ? bx[j] : bd[j], F::uses_y ? by[j] : bd[j], bd[j]);
+          });
           convert_block(bd, dx + i, m);
         }
       });
@@ -107,7 +111,9 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
             int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
             convert_block(x + i, bx, m);
             convert_block(z + i, bz, m);
-            for (int j = 0; j < m; ++j) bx[j] = f.f(bx[j], bz[j]);
+            run_widest([&] {
+              for (int j = 0; j < m; ++j) bx[j] = f.f(bx[j], bz[j]);
+            });
             convert_block(bx, y + i, m);
           }
         });
