@@ -8,8 +8,8 @@
 // tried gave different bits at 1 and 2 threads) and wait for each other at
 // every call, which is what collapsed steps on a loaded machine.
 //
-// Float products run on frugal's own AVX-512 kernel where OpenBLAS would
-// run narrower kernels than the CPU has (sgemm_engine below says when).
+// Float products run on frugal's own AVX-512 kernel wherever the CPU's
+// AVX-512 is full width (sgemm_engine below says when and why).
 #include <cblas.h>
 
 #include <algorithm>
