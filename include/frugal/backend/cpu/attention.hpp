@@ -15,9 +15,11 @@
 //   dq += dS k,   dk += dSᵀ q.
 //
 // Tiles live on the stack (2 x kBq x kBk elements), the running statistics
-// too; the output rows are the accumulator. A task transposes the keys (and
-// in the backward the values) it reads once, so that every tile product
-// reads its right operand by rows. The products run on the task's thread:
+// too; the output rows are the accumulator. Each key block (and in the
+// backward its values) is transposed before its products, so that every
+// tile product reads its right operand by rows; the transposes are
+// kAttnBk x hd, so the scratch outside the plan stays bounded by the head
+// width, as the packed GEMM's was, whatever the context length. The products run on the task's thread:
 // in f32 on an AVX-512 CPU through small_gemm_avx512.hpp, which reads the
 // tiles where they lie (the packed engine packed both operands of every
 // 32 x 64 x 64 product, as long as the product itself took); elsewhere
@@ -85,8 +87,8 @@ void tile_product(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const
   }
 }
 
-// xt[c * rows + j] = x[j * ld + c] for j < rows, c < cols: a head's keys (or
-// values) as columns, so that products with them read rows.
+// xt[c * rows + j] = x[j * ld + c] for j < rows, c < cols: a block of keys
+// (or values) as columns, so that products with them read rows.
 template <class T>
 void transpose_rows(const T* x, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* xt) {
   if constexpr (std::is_same_v<T, float>)
@@ -95,7 +97,7 @@ void transpose_rows(const T* x, std::int64_t ld, std::int64_t rows, std::int64_t
     for (std::int64_t c = 0; c < cols; ++c) xt[c * rows + j] = x[j * ld + c];
 }
 
-// This thread's transposed keys and values (hd x tk floats each).
+// This thread's transposed key and value blocks (hd x kAttnBk floats each).
 template <class T>
 struct AttnBuffers {
   sgemm512::GrowingBuffer<T> kt, vt;
@@ -141,11 +143,11 @@ void attention_forward(HeadView<const T> q, HeadView<const T> k, HeadView<const 
         m[r] = kNegInf, l[r] = T(0);
       }
       const std::int64_t keys = i0 + nq + off;  // the last row's keys: every row here sees a prefix of them
-      T* Kt = buf.kt.at_least(std::max<std::int64_t>(keys * d.hd, 1));
-      transpose_rows(K, k.row, keys, d.hd, Kt);
+      T* Kt = buf.kt.at_least(std::max<std::int64_t>(kAttnBk * d.hd, 1));
       for (std::int64_t j0 = 0; j0 < keys; j0 += kAttnBk) {
         const std::int64_t nk = std::min(kAttnBk, keys - j0);
-        tile_product(nq, nk, d.hd, scale, Q, q.row, 1, Kt + j0, keys, T(0), s, kAttnBk);
+        transpose_rows(K + j0 * k.row, k.row, nk, d.hd, Kt);
+        tile_product(nq, nk, d.hd, scale, Q, q.row, 1, Kt, nk, T(0), s, kAttnBk);
         // run_widest: the exponentials in AVX-512 or AVX2 registers, the
         // baseline build's bits (the kernel units build -ffp-contract=off).
         run_widest([&] {
@@ -195,10 +197,8 @@ void attention_backward(HeadView<const T> q, HeadView<const T> k, HeadView<const
       const T *Q = q.at(b, h), *K = k.at(b, h), *V = v.at(b, h), *O = o.at(b, h), *dO = dout.at(b, h);
       const T* L = lse + bh * d.tq;
       T *dQ = dq.at(b, h), *dK = dk.at(b, h), *dV = dv.at(b, h);
-      T* Kt = buf.kt.at_least(std::max<std::int64_t>(d.tk * d.hd, 1));
-      T* Vt = buf.vt.at_least(std::max<std::int64_t>(d.tk * d.hdv, 1));
-      transpose_rows(K, k.row, d.tk, d.hd, Kt);
-      transpose_rows(V, v.row, d.tk, d.hdv, Vt);
+      T* Kt = buf.kt.at_least(std::max<std::int64_t>(kAttnBk * d.hd, 1));
+      T* Vt = buf.vt.at_least(std::max<std::int64_t>(kAttnBk * d.hdv, 1));
       for (std::int64_t r = 0; r < d.tq; ++r) std::fill(dQ + r * dq.row, dQ + r * dq.row + d.hd, T(0));
       for (std::int64_t r = 0; r < d.tk; ++r) {
         std::fill(dK + r * dk.row, dK + r * dk.row + d.hd, T(0));
@@ -210,7 +210,9 @@ void attention_backward(HeadView<const T> q, HeadView<const T> k, HeadView<const
         const std::int64_t keys = i0 + nq + off;
         for (std::int64_t j0 = 0; j0 < keys; j0 += kAttnBk) {
           const std::int64_t nk = std::min(kAttnBk, keys - j0);
-          tile_product(nq, nk, d.hd, scale, Q + i0 * q.row, q.row, 1, Kt + j0, d.tk, T(0), p, kAttnBk);
+          transpose_rows(K + j0 * k.row, k.row, nk, d.hd, Kt);
+          transpose_rows(V + j0 * v.row, v.row, nk, d.hdv, Vt);
+          tile_product(nq, nk, d.hd, scale, Q + i0 * q.row, q.row, 1, Kt, nk, T(0), p, kAttnBk);
           run_widest([&] {
             for (std::int64_t r = 0; r < nq; ++r) {
               T* __restrict row = p + r * kAttnBk;
@@ -224,7 +226,7 @@ void attention_backward(HeadView<const T> q, HeadView<const T> k, HeadView<const
           tile_product(nk, d.hdv, nq, T(1), p, 1, kAttnBk, dO + i0 * dout.row, dout.row, T(1), dV + j0 * dv.row,
                        dv.row);
           // dP = dO[i0:] V[j0:]ᵀ
-          tile_product(nq, nk, d.hdv, T(1), dO + i0 * dout.row, dout.row, 1, Vt + j0, d.tk, T(0), dp, kAttnBk);
+          tile_product(nq, nk, d.hdv, T(1), dO + i0 * dout.row, dout.row, 1, Vt, nk, T(0), dp, kAttnBk);
           // dS = P (dP - delta) scale, written over dP; masked entries have P = 0.
           run_widest([&] {
             for (std::int64_t r = 0; r < nq; ++r) {
