@@ -519,8 +519,12 @@ TEST_CASE("load_or_calibrate: another machine's or a corrupt cache is recalibrat
 
   // This machine, but measured under other kernels (a GEMM engine or an
   // instruction set other than the backend's now): stale, measured again.
+  // Whichever variant this machine does not run now (a CPU without AVX2,
+  // or FRUGAL_CPU_ISA=x86-64, runs the first).
   DeviceProfile other_kernels = DeviceProfile::defaults("cpu", 2);
   other_kernels.machine = machine_name() + " [isa x86-64, sgemm openblas]";
+  if (other_kernels.machine == profile_machine(backend))
+    other_kernels.machine = machine_name() + " [isa avx2, sgemm avx512]";
   other_kernels.gemm_flops = 1.0;
   other_kernels.transcendentals_per_s = other_kernels.tile_flops = 1.0;
   write_profile_atomically(other_kernels, file);
