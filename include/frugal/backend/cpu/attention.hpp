@@ -73,18 +73,12 @@ struct HeadView {
 template <class T>
 void tile_product(std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* A, std::int64_t sai,
                   std::int64_t sap, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float>)
     if (cpu_isa() >= CpuIsa::avx512 && small_gemm::available() && !gemm_detail::openblas_forced())
       return small_gemm::gemm(m, n, k, alpha, A, sai, sap, B, ldb, beta, C, ldc);
-    const bool ta = sap != 1;
-    return gemm_serial(sgemm_engine(k), ta, false, m, n, k, alpha, A, ta ? sap : sai, B, ldb, beta, C, ldc);
-  } else {
-    const bool ta = sap != 1;
-    check_gemm_dims(m, n, k, ta ? sap : sai, ldb, ldc);
-    if (m > 0 && n > 0)
-      cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, blasint(m), blasint(n), blasint(k),
-                  alpha, A, blasint(ta ? sap : sai), B, blasint(ldb), beta, C, blasint(ldc));
-  }
+  // Inside the task's chunk the product's tiles run inline, on this thread.
+  const bool ta = sap != 1;
+  gemm(ta, false, m, n, k, alpha, A, ta ? sap : sai, B, ldb, beta, C, ldc);
 }
 
 // xt[c * rows + j] = x[j * ld + c] for j < rows, c < cols: a block of keys
