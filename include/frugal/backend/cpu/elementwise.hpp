@@ -128,26 +128,22 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
     std::int64_t cols = out.dim(-1), rows = out.numel() / std::max<std::int64_t>(cols, 1);
     std::int64_t cx = sx[out.rank() - 1], cz = sz[out.rank() - 1];
     parallel_for(rows, cols, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t r = b; r < e; ++r) {
-        const T* xr = x + row_offset(r, out, sx);
-        const T* zr = z + row_offset(r, out, sz);
-        T* yr = y + r * cols;
-        // The common layouts get loops the compiler can vectorise.
-        if (cx == 1 && cz == 1)
-          run_widest([&] {
+      run_widest([&] {
+        for (std::int64_t r = b; r < e; ++r) {
+          const T* xr = x + row_offset(r, out, sx);
+          const T* zr = z + row_offset(r, out, sz);
+          T* yr = y + r * cols;
+          // The common layouts get loops the compiler can vectorise.
+          if (cx == 1 && cz == 1)
             for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j], zr[j]);
-          });
-        else if (cx == 1 && cz == 0)
-          run_widest([&] {
+          else if (cx == 1 && cz == 0)
             for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j], zr[0]);
-          });
-        else if (cx == 0 && cz == 1)
-          run_widest([&] {
+          else if (cx == 0 && cz == 1)
             for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[0], zr[j]);
-          });
-        else
-          for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j * cx], zr[j * cz]);
-      }
+          else
+            for (std::int64_t j = 0; j < cols; ++j) yr[j] = f(xr[j * cx], zr[j * cz]);
+        }
+      });
     });
   });
 }
