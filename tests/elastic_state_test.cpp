@@ -80,7 +80,6 @@ std::vector<io::StateSlice> trained_slices(int ranks, int stage, std::int64_t st
   return slices;
 }
 
-
 }  // namespace
 
 TEST_CASE("elastic: the slices of every rank, at any ZeRO stage and rank count, assemble to the gathered checkpoint") {

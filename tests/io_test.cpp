@@ -81,7 +81,6 @@ io::NamedTensors every_dtype() {
   return out;
 }
 
-
 // Runs f and returns the DataError's message ("" and a failed check if it
 // threw nothing or something else).
 template <class F>
