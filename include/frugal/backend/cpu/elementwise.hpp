@@ -9,9 +9,33 @@
 #include "parallel.hpp"
 #include "strided.hpp"
 
+#include <type_traits>
+
 #include "abi.hpp"
 
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
+
+// The f32 loops of the 16-bit paths, one copy per functor: bf16 and f16
+// both compute in f32, so they share it (a copy per storage type, in each
+// instruction set, doubled the elementwise unit's compile time).
+template <class F>
+void unary_block(const F& f, float* buf, int m) {
+  run_widest([&] {
+    for (int j = 0; j < m; ++j) buf[j] = f(buf[j]);
+  });
+}
+template <class F>
+void unary_grad_block(const F& f, const float* bx, const float* by, float* bd, int m) {
+  run_widest([&] {
+    for (int j = 0; j < m; ++j) bd[j] = f.grad(F::uses_x ? bx[j] : bd[j], F::uses_y ? by[j] : bd[j], bd[j]);
+  });
+}
+template <class F>
+void binary_block(const F& f, float* bx, const float* bz, int m) {
+  run_widest([&] {
+    for (int j = 0; j < m; ++j) bx[j] = f(bx[j], bz[j]);
+  });
+}
 
 template <class F>
 void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
@@ -26,7 +50,7 @@ void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
       // registers (GELU's polynomials ran in SSE's four lanes, 2.5% of the
       // gpt step).
       parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-        run_widest([&] {
+        run_widest_unless_f64<S>([&] {
           for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i]);
         });
       });
@@ -39,9 +63,7 @@ void unary_kernel(const ops::Unary<F>& op, const KernelArgs& a) {
         for (std::int64_t i = b; i < e; i += bulk::kBlock) {
           int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
           convert_block(x + i, buf, m);
-          run_widest([&] {
-            for (int j = 0; j < m; ++j) buf[j] = f(buf[j]);
-          });
+          unary_block(f, buf, m);
           convert_block(buf, y + i, m);
         }
       });
@@ -59,7 +81,7 @@ void unary_grad_kernel(const ops::UnaryGrad<F>& op, const KernelArgs& a) {
     const F f = op.functor();
     if constexpr (std::is_same_v<S, C>) {
       parallel_for(a.in[0].numel(), 8, [&](std::int64_t b, std::int64_t e) {
-        run_widest([&] {
+        run_widest_unless_f64<S>([&] {
           for (std::int64_t i = b; i < e; ++i) dx[i] = f.grad(x[i], y[i], dy[i]);
         });
       });
@@ -72,9 +94,7 @@ void unary_grad_kernel(const ops::UnaryGrad<F>& op, const KernelArgs& a) {
           if constexpr (F::uses_x) convert_block(x + i, bx, m);
           if constexpr (F::uses_y) convert_block(y + i, by, m);
           convert_block(dy + i, bd, m);
-          run_widest([&] {
-            for (int j = 0; j < m; ++j) bd[j] = f.grad(F::uses_x ? bx[j] : bd[j], F::uses_y ? by[j] : bd[j], bd[j]);
-          });
+          unary_grad_block(f, bx, by, bd, m);
           convert_block(bd, dx + i, m);
         }
       });
@@ -100,7 +120,7 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
     if (*a.in[0].shape == out && *a.in[1].shape == out) {
       if constexpr (std::is_same_v<T, typename decltype(p)::Compute>) {
         parallel_for(out.numel(), 1, [&](std::int64_t b, std::int64_t e) {
-          run_widest([&] {
+          run_widest_unless_f64<T>([&] {
             for (std::int64_t i = b; i < e; ++i) y[i] = f(x[i], z[i]);
           });
         });
@@ -111,9 +131,7 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
             int m = int(std::min<std::int64_t>(bulk::kBlock, e - i));
             convert_block(x + i, bx, m);
             convert_block(z + i, bz, m);
-            run_widest([&] {
-              for (int j = 0; j < m; ++j) bx[j] = f.f(bx[j], bz[j]);
-            });
+            binary_block(f.f, bx, bz, m);
             convert_block(bx, y + i, m);
           }
         });
@@ -128,7 +146,7 @@ void binary_kernel(const ops::Binary<F>&, const KernelArgs& a) {
     std::int64_t cols = out.dim(-1), rows = out.numel() / std::max<std::int64_t>(cols, 1);
     std::int64_t cx = sx[out.rank() - 1], cz = sz[out.rank() - 1];
     parallel_for(rows, cols, [&](std::int64_t b, std::int64_t e) {
-      run_widest([&] {
+      run_widest_unless_f64<T>([&] {
         for (std::int64_t r = b; r < e; ++r) {
           const T* xr = x + row_offset(r, out, sx);
           const T* zr = z + row_offset(r, out, sz);

@@ -54,7 +54,7 @@ void step_loop(const ops::FusedFn& fn, const C* const* a, C* __restrict r, int m
   const F f = *std::get_if<F>(&fn);
   const C* __restrict x = a[0];
   // run_widest: AVX-512 or AVX2 registers, the bits of the baseline build.
-  run_widest([&] {
+  run_widest_unless_f64<C>([&] {
     if constexpr (ops::fused_arity<F> == 1) {
       for (int j = 0; j < m; ++j) r[j] = f(x[j]);
     } else if constexpr (ops::fused_arity<F> == 2) {

@@ -40,7 +40,7 @@ void sum_block(const T* x, T* out, std::int64_t O, std::int64_t R, std::int64_t 
     for (std::int64_t t = b; t < e; ++t) {
       std::int64_t o = t / blocks, i0 = (t % blocks) * kBlock, w = std::min(kBlock, I - i0);
       for (std::int64_t j = 0; j < w; ++j) acc[j] = 0;
-      run_widest([&] {
+      run_widest_unless_f64<T>([&] {
         for (std::int64_t r = 0; r < R; ++r) {
           const T* src = x + (o * R + r) * I + i0;
           for (std::int64_t j = 0; j < w; ++j) acc[j] += math::convert<Acc>(src[j]);
