@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
                            [](auto... a) { cblas_sgemm(CblasRowMajor, a...); });
     });
     auto own = [&] {
-      cpu::tiled_gemm(s.m, s.n, s.k, cpu::sgemm512::MR, cpu::sgemm512::NR, [&](long r0, long r1, long c0, long c1) {
+      cpu::tiled_gemm(s.m, s.n, s.k, cpu::sgemm512::MR, cpu::sgemm512::NR, true, [&](long r0, long r1, long c0, long c1) {
         cpu::sgemm512::gemm_block(s.ta, s.tb, r0, r1, c0, c1, s.k, 1.f, A.data(), lda, B.data(), ldb, 0.f, C.data(),
                                   s.n);
       });

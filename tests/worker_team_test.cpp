@@ -155,6 +155,26 @@ TEST_CASE("gemm: the same bits at any thread count", "[team][threads][blas]") {
         CHECK(bits_of(C) == first);
       }
     }
+    // The bf16 kernel's tiles follow the team's size too (gemm_tiles).
+    if (!cpu::bf16_gemm_direct(c.k)) continue;
+    auto to_bf16 = [](const std::vector<float>& v) {
+      std::vector<BFloat16> r(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) r[i] = BFloat16(v[i]);
+      return r;
+    };
+    const auto Ab = to_bf16(A), Bb = to_bf16(B), Cb0 = to_bf16(C0);
+    std::vector<BFloat16> first_bf16;
+    for (int t : {1, 2, 3}) {
+      TeamSize ts(t);
+      std::vector<BFloat16> C = Cb0;
+      cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.f, C.data(), c.n);
+      if (t == 1) {
+        first_bf16 = C;
+      } else {
+        INFO(t << " threads, bf16");
+        CHECK(std::memcmp(C.data(), first_bf16.data(), C.size() * sizeof(BFloat16)) == 0);
+      }
+    }
   }
 }
 

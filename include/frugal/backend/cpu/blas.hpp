@@ -56,14 +56,28 @@ inline void check_gemm_dims(std::int64_t m, std::int64_t n, std::int64_t k, std:
 // Every tile repacks its operands: one OpenBLAS call on 1024x768x256 takes
 // 3.9 ms on one core here, and the same product in 16 MFLOP tiles 13% more,
 // in 64 MFLOP tiles 4-16% more (bench/RESULTS.md, "the team").
+//
+// An engine whose bits do not depend on where C is cut (frugal's AVX-512
+// kernels: every element is one FMA chain over the whole depth, then alpha
+// and beta) passes most_tiles = kTilesPerThread * the team's threads: each
+// tile packs all of A's rows in it and all of B's columns, so fewer tiles
+// pack less (the mlp's first layer, 256x1024x784, was ten tiles that each
+// packed all of A), and two per thread still let the team's dynamic
+// schedule even out a thread that another process slows. The mlp step took
+// 10.3-10.8 ms with up to 64 tiles and 9.2-9.7 ms with two per thread, gpt
+// 85.7-87.7 and 84.1-84.8 ms (bench/train_bench, 2 threads, Zen 5, three
+// runs alternating). OpenBLAS's tiles stay fixed by the shape alone: it may
+// cut the depth by the size it is given, and its bits must not follow the
+// thread count.
 inline constexpr double kGemmTileFlops = 48.0 * 1024 * 1024;
 inline constexpr std::int64_t kGemmMaxTiles = 64;
+inline constexpr std::int64_t kTilesPerThread = 2;
 struct GemmTiles {
   std::int64_t rows, cols;  // tiles along m and along n
 };
-inline GemmTiles gemm_tiles(std::int64_t m, std::int64_t n, std::int64_t k) {
+inline GemmTiles gemm_tiles(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t most_tiles = kGemmMaxTiles) {
   const double flops = 2.0 * double(m) * double(n) * double(k);
-  const double want = std::clamp(flops / kGemmTileFlops, 1.0, double(kGemmMaxTiles));
+  const double want = std::clamp(flops / kGemmTileFlops, 1.0, double(std::clamp<std::int64_t>(most_tiles, 1, kGemmMaxTiles)));
   if (want < 1.5) return {1, 1};
   const std::int64_t most_rows = std::max<std::int64_t>(1, m / 16), most_cols = std::max<std::int64_t>(1, n / 32);
   const double side = std::sqrt(double(m) * double(n) / want);
@@ -86,11 +100,13 @@ inline std::int64_t tile_edge(std::int64_t n, std::int64_t i, std::int64_t tiles
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, all row-major, tile by tile:
 // block(r0, r1, c0, c1) computes C[r0:r1, c0:c1] on its thread.
+// cut_free: the block's bits do not depend on where C is cut, so the tiles
+// may follow the team's size (gemm_tiles).
 template <class Block>
 void tiled_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t row_align, std::int64_t col_align,
-                Block&& block) {
+                bool cut_free, Block&& block) {
   if (m <= 0 || n <= 0) return;
-  const GemmTiles t = gemm_tiles(m, n, k);
+  const GemmTiles t = gemm_tiles(m, n, k, cut_free ? kTilesPerThread * team_threads() : kGemmMaxTiles);
   WorkerTeam::mine().run(t.rows * t.cols, team_threads(), [&](std::int64_t c) {
     const std::int64_t i = c / t.cols, j = c % t.cols;
     const std::int64_t r0 = tile_edge(m, i, t.rows, row_align), r1 = tile_edge(m, i + 1, t.rows, row_align);
@@ -103,7 +119,7 @@ void tiled_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t row
 template <class T, class Blas>
 void blas_tiled_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* A,
                      std::int64_t lda, const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc, Blas&& blas) {
-  tiled_gemm(m, n, k, 16, 16, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+  tiled_gemm(m, n, k, 16, 16, false, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
     // Row r of op(A) starts at A + r*lda untransposed, at column r transposed.
     const T* a = ta ? A + r0 : A + r0 * lda;
     const T* b = tb ? B + c0 * ldb : B + c0;
@@ -215,7 +231,7 @@ inline void gemm_with(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::int6
                       std::int64_t ldc) {
   check_gemm_dims(m, n, k, lda, ldb, ldc);
   const bool avx512 = e == SgemmEngine::avx512;
-  tiled_gemm(m, n, k, avx512 ? sgemm512::MR : 16, avx512 ? sgemm512::NR : 16,
+  tiled_gemm(m, n, k, avx512 ? sgemm512::MR : 16, avx512 ? sgemm512::NR : 16, avx512,
              [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
                // Row r of op(A) starts at A + r*lda untransposed, at column r transposed.
                gemm_serial(e, ta, tb, r1 - r0, c1 - c0, k, alpha, ta ? A + r0 : A + r0 * lda, lda,
@@ -252,7 +268,7 @@ inline void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   check_gemm_dims(m, n, k, lda, ldb, ldc);
   if (!bf16gemm512::available())
     fail("internal error: a bf16 GEMM was called directly on a CPU without AVX512-BF16 (check bf16_gemm_direct)");
-  tiled_gemm(m, n, k, sgemm512::MR, sgemm512::NR, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
+  tiled_gemm(m, n, k, sgemm512::MR, sgemm512::NR, true, [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) {
     bf16gemm512::gemm_block(ta, tb, r0, r1, c0, c1, k, alpha, A, lda, B, ldb, beta, C, ldc);
   });
 }
