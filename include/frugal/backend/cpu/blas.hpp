@@ -59,16 +59,18 @@ inline void check_gemm_dims(std::int64_t m, std::int64_t n, std::int64_t k, std:
 //
 // An engine whose bits do not depend on where C is cut (frugal's AVX-512
 // kernels: every element is one FMA chain over the whole depth, then alpha
-// and beta) passes most_tiles = kTilesPerThread * the team's threads: each
-// tile packs all of A's rows in it and all of B's columns, so fewer tiles
-// pack less (the mlp's first layer, 256x1024x784, was ten tiles that each
-// packed all of A), and two per thread still let the team's dynamic
-// schedule even out a thread that another process slows. The mlp step took
-// 10.3-10.8 ms with up to 64 tiles and 9.2-9.7 ms with two per thread, gpt
-// 85.7-87.7 and 84.1-84.8 ms (bench/train_bench, 2 threads, Zen 5, three
-// runs alternating). OpenBLAS's tiles stay fixed by the shape alone: it may
-// cut the depth by the size it is given, and its bits must not follow the
-// thread count.
+// and beta) passes most_tiles = kTilesPerThread * the team's threads. A
+// tile packs its rows of A once per chunk of B's columns, and its columns
+// of B once per tile row, so fewer, wider tiles pack less (the mlp's first
+// layer, 256x1024x784, was ten tiles of about 100 columns, each packing all
+// of A; now four of 256), while two per thread still let the team's
+// dynamic schedule even out a thread that another process slows. Step
+// medians with shape-fixed tiles against two per thread (bench/train_bench,
+// 2 threads, Zen 5, runs alternating): mlp 10.0/9.5/9.2/9.3 against
+// 9.7/8.8/8.8/8.8 ms, gpt 84.0/83.8/83.1 against 82.2/81.3/80.5 ms, resnet
+// 301/307 against 302/310 ms. OpenBLAS's tiles stay fixed by the shape
+// alone: it may cut the depth by the size it is given, and its bits must
+// not follow the thread count.
 inline constexpr double kGemmTileFlops = 48.0 * 1024 * 1024;
 inline constexpr std::int64_t kGemmMaxTiles = 64;
 inline constexpr std::int64_t kTilesPerThread = 2;
