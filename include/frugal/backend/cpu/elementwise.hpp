@@ -16,8 +16,8 @@
 namespace frugal::cpu::inline FRUGAL_KERNEL_ABI {
 
 // The f32 loops of the 16-bit paths, one copy per functor: bf16 and f16
-// both compute in f32, so they share it (a copy per storage type, in each
-// instruction set, doubled the elementwise unit's compile time).
+// both compute in f32, so they share it instead of compiling the same loop
+// once per storage type in each instruction set.
 template <class F>
 void unary_block(const F& f, float* buf, int m) {
   run_widest([&] {

@@ -116,8 +116,10 @@ void run_widest(Fn&& fn) {
 }
 
 // run_widest for the element types whose speed matters. float64 (gradient
-// checks, references) runs the baseline build: its wide copies were a third
-// of the elementwise unit's compile time, for kernels no model trains with.
+// checks, references) runs the baseline build: no model trains in it, and
+// its wide copies were code the kernel units compiled for nothing. (With
+// the shared 16-bit loops, the elementwise unit went from 270 to 145
+// AVX-512 copies and 80.8 to 77.4 CPU-seconds.)
 template <class T, class Fn>
 void run_widest_unless_f64(Fn&& fn) {
   if constexpr (std::is_same_v<T, double>)
