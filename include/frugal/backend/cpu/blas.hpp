@@ -63,7 +63,8 @@ inline void check_gemm_dims(std::int64_t m, std::int64_t n, std::int64_t k, std:
 // tile packs its rows of A once per chunk of B's columns, and its columns
 // of B once per tile row, so fewer, wider tiles pack less (the mlp's first
 // layer, 256x1024x784, was ten tiles of about 100 columns, each packing all
-// of A; now four of 256), while two per thread still let the team's
+// of A; now four of 256 in two chunks each, eight packings of A; fewer
+// tiles also mean fewer tasks and edges), while two per thread still let the team's
 // dynamic schedule even out a thread that another process slows. Step
 // medians with shape-fixed tiles against two per thread (bench/train_bench,
 // 2 threads, Zen 5, runs alternating): mlp 10.0/9.5/9.2/9.3 against
