@@ -145,23 +145,24 @@ TEST_CASE("a larger host pool never raises the smallest feasible budget", "[budg
   // search reaches must not grow with the pool (it did: frugal-plan's gpt
   // needed 76.5 MB with 8 MiB of host and 80.7 MB with 16 MiB, before the
   // search also started from its no-transfer answer).
-  const std::vector<zoo::Config> models{
-      {.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64},
-      {.family = "resnet", .batch = 2, .layers = 1, .width = 4, .classes = 10, .image = 8},
-  };
   // Up to 128 KiB: resnet's least no longer falls past it. gpt's searches
   // take seconds each (2, 8, 5, 14 and 16 s at 1 B, 16, 32, 64 and 128 KiB),
   // so it gets three pools, each at least twice the one before.
-  const std::vector<std::vector<std::size_t>> pools{
-      {1, std::size_t(32) << 10, std::size_t(128) << 10},
-      {1, std::size_t(16) << 10, std::size_t(32) << 10, std::size_t(64) << 10, std::size_t(128) << 10},
+  struct Model {
+    zoo::Config config;
+    std::vector<std::size_t> pools;
   };
-  for (std::size_t m = 0; m < models.size(); ++m) {
-    const zoo::Config& c = models[m];
+  const std::vector<Model> models{
+      {{.family = "gpt", .batch = 2, .layers = 2, .width = 32, .seq = 16, .heads = 2, .vocab = 64},
+       {1, std::size_t(32) << 10, std::size_t(128) << 10}},
+      {{.family = "resnet", .batch = 2, .layers = 1, .width = 4, .classes = 10, .image = 8},
+       {1, std::size_t(16) << 10, std::size_t(32) << 10, std::size_t(64) << 10, std::size_t(128) << 10}},
+  };
+  for (const auto& [c, pools] : models) {
     zoo::Workload w = zoo::make(c);
     const std::size_t full = zoo::plan(w).plan.total_bytes();
     std::size_t previous = full;
-    for (std::size_t host : pools[m]) {
+    for (std::size_t host : pools) {
       const std::size_t least = smallest_feasible([&](const Budget& b, const CompileOptions& o) { return zoo::plan(w, b, o); },
                                                   Budget{.device = full - 1, .host = host}, {});
       INFO(c.name() << ", host pool " << host << " B: smallest feasible " << least << ", with a smaller pool " << previous);

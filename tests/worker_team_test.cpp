@@ -143,37 +143,26 @@ TEST_CASE("gemm: the same bits at any thread count", "[team][threads][blas]") {
     const std::int64_t lda = c.ta ? c.m : c.k, ldb = c.tb ? c.k : c.n;
     auto A = test_support::uniform_floats(std::size_t(c.m * c.k), 1), B = test_support::uniform_floats(std::size_t(c.k * c.n), 2);
     auto C0 = test_support::uniform_floats(std::size_t(c.m * c.n), 3);
-    std::vector<std::uint32_t> first;
-    for (int t : {1, 2, 3}) {
-      TeamSize ts(t);
-      std::vector<float> C = C0;
-      cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, 0.5f, A.data(), lda, B.data(), ldb, 2.f, C.data(), c.n);
-      if (t == 1) {
-        first = bits_of(C);
-      } else {
-        INFO(t << " threads");
-        CHECK(bits_of(C) == first);
+    // The product at 1, 2 and 3 threads: C's bytes must not change.
+    auto same_at_every_count = [&](const auto& a, const auto& b, const auto& c0, const char* dtype) {
+      auto first = c0;
+      for (int t : {1, 2, 3}) {
+        TeamSize ts(t);
+        auto C = c0;
+        cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, 0.5f, a.data(), lda, b.data(), ldb, 2.f, C.data(), c.n);
+        if (t == 1) {
+          first = C;
+        } else {
+          INFO(t << " threads, " << dtype);
+          CHECK(std::memcmp(C.data(), first.data(), C.size() * sizeof(C[0])) == 0);
+        }
       }
-    }
-    // The bf16 kernel's tiles follow the team's size too (gemm_tiles).
-    if (!cpu::bf16_gemm_direct(c.k)) continue;
-    auto to_bf16 = [](const std::vector<float>& v) {
-      std::vector<BFloat16> r(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) r[i] = BFloat16(v[i]);
-      return r;
     };
-    const auto Ab = to_bf16(A), Bb = to_bf16(B), Cb0 = to_bf16(C0);
-    std::vector<BFloat16> first_bf16;
-    for (int t : {1, 2, 3}) {
-      TeamSize ts(t);
-      std::vector<BFloat16> C = Cb0;
-      cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, 0.5f, Ab.data(), lda, Bb.data(), ldb, 2.f, C.data(), c.n);
-      if (t == 1) {
-        first_bf16 = C;
-      } else {
-        INFO(t << " threads, bf16");
-        CHECK(std::memcmp(C.data(), first_bf16.data(), C.size() * sizeof(BFloat16)) == 0);
-      }
+    same_at_every_count(A, B, C0, "f32");
+    // The bf16 kernel's tiles follow the team's size too (gemm_tiles).
+    if (cpu::bf16_gemm_direct(c.k)) {
+      auto to_bf16 = [](const std::vector<float>& v) { return std::vector<BFloat16>(v.begin(), v.end()); };
+      same_at_every_count(to_bf16(A), to_bf16(B), to_bf16(C0), "bf16");
     }
   }
 }
