@@ -135,6 +135,45 @@ TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", 
     }
 }
 
+// The kernel cuts the depth into blocks (sgemm512::depth_block) where beta
+// is 0, and leaves the partial sums in C between blocks. Each element must
+// still be one chain of fused multiply-adds over p in order, from zero, then
+// alpha * sum (+ beta * C): std::fma, one rounding each, is that chain in
+// scalar code. Depths below, at and above a block, and several blocks.
+TEST_CASE("gemm: frugal's AVX-512 kernel computes each element as one FMA chain over the depth, however deep",
+          "[blas][gemm]") {
+  if (!cpu::sgemm512::available()) {
+    WARN("skipped: this CPU (or build) has no AVX-512F");
+    return;
+  }
+  const std::int64_t m = 29, n = 70;
+  for (const std::int64_t k : {1, 255, 256, 257, 600, 1025}) {
+    const auto A = test_support::uniform_floats(std::size_t(m * k), 11);
+    const auto B = test_support::uniform_floats(std::size_t(k * n), 12);
+    const auto C0 = test_support::uniform_floats(std::size_t(m * n), 13);
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const float alpha : {1.f, -0.75f})
+          for (const float beta : {0.f, 0.5f}) {
+            INFO("k " << k << " ta " << ta << " tb " << tb << " alpha " << alpha << " beta " << beta);
+            const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+            std::vector<float> want(C0), got(C0);
+            for (std::int64_t i = 0; i < m; ++i)
+              for (std::int64_t j = 0; j < n; ++j) {
+                float sum = 0.f;
+                for (std::int64_t p = 0; p < k; ++p)
+                  sum = std::fma(A[std::size_t(ta ? p * lda + i : i * lda + p)],
+                                 B[std::size_t(tb ? j * ldb + p : p * ldb + j)], sum);
+                float& c = want[std::size_t(i * n + j)];
+                const float scaled = alpha * sum, kept = beta * c;
+                c = beta != 0.f ? scaled + kept : scaled;
+              }
+            cpu::sgemm512::gemm_block(ta, tb, 0, m, 0, n, k, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), n);
+            CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+          }
+  }
+}
+
 // The unpacked kernel attention's tiles use (small_gemm_avx512.hpp) reads
 // A through two strides and B by rows: within float rounding of a float64
 // product, C's row padding untouched, NaN in C ignored with beta 0, and the
