@@ -26,10 +26,10 @@ std::string message_of(const std::function<void()>& fn) {
   return {};
 }
 
-struct Net : nn::Module {
+struct ApiNet : nn::Module {
   nn::Linear fc1{4, 8}, fc2{8, 3};
   nn::Dropout drop{0.5};
-  Net() {
+  ApiNet() {
     register_module("fc1", fc1);
     register_module("drop", drop);
     register_module("fc2", fc2);
@@ -49,14 +49,14 @@ Tensor batch_y() { return Tensor::from(std::vector<std::int32_t>{0, 2}, Shape{2}
 // The factory a user writes: model, optimizer and step, but only the step
 // is returned; the model and the optimizer die at the closing brace.
 Step make_step_whose_optimizer_dies() {
-  Net model;
+  ApiNet model;
   optim::AdamW opt(model.parameters(), {.lr = 1e-2});
   return compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt);
 }
 
 // Same, but the optimizer is handed back with the step; the model still dies.
 std::pair<std::unique_ptr<optim::SGD>, Step> make_step_whose_model_dies() {
-  Net model;
+  ApiNet model;
   auto opt = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.1});
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), *opt);
   return {std::move(opt), std::move(step)};
@@ -88,7 +88,7 @@ TEST_CASE("a step outlives its model: parameters are shared storage, so it train
 }
 
 TEST_CASE("a copy of an optimizer has a life of its own", "[api14]") {
-  Net model;
+  ApiNet model;
   auto original = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.1});
   optim::SGD copy = *original;
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), copy);
@@ -99,7 +99,7 @@ TEST_CASE("a copy of an optimizer has a life of its own", "[api14]") {
 // ---- hyperparameters ---------------------------------------------------------
 
 TEST_CASE("optimizers reject NaN, infinite and out-of-range hyperparameters, naming the field", "[api14]") {
-  Net model;
+  ApiNet model;
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   auto adamw = [&](optim::AdamWOptions o) { return message_of([&] { optim::AdamW(model.parameters(), o); }); };
   CHECK_THAT(adamw({.lr = nan}), Contains("lr") && Contains("nan"));
@@ -125,7 +125,7 @@ TEST_CASE("optimizers reject NaN, infinite and out-of-range hyperparameters, nam
 }
 
 TEST_CASE("set_lr checks the learning rate and leaves the old one on a bad value", "[api14]") {
-  Net model;
+  ApiNet model;
   optim::AdamW a(model.parameters(), {.lr = 1e-3});
   optim::SGD s(model.parameters(), {.lr = 0.1});
   for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -1e-3}) {
@@ -221,7 +221,7 @@ TEST_CASE("format_bytes writes what parse_bytes reads back, within the printed p
 // ---- modes -------------------------------------------------------------------
 
 TEST_CASE("a mode change after compile is reported at the next run, naming the module", "[api14]") {
-  Net model;
+  ApiNet model;
   optim::SGD opt(model.parameters(), {.lr = 0.1});
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt);
   step.run(batch_x(), batch_y());
@@ -236,7 +236,7 @@ TEST_CASE("a mode change after compile is reported at the next run, naming the m
 }
 
 TEST_CASE("compile_inference runs modules in eval mode and leaves their flags alone", "[api14]") {
-  Net model;
+  ApiNet model;
   REQUIRE(model.is_training());
   auto forward = [&](Var x) { return model.forward(x); };
   const Tensor x = batch_x();
@@ -261,7 +261,7 @@ TEST_CASE("compile_inference runs modules in eval mode and leaves their flags al
 }
 
 TEST_CASE("a training step compiled in eval mode reports a switch back to train", "[api14]") {
-  Net model;
+  ApiNet model;
   model.eval();  // fine-tuning with dropout off
   optim::SGD opt(model.parameters(), {.lr = 0.1});
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt);
@@ -281,7 +281,7 @@ TEST_CASE("a training step compiled in eval mode reports a switch back to train"
 
 TEST_CASE("compile, plan_training, compile_inference and plan_inference take (..., Budget, CompileOptions)",
           "[api14]") {
-  Net model;
+  ApiNet model;
   optim::SGD opt(model.parameters(), {.lr = 0.1});
   auto loss = [&](Var x, Var y) { return cross_entropy(model.forward(x), y); };
   auto forward = [&](Var x) { return model.forward(x); };

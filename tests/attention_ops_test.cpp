@@ -324,7 +324,7 @@ ref::Array matmul_ref(ref::Array a, ref::Array b, bool ta = false, bool tb = fal
   return o;
 }
 
-Case mm(std::string name, ref::Dims a, ref::Dims b, bool ta = false, bool tb = false) {
+Case batched_mm(std::string name, ref::Dims a, ref::Dims b, bool ta = false, bool tb = false) {
   return {std::move(name),
           {x(std::move(a)), x(std::move(b))},
           [ta, tb](const V& t) { return frugal::matmul(t[0], t[1], ta, tb); },
@@ -335,21 +335,21 @@ Case mm(std::string name, ref::Dims a, ref::Dims b, bool ta = false, bool tb = f
 
 TEST_CASE("matmul broadcasts batch axes as torch.matmul, forward and backward (summed over broadcast axes)",
           "[attn14][matmul]") {
-  check_op(mm("mm [2,3,4,5]@[5,2]", {2, 3, 4, 5}, {5, 2}));
-  check_op(mm("mm [3,4]@[2,2,4,3]", {3, 4}, {2, 2, 4, 3}));
-  check_op(mm("mm [2,1,3,4]@[1,3,4,2]", {2, 1, 3, 4}, {1, 3, 4, 2}));
-  check_op(mm("mm [2,1,3,4]@[3,4,2] rank differs", {2, 1, 3, 4}, {3, 4, 2}));
-  check_op(mm("mm [1,3,4]@[2,4,2]", {1, 3, 4}, {2, 4, 2}));
-  check_op(mm("mm [2,1,4,3]^T@[1,3,2,4]^T", {2, 1, 4, 3}, {1, 3, 2, 4}, true, true));
-  check_op(mm("mm [2,3,1,4,3]^T@[3,3,2] 5-D", {2, 3, 1, 4, 3}, {3, 4, 2}, true, false));
+  check_op(batched_mm("mm [2,3,4,5]@[5,2]", {2, 3, 4, 5}, {5, 2}));
+  check_op(batched_mm("mm [3,4]@[2,2,4,3]", {3, 4}, {2, 2, 4, 3}));
+  check_op(batched_mm("mm [2,1,3,4]@[1,3,4,2]", {2, 1, 3, 4}, {1, 3, 4, 2}));
+  check_op(batched_mm("mm [2,1,3,4]@[3,4,2] rank differs", {2, 1, 3, 4}, {3, 4, 2}));
+  check_op(batched_mm("mm [1,3,4]@[2,4,2]", {1, 3, 4}, {2, 4, 2}));
+  check_op(batched_mm("mm [2,1,4,3]^T@[1,3,2,4]^T", {2, 1, 4, 3}, {1, 3, 2, 4}, true, true));
+  check_op(batched_mm("mm [2,3,1,4,3]^T@[3,3,2] 5-D", {2, 3, 1, 4, 3}, {3, 4, 2}, true, false));
 }
 
 TEST_CASE("matmul with 1-D operands follows torch.matmul", "[attn14][matmul]") {
-  check_op(mm("mm [4]@[4] dot", {4}, {4}));
-  check_op(mm("mm [4]@[4,3]", {4}, {4, 3}));
-  check_op(mm("mm [3,4]@[4]", {3, 4}, {4}));
-  check_op(mm("mm [4]@[2,4,3]", {4}, {2, 4, 3}));
-  check_op(mm("mm [2,2,3,4]@[4]", {2, 2, 3, 4}, {4}));
+  check_op(batched_mm("mm [4]@[4] dot", {4}, {4}));
+  check_op(batched_mm("mm [4]@[4,3]", {4}, {4, 3}));
+  check_op(batched_mm("mm [3,4]@[4]", {3, 4}, {4}));
+  check_op(batched_mm("mm [4]@[2,4,3]", {4}, {2, 4, 3}));
+  check_op(batched_mm("mm [2,2,3,4]@[4]", {2, 2, 3, 4}, {4}));
 }
 
 TEST_CASE("matmul shape errors name the shapes and what is wrong", "[attn14][matmul]") {

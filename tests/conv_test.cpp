@@ -34,12 +34,6 @@ ref::Conv2dParams ref_params(const frugal::Conv2dOptions& o) {
   return {o.stride.h, o.stride.w, o.padding.h, o.padding.w, o.dilation.h, o.dilation.w, o.groups};
 }
 
-struct ThreadCount {
-  int saved = omp_get_max_threads();
-  explicit ThreadCount(int n) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(saved); }
-};
-
 // Steps the harness (and run_op) compile use this engine while it lives.
 struct EngineChoice {
   std::string saved = harness_options().backend_options.conv_engine;
@@ -1105,12 +1099,6 @@ TEST_CASE("global_avg_pool2d forward and backward", "[pool]") {
 
 // ---- errors ------------------------------------------------------------------------
 
-namespace {
-
-frugal::Tensor T(frugal::Shape s, DType dt = DType::f32) { return frugal::Tensor(std::move(s), dt); }
-
-}  // namespace
-
 TEST_CASE("bad shapes raise a ShapeError naming the op and the shapes", "[conv][bn][pool][errors]") {
   using namespace frugal;
   auto conv = [](Conv2dOptions o = {}) {
@@ -1157,13 +1145,6 @@ std::vector<std::string> split(const std::string& s) {
   std::size_t b = 0;
   for (std::size_t e; (e = s.find(';', b)) != std::string::npos; b = e + 1) out.push_back(s.substr(b, e - b));
   out.push_back(s.substr(b));
-  return out;
-}
-
-template <class M>
-std::vector<std::string> names_of(const M& named) {
-  std::vector<std::string> out;
-  for (auto& [n, _] : named) out.push_back(n);
   return out;
 }
 

@@ -20,20 +20,14 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct ThreadCount {
-  int saved = omp_get_max_threads();
-  explicit ThreadCount(int n) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(saved); }
-};
-
-// Steps the harness compiles use this convolution engine while it lives.
-struct EngineChoice {
+// Steps the harness compiles use this convolution engine (by name) while it lives.
+struct EngineByName {
   std::string saved = harness_options().backend_options.conv_engine;
-  explicit EngineChoice(const std::string& e) { harness_options().backend_options.conv_engine = e; }
-  ~EngineChoice() { harness_options().backend_options.conv_engine = saved; }
+  explicit EngineByName(const std::string& e) { harness_options().backend_options.conv_engine = e; }
+  ~EngineByName() { harness_options().backend_options.conv_engine = saved; }
 };
 
-std::vector<std::string> engines() {
+std::vector<std::string> engine_names() {
   std::vector<std::string> e{"blas"};
   if (frugal::cpu::conv_fast::available()) e.push_back("avx512");
   return e;
@@ -90,8 +84,8 @@ const ConvTCase kConvTCases[] = {
 }  // namespace
 
 TEST_CASE("conv_transpose2d forward and backward against the reference and finite differences", "[image14]") {
-  for (const auto& engine : engines()) {
-    EngineChoice ec(engine);
+  for (const auto& engine : engine_names()) {
+    EngineByName ec(engine);
     INFO("engine " << engine);
     for (const auto& c : kConvTCases) check_op(conv_transpose_case(c));
   }
@@ -105,8 +99,8 @@ TEST_CASE("conv_transpose2d's parallel paths match the reference, on both engine
        {.stride = 2, .padding = 1, .output_padding = 1}, true},
       {"[4,32,10,10]*[32,8,3,3] groups 2 pad 1", {4, 32, 10, 10}, {32, 8, 3, 3}, {.padding = 1, .groups = 2}, false},
   };
-  for (const auto& engine : engines()) {
-    EngineChoice ec(engine);
+  for (const auto& engine : engine_names()) {
+    EngineByName ec(engine);
     INFO("engine " << engine);
     // Sums of up to 16 * 9 = 144 products of size <= 1: f32 rounding below 144 * 6e-8 ~ 1e-5.
     for (const auto& c : large) {
@@ -323,12 +317,6 @@ TEST_CASE("nn::BatchNorm1d updates its running statistics once per step over N *
 
 // ---- errors --------------------------------------------------------------------------
 
-namespace {
-
-frugal::Tensor T(frugal::Shape s, DType dt = DType::f32) { return frugal::Tensor(std::move(s), dt); }
-
-}  // namespace
-
 TEST_CASE("bad shapes and parameters of the image ops raise a ShapeError naming what is wrong", "[image14][errors]") {
   using namespace frugal;
   auto convt = [](ConvTranspose2dOptions o = {}) {
@@ -396,17 +384,6 @@ TEST_CASE("bad shapes and parameters of the image ops raise a ShapeError naming 
 }
 
 // ---- layers -------------------------------------------------------------------------------
-
-namespace {
-
-template <class M>
-std::vector<std::string> names_of(const M& named) {
-  std::vector<std::string> out;
-  for (auto& [name, t] : named) out.push_back(name);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("the image layers initialise and name their tensors as PyTorch does", "[image14][nn]") {
   using namespace frugal;

@@ -48,7 +48,7 @@ bool same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   return true;
 }
 
-struct Run {
+struct OffloadRun {
   std::vector<float> losses;
   std::vector<Tensor> params;
   Plan plan;
@@ -57,7 +57,7 @@ struct Run {
   int host_update_nodes = 0;          // updates the graph runs on the host
 };
 
-Run offload_train(std::optional<bool> offload, Budget budget = {}, int steps = 5, int accumulate = 1) {
+OffloadRun offload_train(std::optional<bool> offload, Budget budget = {}, int steps = 5, int accumulate = 1) {
   nn::manual_seed(5);
   OffloadMlp m;
   optim::AdamW opt(m.parameters(), {.lr = 0.05, .weight_decay = 0.01});
@@ -66,7 +66,7 @@ Run offload_train(std::optional<bool> offload, Budget budget = {}, int steps = 5
   o.offload_optimizer = offload;
   o.accumulate = accumulate;
   Step step = compile([&](Var x) { return mean(m.forward(x) * m.forward(x)); }, {input<float>({4, 5})}, opt, budget, o);
-  Run r;
+  OffloadRun r;
   for (int s = 0; s < steps; ++s) {
     if (s + 1 == steps) {
       Step::Audit a = step.audit(offload_batch(s));
@@ -139,7 +139,7 @@ using namespace offload_test;
 TEST_CASE("offload: pinned, the optimizer state lives on the host and its update runs there, with the same bits",
           "[offload]") {
   const std::size_t psi = parameter_elements();
-  const Run device = offload_train(std::nullopt), host = offload_train(true);
+  const OffloadRun device = offload_train(std::nullopt), host = offload_train(true);
   // AdamW's two f32 moments per element: 8 psi bytes, all on the host.
   CHECK(of_kind(device.plan.persistent_by_kind, "optimizer state") == 8 * psi);
   CHECK(of_kind(host.plan.persistent_by_kind, "optimizer state") == 0);
@@ -157,7 +157,7 @@ TEST_CASE("offload: pinned, the optimizer state lives on the host and its update
   CHECK(host.canary_intact);
   CHECK(host.device_high_water <= host.plan.total_bytes());
   // With gradient accumulation (the updates skipped between micro-steps).
-  const Run device2 = offload_train(std::nullopt, {}, 7, 2), host2 = offload_train(true, {}, 7, 2);
+  const OffloadRun device2 = offload_train(std::nullopt, {}, 7, 2), host2 = offload_train(true, {}, 7, 2);
   CHECK(host2.host_update_nodes == 6);
   CHECK(host2.losses == device2.losses);
   CHECK(same_bits(host2.params, device2.params));
@@ -166,11 +166,11 @@ TEST_CASE("offload: pinned, the optimizer state lives on the host and its update
 
 TEST_CASE("offload: where the budget binds, the budget solve moves optimizer state to the host first, at no copy",
           "[offload][budget]") {
-  const Run free = offload_train(std::nullopt);
+  const OffloadRun free = offload_train(std::nullopt);
   // One byte under the unconstrained step: a host update of one moment
   // meets it with nothing copied, nothing recomputed.
   const std::size_t budget = free.plan.total_bytes() - 1;
-  const Run tight = offload_train(std::nullopt, Budget{.device = budget});
+  const OffloadRun tight = offload_train(std::nullopt, Budget{.device = budget});
   CHECK(tight.plan.total_bytes() <= budget);
   CHECK(tight.plan.count(plan::Choice::host_update) >= 1);
   CHECK(tight.plan.count(plan::Choice::host_update) == tight.plan.decisions.size());
@@ -182,7 +182,7 @@ TEST_CASE("offload: where the budget binds, the budget solve moves optimizer sta
   CHECK(same_bits(tight.params, free.params));
 
   // Forbidden, the same budget is met by copies or recomputation instead.
-  const Run kept = offload_train(false, Budget{.device = budget});
+  const OffloadRun kept = offload_train(false, Budget{.device = budget});
   CHECK(kept.plan.count(plan::Choice::host_update) == 0);
   CHECK(kept.host_update_nodes == 0);
   CHECK(kept.plan.total_bytes() <= budget);
@@ -193,7 +193,7 @@ TEST_CASE("offload: where the budget binds, the budget solve moves optimizer sta
   const std::size_t wide_moments = 2 * 4 * 288;
   REQUIRE(wide_moments >= 2 * plan::kMinPersistentCandidate);
   const std::size_t lower = free.plan.total_bytes() - wide_moments - 256;
-  const Run both = offload_train(std::nullopt, Budget{.device = lower});
+  const OffloadRun both = offload_train(std::nullopt, Budget{.device = lower});
   CHECK(both.plan.total_bytes() <= lower);
   CHECK(of_kind(both.plan.offloaded_by_kind, "optimizer state") >= wide_moments);
   CHECK(both.device_high_water <= lower);

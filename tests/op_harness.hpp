@@ -11,6 +11,7 @@
 //      finite differences of the f64 step's loss.
 // Inputs are frugal::Tensors bound into the capture with persistent_var.
 #include <catch2/catch.hpp>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -366,6 +367,29 @@ inline Case binary(std::string name, In a, In b, std::function<frugal::Var(fruga
                    std::function<ref::Array(const ref::Array&, const ref::Array&)> refn) {
   return {std::move(name), {std::move(a), std::move(b)}, [build](const Vars& v) { return build(v[0], v[1]); },
           [refn](const Arrays& a) { return refn(a[0], a[1]); }};
+}
+
+// Helpers several op test files share (they may build in one translation
+// unit, tests/CMakeLists.txt's unity batches).
+
+// The OpenMP thread count is n while this lives.
+struct ThreadCount {
+  int saved = omp_get_max_threads();
+  explicit ThreadCount(int n) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(saved); }
+};
+
+// A tensor of that shape and dtype, zero-filled, for the error tests.
+inline frugal::Tensor T(frugal::Shape s, frugal::DType dt = frugal::DType::f32) {
+  return frugal::Tensor(std::move(s), dt);
+}
+
+// The names of named_parameters() / named_buffers(), in order.
+template <class M>
+std::vector<std::string> names_of(const M& named) {
+  std::vector<std::string> out;
+  for (auto& [name, t] : named) out.push_back(name);
+  return out;
 }
 
 }  // namespace optest

@@ -92,7 +92,7 @@ TEST_CASE("place: the exact search finds brute force's least cost", "[place]") {
     INFO("seed " << seed);
     const auto a = exact(in);
     REQUIRE(a);
-    const Evaluation e = evaluate(in, *a);
+    const place::Evaluation e = evaluate(in, *a);
     CHECK(close(e.cost, brute_force(in)));
     CHECK(fits_memory(in, *a));
     penalised += e.penalty > 0;
@@ -144,7 +144,7 @@ TEST_CASE("place: a bad instance is an error naming the job or field", "[place]"
                     Catch::Contains("jobs.json: jobs[0]: 'seconds' is missing"));
   const Instance ok = parse(R"({"price_per_kwh":0.5,"servers":[)" + server +
                             R"(],"jobs":[{"name":"x","memory":"1GiB","seconds":3600,"deadline":1800,"weight":2,"penalty":"step"}]})");
-  const Evaluation e = evaluate(ok, greedy(ok));
+  const place::Evaluation e = evaluate(ok, greedy(ok));
   CHECK(close(e.penalty, 2));                             // an hour against a half-hour deadline: the step
   CHECK(close(e.energy_cost, 0.5 * 300 * 3600 / 3.6e6));  // 0.3 kWh busy at 0.5 per kWh
 }

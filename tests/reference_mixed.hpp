@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "reference.hpp"
+#include "reference_elementwise.hpp"  // abs
 
 namespace ref {
 
@@ -44,12 +45,6 @@ inline double unit_roundoff(Format f) { return std::ldexp(1.0, -f.p); }
 inline Array round_to(const Array& a, Format f) {
   Array r = a;
   for (auto& v : r.v) v = round_to(v, f);
-  return r;
-}
-
-inline Array abs(const Array& a) {
-  Array r = a;
-  for (auto& v : r.v) v = std::abs(v);
   return r;
 }
 
