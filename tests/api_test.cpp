@@ -37,7 +37,7 @@ struct ApiNet : nn::Module {
   Var forward(Var x) { return fc2(drop(relu(fc1(x)))); }
 };
 
-std::vector<InputSpec> specs() { return {input<float>({2, 4}), input<std::int32_t>({2})}; }
+std::vector<InputSpec> api_specs() { return {input<float>({2, 4}), input<std::int32_t>({2})}; }
 
 Tensor batch_x() {
   Tensor x({2, 4});
@@ -51,14 +51,14 @@ Tensor batch_y() { return Tensor::from(std::vector<std::int32_t>{0, 2}, Shape{2}
 Step make_step_whose_optimizer_dies() {
   ApiNet model;
   optim::AdamW opt(model.parameters(), {.lr = 1e-2});
-  return compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt);
+  return compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, api_specs(), opt);
 }
 
 // Same, but the optimizer is handed back with the step; the model still dies.
 std::pair<std::unique_ptr<optim::SGD>, Step> make_step_whose_model_dies() {
   ApiNet model;
   auto opt = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.1});
-  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), *opt);
+  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, api_specs(), *opt);
   return {std::move(opt), std::move(step)};
 }
 
@@ -91,7 +91,7 @@ TEST_CASE("a copy of an optimizer has a life of its own", "[api14]") {
   ApiNet model;
   auto original = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.1});
   optim::SGD copy = *original;
-  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), copy);
+  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, api_specs(), copy);
   original.reset();  // the step was compiled with the copy, which lives
   CHECK(std::isfinite(step.run(batch_x(), batch_y())));
 }
@@ -223,7 +223,7 @@ TEST_CASE("format_bytes writes what parse_bytes reads back, within the printed p
 TEST_CASE("a mode change after compile is reported at the next run, naming the module", "[api14]") {
   ApiNet model;
   optim::SGD opt(model.parameters(), {.lr = 0.1});
-  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt);
+  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, api_specs(), opt);
   step.run(batch_x(), batch_y());
   model.eval();  // as a PyTorch user would before validating
   const Tensor w = opt.params()[0].clone();
@@ -264,12 +264,12 @@ TEST_CASE("a training step compiled in eval mode reports a switch back to train"
   ApiNet model;
   model.eval();  // fine-tuning with dropout off
   optim::SGD opt(model.parameters(), {.lr = 0.1});
-  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt);
+  Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, api_specs(), opt);
   step.run(batch_x(), batch_y());
   model.train();
   CHECK_THAT(message_of([&] { step.run(batch_x(), batch_y()); }), Contains("switched to train"));
   // A forced mode is no flag of the module's: nothing to report.
-  Step forced = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, specs(), opt, {},
+  Step forced = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); }, api_specs(), opt, {},
                         {.training = false});
   model.eval();
   forced.run(batch_x(), batch_y());
@@ -287,13 +287,13 @@ TEST_CASE("compile, plan_training, compile_inference and plan_inference take (..
   auto forward = [&](Var x) { return model.forward(x); };
   const Budget budget{.device = 64_MiB};
   const CompileOptions o{.verify = true};
-  PlannedStep planned = plan_training(loss, specs(), opt, budget, o);
-  Step step = compile(loss, specs(), opt, budget, o);
+  PlannedStep planned = plan_training(loss, api_specs(), opt, budget, o);
+  Step step = compile(loss, api_specs(), opt, budget, o);
   CHECK(planned.plan.peak_bytes == step.plan().peak_bytes);
   PlannedStep planned_eval = plan_inference(forward, {input<float>({2, 4})}, budget, o);
   Step eval = compile_inference(forward, {input<float>({2, 4})}, budget, o);
   CHECK(planned_eval.plan.peak_bytes == eval.plan().peak_bytes);
-  Step grads = compile_gradients(loss, specs(), model.parameters(), budget, o);
+  Step grads = compile_gradients(loss, api_specs(), model.parameters(), budget, o);
   grads.run(batch_x(), batch_y());
   CHECK(grads.grad(model.fc1.weight).shape() == model.fc1.weight.shape());
 }

@@ -379,7 +379,7 @@ std::vector<std::vector<double>> one_update(DType dt, const std::vector<double>&
   // a step count past the first, so the update reads them.
   for (std::size_t i = 0; i < states.size(); ++i) {
     Tensor t = states[i].tensor;
-    Tensor init = tensor_of(draw(60 + i, t.numel(), 0.01, 0.1, ref::kBf16, i == 1), t.shape(), dt);
+    Tensor init = tensor_of(mixed::draw(60 + i, t.numel(), 0.01, 0.1, ref::kBf16, i == 1), t.shape(), dt);
     std::memcpy(t.raw(), init.raw(), t.nbytes());
   }
   opt->set_steps(4);
@@ -788,7 +788,7 @@ std::vector<float> train_resnet(DType dt, int steps) {
   Step step = compile([&](Var x, Var y) { return cross_entropy((*model)(x), y); },
                       {InputSpec{{dt, Shape{kResN, 3, kResH, kResH}}, "x"}, input<std::int32_t>({kResN})}, opt, {},
                       {.threads = 1});
-  const Tensor x = tensor_of(draw(81, kResN * 3 * kResH * kResH, 0, 2, ref::kBf16), {kResN, 3, kResH, kResH}, dt);
+  const Tensor x = tensor_of(mixed::draw(81, kResN * 3 * kResH * kResH, 0, 2, ref::kBf16), {kResN, 3, kResH, kResH}, dt);
   const Tensor y = tensor_of({3, 7, 0, 5, 1, 9, 4, 2}, {kResN}, DType::i32);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) losses.push_back(step.run(x, y));

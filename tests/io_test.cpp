@@ -359,11 +359,11 @@ TEST_CASE("safetensors: a failed write leaves the earlier file intact and no tem
 namespace {
 
 // Linear + BatchNorm (parameters and buffers) + Linear.
-struct Net : nn::Module {
+struct IoNet : nn::Module {
   nn::Linear fc1, fc2;
   nn::BatchNorm2d bn;
   std::int64_t hidden;
-  explicit Net(std::int64_t h = 12) : fc1(8, h), fc2(h, 4), bn(h / 4), hidden(h) {
+  explicit IoNet(std::int64_t h = 12) : fc1(8, h), fc2(h, 4), bn(h / 4), hidden(h) {
     register_module("fc1", fc1);
     register_module("bn", bn);
     register_module("fc2", fc2);
@@ -376,7 +376,7 @@ struct Net : nn::Module {
 
 constexpr std::int64_t kBatch = 16;
 
-Step compile_net(Net& net, Optimizer& opt) {
+Step compile_net(IoNet& net, Optimizer& opt) {
   return compile([&](Var x, Var y) { return cross_entropy(net.forward(x), y); },
                  {input<float>({kBatch, 8}), input<std::int32_t>({kBatch})}, opt);
 }
@@ -411,7 +411,7 @@ void check_bitwise_resume(Options options, const char* kind) {
   constexpr int k = 3;
   // The uninterrupted run: k steps, a checkpoint, k more.
   nn::manual_seed(7);
-  Net a;
+  IoNet a;
   Opt opt_a(a.parameters(), options);
   Step step_a = compile_net(a, opt_a);
   std::vector<float> first = train(step_a, 0, k);
@@ -423,7 +423,7 @@ void check_bitwise_resume(Options options, const char* kind) {
 
   // A new process, in effect: another seed, compiled, then the checkpoint.
   nn::manual_seed(99);
-  Net b;
+  IoNet b;
   Opt opt_b(b.parameters(), options);
   Step step_b = compile_net(b, opt_b);
   REQUIRE(model_bytes(a) != model_bytes(b));
@@ -476,7 +476,7 @@ TEST_CASE("checkpoint: SGD with momentum resumed from a checkpoint continues bit
 
 TEST_CASE("checkpoint: optimizer state names, kinds and step counts", "[io][checkpoint]") {
   nn::manual_seed(1);
-  Net net;
+  IoNet net;
   optim::AdamW adamw(net.parameters(), {});
   optim::SGD sgd(net.parameters(), {});
   CHECK(adamw.kind() == "adamw");
@@ -515,7 +515,7 @@ TEST_CASE("checkpoint: optimizer state names, kinds and step counts", "[io][chec
 TEST_CASE("weights: save and load by state_dict names, strictly", "[io][checkpoint]") {
   IoTempDir tmp;
   nn::manual_seed(3);
-  Net a;
+  IoNet a;
   fs::path p = tmp / "w.safetensors";
   io::save_weights(p, a, {{"source", "test"}});
   io::SafetensorsFile f = io::read_safetensors(p);
@@ -526,14 +526,14 @@ TEST_CASE("weights: save and load by state_dict names, strictly", "[io][checkpoi
   CHECK(f.tensors.size() == 9);
 
   nn::manual_seed(4);
-  Net b;
+  IoNet b;
   REQUIRE(model_bytes(a) != model_bytes(b));
   CHECK(io::load_weights(p, b).at("source") == "test");
   CHECK(model_bytes(a) == model_bytes(b));
 
   // A shape mismatch names the file, the tensor and both shapes; nothing is loaded.
   nn::manual_seed(5);
-  Net wide(16);
+  IoNet wide(16);
   const std::string wide_before = model_bytes(wide);
   std::string m = data_error([&] { io::load_weights(p, wide); });
   CHECK_THAT(m, Contains(p.string()) && Contains("'fc1.weight'") && Contains("f32[12, 8]") && Contains("f32[16, 8]"));
@@ -570,7 +570,7 @@ TEST_CASE("weights: save and load by state_dict names, strictly", "[io][checkpoi
 TEST_CASE("checkpoint: loading errors name the file and leave everything as it was", "[io][checkpoint]") {
   IoTempDir tmp;
   nn::manual_seed(8);
-  Net a;
+  IoNet a;
   optim::AdamW adamw(a.parameters(), {.lr = 1e-2});
   Step step = compile_net(a, adamw);
   train(step, 0, 2);
@@ -578,7 +578,7 @@ TEST_CASE("checkpoint: loading errors name the file and leave everything as it w
   io::save_checkpoint(ck, a, adamw, 2);
 
   nn::manual_seed(9);
-  Net b;
+  IoNet b;
   const std::string b_before = model_bytes(b);
   SECTION("before compile(): the optimizer has no state yet") {
     optim::AdamW fresh(b.parameters(), {});
@@ -594,7 +594,7 @@ TEST_CASE("checkpoint: loading errors name the file and leave everything as it w
   }
   SECTION("a model of another shape") {
     nn::manual_seed(9);
-    Net wide(16);
+    IoNet wide(16);
     optim::AdamW o(wide.parameters(), {});
     Step s = compile_net(wide, o);
     const std::string before = model_bytes(wide);
