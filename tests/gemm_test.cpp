@@ -135,11 +135,11 @@ TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", 
     }
 }
 
-// The kernel cuts the depth into blocks (sgemm512::depth_block) where beta
-// is 0, and leaves the partial sums in C between blocks. Each element must
-// still be one chain of fused multiply-adds over p in order, from zero, then
-// alpha * sum (+ beta * C): std::fma, one rounding each, is that chain in
-// scalar code. Depths below, at and above a block, and several blocks.
+// Each element is one chain of fused multiply-adds over p in order, from
+// zero, then alpha * sum (+ beta * C): the property that lets C be cut
+// anywhere, and that any blocking of the depth must keep. std::fma, one
+// rounding each, is that chain in scalar code. Depths around 256 and
+// several times it, where a blocked kernel would cut.
 TEST_CASE("gemm: frugal's AVX-512 kernel computes each element as one FMA chain over the depth, however deep",
           "[blas][gemm]") {
   if (!cpu::sgemm512::available()) {

@@ -250,26 +250,17 @@ inline void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t c0, s
 
 
 #if FRUGAL_SGEMM_AVX512
-// One depth block of a register tile, for i < mr, j < nr: the sums start
-// from zero, or (resume) from the partial sums an earlier block left in C;
-// they run over this block's k; then C[i, j] = alpha * sum (+ beta * C[i, j])
-// (finish), or the raw partial sums go back to C for the next block. A float
-// stored and loaded again is the same float, so a chain cut into blocks
-// this way has the bits of one chain over the whole depth. C is read for
-// beta only when beta != 0 (BLAS's rule: with beta 0, whatever C held, NaN
-// included, is overwritten).
-__attribute__((target("avx512f"))) inline void micro_kernel_block(std::int64_t k, const float* __restrict ap,
-                                                                   const float* __restrict bp, float* C,
-                                                                   std::int64_t ldc, int mr, int nr, bool resume,
-                                                                   bool finish, float alpha, float beta) {
-  const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
-  const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF) : nr <= 16 ? __mmask16(0) : __mmask16((1u << (nr - 16)) - 1);
+// C[i, j] = alpha * sum_p ap[p*MR + i] * bp[p*NR + j] (+ beta * C[i, j]) for
+// i < mr, j < nr; C is read only when beta != 0 (BLAS's rule: with beta 0,
+// whatever C held, NaN included, is overwritten).
+__attribute__((target("avx512f"))) inline void micro_kernel(std::int64_t k, const float* __restrict ap,
+                                                             const float* __restrict bp, float* C, std::int64_t ldc,
+                                                             int mr, int nr, float alpha, float beta) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
-    const bool load = resume && i < mr;
-    c0[i] = load ? _mm512_maskz_loadu_ps(m0, C + i * ldc) : _mm512_setzero_ps();
-    c1[i] = load ? _mm512_maskz_loadu_ps(m1, C + i * ldc + 16) : _mm512_setzero_ps();
+    c0[i] = _mm512_setzero_ps();
+    c1[i] = _mm512_setzero_ps();
   }
   for (std::int64_t p = 0; p < k; ++p) {
     const __m512 b0 = _mm512_load_ps(bp + p * NR), b1 = _mm512_load_ps(bp + p * NR + 16);
@@ -281,15 +272,8 @@ __attribute__((target("avx512f"))) inline void micro_kernel_block(std::int64_t k
       c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
   }
-  if (!finish) {
-#pragma GCC unroll 12
-    for (int i = 0; i < MR; ++i) {
-      if (i >= mr) break;
-      _mm512_mask_storeu_ps(C + i * ldc, m0, c0[i]);
-      _mm512_mask_storeu_ps(C + i * ldc + 16, m1, c1[i]);
-    }
-    return;
-  }
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF) : nr <= 16 ? __mmask16(0) : __mmask16((1u << (nr - 16)) - 1);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
@@ -304,19 +288,8 @@ __attribute__((target("avx512f"))) inline void micro_kernel_block(std::int64_t k
     _mm512_mask_storeu_ps(row + 16, m1, r1);
   }
 }
-// C[i, j] = alpha * sum_p ap[p*MR + i] * bp[p*NR + j] (+ beta * C[i, j]) for
-// i < mr, j < nr: the whole depth as one block.
-__attribute__((target("avx512f"))) inline void micro_kernel(std::int64_t k, const float* __restrict ap,
-                                                             const float* __restrict bp, float* C, std::int64_t ldc,
-                                                             int mr, int nr, float alpha, float beta) {
-  micro_kernel_block(k, ap, bp, C, ldc, mr, nr, false, true, alpha, beta);
-}
 #else
 // Never called: available() is false where this is compiled.
-inline void micro_kernel_block(std::int64_t, const float*, const float*, float*, std::int64_t, int, int, bool, bool,
-                               float, float) {
-  fail("internal error: the AVX-512 GEMM micro-kernel was called but is not compiled in");
-}
 inline void micro_kernel(std::int64_t, const float*, const float*, float*, std::int64_t, int, int, float, float) {
   fail("internal error: the AVX-512 GEMM micro-kernel was called but is not compiled in");
 }
@@ -336,11 +309,10 @@ inline std::int64_t columns_packed(std::int64_t words) {
   return std::max(NC, wide);
 }
 
-// How bf16_gemm_avx512.hpp's kernel walks a block C[r0:r1, c0:c1]: B
-// packed nc_most columns at a time (pack_b(jc, nc)), then A MR rows at a
-// time (pack_a(ir, mr)), then one register tile per NR-column panel of the
-// packed chunk (tile(q, ir, jc, mr, nr) for panel q). This file's gemm_block
-// walks the same way inside each block of depth.
+// How both kernels (this one and bf16_gemm_avx512.hpp's) walk a block
+// C[r0:r1, c0:c1]: B packed nc_most columns at a time (pack_b(jc, nc)),
+// then A MR rows at a time (pack_a(ir, mr)), then one register tile per
+// NR-column panel of the packed chunk (tile(q, ir, jc, mr, nr) for panel q).
 template <class PackB, class PackA, class Tile>
 void for_each_register_tile(std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t nc_most,
                             PackB&& pack_b, PackA&& pack_a, Tile&& tile) {
@@ -355,53 +327,22 @@ void for_each_register_tile(std::int64_t r0, std::int64_t r1, std::int64_t c0, s
   }
 }
 
-// The depth of each block gemm_block cuts a product's depth into (where
-// beta is 0): at most kDepthBlock, as even as the depth allows. At depth
-// 256 a packed panel of B (32 KB) and a sliver of A (12 KB) fit the 48 KB
-// L1 of a Zen 5 core together; at depth 1024, the panel alone outgrew it,
-// and the kernel ran at 75% of its in-L1 rate on the mlp's and gpt's
-// depth-1024 products against 88-90% at depth 256 (one thread).
-inline constexpr std::int64_t kDepthBlock = 256;
-inline std::int64_t depth_block(std::int64_t k) {
-  const std::int64_t blocks = std::max<std::int64_t>(1, (k + kDepthBlock - 1) / kDepthBlock);
-  return (k + blocks - 1) / blocks;
-}
-
 // C[r0:r1, c0:c1] of C = alpha * op(A) op(B) + beta * C, row-major, on the
 // calling thread (the caller splits C into such blocks over its team).
-// With beta 0 the depth is cut into blocks (depth_block), whose partial sums
-// wait in C between blocks; with beta != 0, C's old values are needed at
-// the end, so the depth stays one block.
 inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
                        std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
                        float beta, float* C, std::int64_t ldc) {
   PackBuffers& buf = PackBuffers::mine();
-  const std::int64_t kc_most = beta == 0.f ? depth_block(k) : k;
-  const std::int64_t kk = std::max<std::int64_t>(kc_most, 1);
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
   float* ap = buf.a.at_least(kk * MR);
   const std::int64_t nc_most = columns_packed(kk);
   float* bp = buf.b.at_least(kk * nc_most);
-  for (std::int64_t jc = c0; jc < c1; jc += nc_most) {
-    const std::int64_t nc = std::min(nc_most, c1 - jc);
-    // At least one block, so a product of depth 0 still writes beta * C.
-    std::int64_t pc = 0;
-    do {
-      const std::int64_t kc = std::min(kc_most, k - pc);
-      const bool resume = pc > 0, finish = pc + kc >= k;
-      // op(X) from depth pc on: untransposed A and transposed B run along p within a row.
-      const float* Ab = ta ? A + pc * lda : A + pc;
-      const float* Bb = tb ? B + pc : B + pc * ldb;
-      pack_b(tb, Bb, ldb, jc, nc, kc, bp);
-      for (std::int64_t ir = r0; ir < r1; ir += MR) {
-        const int mr = int(std::min<std::int64_t>(MR, r1 - ir));
-        pack_a(ta, Ab, lda, ir, mr, kc, ap);
-        for (std::int64_t q = 0; q * NR < nc; ++q)
-          micro_kernel_block(kc, ap, bp + q * kc * NR, C + ir * ldc + jc + q * NR, ldc, mr,
-                             int(std::min<std::int64_t>(NR, nc - q * NR)), resume, finish, alpha, beta);
-      }
-      pc += kc;
-    } while (pc < k);
-  }
+  for_each_register_tile(
+      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
+      [&](std::int64_t ir, int mr) { pack_a(ta, A, lda, ir, mr, k, ap); },
+      [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
+        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
+      });
 }
 
 }  // namespace frugal::cpu::sgemm512
