@@ -11,7 +11,6 @@
 //      finite differences of the f64 step's loss.
 // Inputs are frugal::Tensors bound into the capture with persistent_var.
 #include <catch2/catch.hpp>
-#include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -25,6 +24,7 @@
 #include <frugal/frugal.hpp>
 
 #include "reference.hpp"
+#include "thread_count_scope.hpp"
 
 namespace optest {
 
@@ -372,12 +372,7 @@ inline Case binary(std::string name, In a, In b, std::function<frugal::Var(fruga
 // Helpers several op test files share (they may build in one translation
 // unit, tests/CMakeLists.txt's unity batches).
 
-// The OpenMP thread count is n while this lives.
-struct ThreadCount {
-  int saved = omp_get_max_threads();
-  explicit ThreadCount(int n) { omp_set_num_threads(n); }
-  ~ThreadCount() { omp_set_num_threads(saved); }
-};
+using test_support::ThreadCount;
 
 // A tensor of that shape and dtype, zero-filled, for the error tests.
 inline frugal::Tensor T(frugal::Shape s, frugal::DType dt = frugal::DType::f32) {

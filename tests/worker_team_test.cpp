@@ -22,18 +22,12 @@
 #include <thread>
 #include <vector>
 
+#include "thread_count_scope.hpp"
 #include "uniform_floats.hpp"
 
 using namespace frugal;
 
 namespace {
-
-// Sets the calling thread's thread count (what a step's ScopedThreads does).
-struct TeamSize {
-  int saved = omp_get_max_threads();
-  explicit TeamSize(int n) { omp_set_num_threads(n); }
-  ~TeamSize() { omp_set_num_threads(saved); }
-};
 
 std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
   std::vector<std::uint32_t> b(v.size());
@@ -123,7 +117,7 @@ TEST_CASE("parallel_sum adds the same chunks in the same order at any thread cou
   };
   double at[3];
   for (int t = 1; t <= 3; ++t) {
-    TeamSize ts(t);
+    test_support::ThreadCount ts(t);
     at[t - 1] = sum();
   }
   CHECK(std::memcmp(&at[0], &at[1], sizeof(double)) == 0);
@@ -147,7 +141,7 @@ TEST_CASE("gemm: the same bits at any thread count", "[team][threads][blas]") {
     auto same_at_every_count = [&](const auto& a, const auto& b, const auto& c0, const char* dtype) {
       auto first = c0;
       for (int t : {1, 2, 3}) {
-        TeamSize ts(t);
+        test_support::ThreadCount ts(t);
         auto C = c0;
         cpu::gemm(c.ta, c.tb, c.m, c.n, c.k, 0.5f, a.data(), lda, b.data(), ldb, 2.f, C.data(), c.n);
         if (t == 1) {
@@ -241,7 +235,7 @@ TEST_CASE("a step's parameters and losses are bitwise the same at 1, 2 and 3 thr
 // before the fork do not exist there. The child's team must make new ones
 // (before, it ran every chunk on the caller alone) and exit cleanly.
 TEST_CASE("a forked child's team makes new helpers and exits cleanly", "[team]") {
-  TeamSize ts(2);
+  test_support::ThreadCount ts(2);
   cpu::WorkerTeam::mine().run(64, 2, [](std::int64_t) {});  // the parent's helper exists
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
