@@ -152,7 +152,7 @@ class WorkerTeam {
     using F = std::remove_reference_t<Fn>;
     const std::uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> kIdxBits) + 1;
     Slot& s = slots_[gen % kSlots];
-    s.call.store([](void* ctx, std::int64_t c) { (*static_cast<F*>(ctx))(c); }, std::memory_order_relaxed);
+    s.call.store(&call_chunk<F>, std::memory_order_relaxed);
     s.ctx.store(const_cast<void*>(static_cast<const void*>(&fn)), std::memory_order_relaxed);
     s.chunks.store(chunks, std::memory_order_relaxed);
     s.helpers.store(threads - 1, std::memory_order_relaxed);
@@ -214,8 +214,22 @@ class WorkerTeam {
     std::exception_ptr error;
   };
 
+  // Chunk c of the task at ctx, an F: the one copy of a task's body, which
+  // both the team and run_inline call. (run_inline calling the task
+  // directly put two more inlined copies of every kernel's loops into each
+  // run<F>: nearly half the elementwise unit's code.)
+  template <class F>
+  static void call_chunk(void* ctx, std::int64_t c) {
+    (*static_cast<F*>(ctx))(c);
+  }
+
   template <class Fn>
   static void run_inline(std::int64_t chunks, Fn& fn) {
+    using F = std::remove_reference_t<Fn>;
+    run_inline_erased(chunks, &call_chunk<F>, const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+  // Out of line, or the compiler inlines the task at this call again.
+  [[gnu::noinline]] static void run_inline_erased(std::int64_t chunks, void (*call)(void*, std::int64_t), void* ctx) {
     const bool outer = !team_detail::in_chunk;
     team_detail::in_chunk = true;
     struct Reset {
@@ -226,9 +240,9 @@ class WorkerTeam {
     } reset{outer};
     if (outer) {
       team_detail::OmpThreads one(1);
-      for (std::int64_t c = 0; c < chunks; ++c) fn(c);
+      for (std::int64_t c = 0; c < chunks; ++c) call(ctx, c);
     } else {
-      for (std::int64_t c = 0; c < chunks; ++c) fn(c);
+      for (std::int64_t c = 0; c < chunks; ++c) call(ctx, c);
     }
   }
 
