@@ -16,9 +16,9 @@ using namespace frugal;
 
 namespace {
 
-struct Mlp : nn::Module {
+struct GeluTanhMlp : nn::Module {
   nn::Linear fc1, fc2, fc3;
-  Mlp(int in, int hidden, int out, DType dt = DType::f32)
+  GeluTanhMlp(int in, int hidden, int out, DType dt = DType::f32)
       : fc1(in, hidden, {.dtype = dt}), fc2(hidden, hidden, {.dtype = dt}), fc3(hidden, out, {.dtype = dt}) {
     register_module("fc1", fc1);
     register_module("fc2", fc2);
@@ -29,7 +29,7 @@ struct Mlp : nn::Module {
 
 using toy::make_batch;
 
-std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
+std::vector<std::uint32_t> float_bits_of(const std::vector<float>& v) {
   std::vector<std::uint32_t> out(v.size());
   std::memcpy(out.data(), v.data(), v.size() * 4);
   return out;
@@ -39,7 +39,7 @@ std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
 
 TEST_CASE("a captured MLP's loss falls", "[step]") {
   nn::manual_seed(3);
-  Mlp model(12, 32, 4);
+  GeluTanhMlp model(12, 32, 4);
   optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
                       {input<float>({64, 12}), input<std::int32_t>({64})}, opt);
@@ -60,7 +60,7 @@ TEST_CASE("a captured MLP's loss falls", "[step]") {
 TEST_CASE("two runs with the same seed give identical bits", "[step]") {
   auto train = [](std::vector<float>& losses, std::vector<float>& params) {
     nn::manual_seed(11);
-    Mlp model(12, 40, 4);
+    GeluTanhMlp model(12, 40, 4);
     optim::AdamW opt(model.parameters(), {.lr = 3e-3});
     Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
                         {input<float>({96, 12}), input<std::int32_t>({96})}, opt, {}, {.threads = 2});
@@ -77,8 +77,8 @@ TEST_CASE("two runs with the same seed give identical bits", "[step]") {
   train(l2, p2);
   REQUIRE(l1.size() == 20);
   CHECK(l1.front() != l1.back());  // it did train
-  CHECK(bits_of(l1) == bits_of(l2));
-  CHECK(bits_of(p1) == bits_of(p2));
+  CHECK(float_bits_of(l1) == float_bits_of(l2));
+  CHECK(float_bits_of(p1) == float_bits_of(p2));
 }
 
 TEST_CASE("activations share one arena, placed by liveness", "[step][plan]") {
@@ -123,7 +123,7 @@ TEST_CASE("activations share one arena, placed by liveness", "[step][plan]") {
 
 TEST_CASE("a module's gradients match central finite differences in float64", "[step][grad]") {
   nn::manual_seed(5);
-  Mlp model(5, 7, 3, DType::f64);
+  GeluTanhMlp model(5, 7, 3, DType::f64);
   Tensor x({4, 5}, DType::f64), y({4}, DType::i32);
   Rng r(9);
   for (auto& v : std::span(x.data<double>(), 20)) v = r.normal();
@@ -215,7 +215,7 @@ TEST_CASE("AdamW follows torch.optim.AdamW's rule with decoupled weight decay", 
 
 TEST_CASE("parameters the optimizer does not own stay frozen", "[step][optim]") {
   nn::manual_seed(2);
-  Mlp model(6, 8, 3);
+  GeluTanhMlp model(6, 8, 3);
   std::vector<Tensor> trainable = model.fc3.parameters();
   optim::SGD opt(trainable, {.lr = 0.5});
   Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
@@ -231,7 +231,7 @@ TEST_CASE("parameters the optimizer does not own stay frozen", "[step][optim]") 
 
 TEST_CASE("an inference step reads the parameters the training step updates", "[step]") {
   nn::manual_seed(4);
-  Mlp model(6, 10, 3);
+  GeluTanhMlp model(6, 10, 3);
   optim::SGD opt(model.parameters(), {.lr = 0.3});
   Step train = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
                        {input<float>({16, 6}), input<std::int32_t>({16})}, opt);
@@ -259,7 +259,7 @@ TEST_CASE("modules name their parameters as PyTorch does and initialise like it"
   std::vector<std::string> names;
   for (auto& [n, _] : seq.named_parameters()) names.push_back(n);
   CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight"});
-  Mlp mlp(3, 4, 2);
+  GeluTanhMlp mlp(3, 4, 2);
   CHECK(mlp.named_parameters().front().first == "fc1.weight");
   CHECK(mlp.num_parameters() == 3 * 4 + 4 + 4 * 4 + 4 + 4 * 2 + 2);
   // kaiming_uniform(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -327,7 +327,7 @@ TEST_CASE("unused forward work is not planned", "[step][plan]") {
 
 TEST_CASE("bad inputs and impossible budgets are clear errors", "[step][errors]") {
   nn::manual_seed(1);
-  Mlp model(6, 8, 3);
+  GeluTanhMlp model(6, 8, 3);
   optim::SGD opt(model.parameters(), {.lr = 0.1});
   auto fn = [&](Var x, Var y) { return cross_entropy(model.forward(x), y); };
   std::vector<InputSpec> specs{input<float>({8, 6}, "images"), input<std::int32_t>({8}, "labels")};
@@ -361,7 +361,7 @@ TEST_CASE("bad inputs and impossible budgets are clear errors", "[step][errors]"
 
 TEST_CASE("a step whose executor fails part way gives its arena back", "[step][arena]") {
   nn::manual_seed(1);
-  Mlp model(6, 8, 3);
+  GeluTanhMlp model(6, 8, 3);
   optim::SGD opt(model.parameters(), {.lr = 0.1});
   auto fn = [&](Var x, Var y) { return cross_entropy(model.forward(x), y); };
   counting::reset();
@@ -384,15 +384,15 @@ TEST_CASE("a step's thread count is its own: steps of two counts, alternating or
     batches.emplace_back(x, y);
   }
   struct Trainer {
-    std::unique_ptr<Mlp> model;
+    std::unique_ptr<GeluTanhMlp> model;
     std::unique_ptr<optim::SGD> opt;
     std::optional<Step> step;
     std::vector<float> losses;
     explicit Trainer(int threads) {
       nn::manual_seed(7);
-      model = std::make_unique<Mlp>(64, 256, 8);
+      model = std::make_unique<GeluTanhMlp>(64, 256, 8);
       opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
-      Mlp* m = model.get();
+      GeluTanhMlp* m = model.get();
       step.emplace(compile([m](Var x, Var y) { return cross_entropy(m->forward(x), y); },
                            {input<float>({128, 64}), input<std::int32_t>({128})}, *opt, Budget{},
                            CompileOptions{.threads = threads}));
@@ -401,7 +401,7 @@ TEST_CASE("a step's thread count is its own: steps of two counts, alternating or
     std::vector<std::uint32_t> bits() const {
       std::vector<float> all = losses;
       for (const Tensor& p : model->parameters()) all.insert(all.end(), p.data<float>(), p.data<float>() + p.numel());
-      return bits_of(all);
+      return float_bits_of(all);
     }
   };
   const int caller = omp_get_max_threads();
@@ -462,7 +462,7 @@ TEST_CASE("a step that fails on bad data counts for nothing: six good steps arou
           "[step][errors][atomic]") {
   auto train = [](bool with_failure) {
     nn::manual_seed(8);
-    Mlp model(6, 16, 3);
+    GeluTanhMlp model(6, 16, 3);
     optim::AdamW opt(model.parameters(), {.lr = 1e-2});  // its bias correction reads the step count
     Step step = compile([&](Var x, Var y) { return cross_entropy(model.forward(x), y); },
                         {input<float>({8, 6}), input<std::int32_t>({8})}, opt);
@@ -492,7 +492,7 @@ TEST_CASE("a step that fails on bad data counts for nothing: six good steps arou
   };
   auto [good_losses, good_state, good_opt_steps, good_steps] = train(false);
   auto [losses, state, opt_steps, steps] = train(true);
-  CHECK(bits_of(losses) == bits_of(good_losses));
+  CHECK(float_bits_of(losses) == float_bits_of(good_losses));
   CHECK(state == good_state);
   CHECK(opt_steps == good_opt_steps);
   CHECK(steps == good_steps);
