@@ -217,7 +217,7 @@ class WorkerTeam {
   // Chunk c of the task at ctx, an F: the one copy of a task's body, which
   // both the team and run_inline call. (run_inline calling the task
   // directly put two more inlined copies of every kernel's loops into each
-  // run<F>: nearly half the elementwise unit's code.)
+  // run<F>; without them the CPU kernel units' code is 13% smaller.)
   template <class F>
   static void call_chunk(void* ctx, std::int64_t c) {
     (*static_cast<F*>(ctx))(c);
