@@ -8,6 +8,14 @@
 // against a float64 product, in units of 2^-24 * sum_p |a_ip b_pj| (the
 // test's bound is k + 2 of them).
 //
+// The "AVX2 tile engine" column is a probe of what a GEMM engine of frugal's
+// own would give an AVX2-only machine: the AVX-512 engine's loops and
+// packing with its AVX2 twin tile (sgemm_avx2_tile.hpp, 6x16 register
+// sub-tiles) doing the arithmetic, on tiles that follow the team's size.
+// Its packers are the AVX-512 ones where this CPU has them, so on an AVX2
+// machine it would be slower by their scalar fallback: an upper bound.
+// "same bits" says whether its C equals the AVX-512 engine's bit for bit.
+//
 //   cmake --build build -j2 --target gemm_kernels && build/bench/gemm_kernels [--repeats 15] [--threads 2]
 #include <cblas.h>
 #include <omp.h>
@@ -21,6 +29,7 @@
 #include <vector>
 
 #include <frugal/backend/cpu/blas.hpp>
+#include <frugal/backend/cpu/sgemm_avx2_tile.hpp>
 
 namespace {
 
@@ -72,8 +81,9 @@ int main(int argc, char** argv) {
   std::printf("\n%d threads, medians of %d runs\n\n", threads, repeats);
   std::printf(
       "| product | ta tb m n k | OpenBLAS, one call (us) | frugal tiles + OpenBLAS (us) | frugal AVX-512 (us) | "
-      "AVX-512 GFLOP/s | OpenBLAS call / AVX-512 | largest error (units) | bf16 kernel (us) | bf16 GFLOP/s |\n"
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "AVX-512 GFLOP/s | OpenBLAS call / AVX-512 | largest error (units) | bf16 kernel (us) | bf16 GFLOP/s | "
+      "AVX2 tile engine (us) | OpenBLAS call / AVX2 tile | same bits |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   for (const Shape& s : shapes) {
     std::vector<float> A(std::size_t(s.m * s.k)), B(std::size_t(s.k * s.n)), C(std::size_t(s.m * s.n));
     for (std::size_t i = 0; i < A.size(); ++i) A[i] = float(std::sin(double(i) * 0.37));
@@ -120,10 +130,36 @@ int main(int argc, char** argv) {
         cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, 1.f, A16.data(), lda, B16.data(), ldb, 0.f, C16.data(), s.n);
       });
     }
+    double avx2_us = 0;
+    bool avx2_same = false;
+    if (cpu::sgemm_avx2::available()) {
+      namespace g5 = cpu::sgemm512;
+      auto avx2 = [&] {
+        cpu::tiled_gemm(s.m, s.n, s.k, g5::MR, g5::NR, true, [&](long r0, long r1, long c0, long c1) {
+          g5::PackBuffers& buf = g5::PackBuffers::mine();
+          const long kk = std::max(s.k, 1L), nc_most = g5::columns_packed(kk);
+          float *ap = buf.a.at_least(kk * g5::MR), *bp = buf.b.at_least(kk * nc_most);
+          g5::for_each_register_tile(
+              r0, r1, c0, c1, nc_most, [&](long jc, long nc) { g5::pack_b(s.tb, B.data(), ldb, jc, nc, s.k, bp); },
+              [&](long ir, int mr) { g5::pack_a(s.ta, A.data(), lda, ir, mr, s.k, ap); },
+              [&](long q, long ir, long jc, int mr, int nr) {
+                cpu::sgemm_avx2::micro_kernel(s.k, ap, bp + q * s.k * g5::NR, C.data() + ir * s.n + jc + q * g5::NR,
+                                              s.n, mr, nr, 1.f, 0.f);
+              });
+        });
+      };
+      avx2_us = median_us(repeats, avx2);
+      own();
+      const std::vector<float> want = C;
+      avx2();
+      avx2_same = std::memcmp(want.data(), C.data(), C.size() * sizeof(float)) == 0;
+    }
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k);
     std::printf("| %s | %d %d %ld %ld %ld | %.0f | %.0f | %.0f | %.0f | %.2f | %.1f | ", s.what, s.ta, s.tb, s.m, s.n,
                 s.k, whole, tiled, fast, 1e-3 * flop / fast, whole / fast, worst);
-    if (bf16_us > 0) std::printf("%.0f | %.0f |\n", bf16_us, 1e-3 * flop / bf16_us);
-    else std::printf("- | - |\n");
+    if (bf16_us > 0) std::printf("%.0f | %.0f | ", bf16_us, 1e-3 * flop / bf16_us);
+    else std::printf("- | - | ");
+    if (avx2_us > 0) std::printf("%.0f | %.2f | %s |\n", avx2_us, whole / avx2_us, avx2_same ? "yes" : "NO");
+    else std::printf("- | - | - |\n");
   }
 }
