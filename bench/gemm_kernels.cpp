@@ -8,12 +8,9 @@
 // against a float64 product, in units of 2^-24 * sum_p |a_ip b_pj| (the
 // test's bound is k + 2 of them).
 //
-// The "AVX2 tile engine" column is a probe of what a GEMM engine of frugal's
-// own would give an AVX2-only machine: the AVX-512 engine's loops and
-// packing with its AVX2 twin tile (sgemm_avx2_tile.hpp, 6x16 register
-// sub-tiles) doing the arithmetic, on tiles that follow the team's size.
-// Its packers are the AVX-512 ones where this CPU has them, so on an AVX2
-// machine it would be slower by their scalar fallback: an upper bound.
+// The "AVX2 engine" column is frugal's engine for CPUs without AVX-512
+// (sgemm_avx2_tile.hpp: the AVX-512 engine's walk and packed layout, AVX2
+// packers, 6x16 register sub-tiles), on tiles that follow the team's size.
 // "same bits" says whether its C equals the AVX-512 engine's bit for bit.
 //
 //   cmake --build build -j2 --target gemm_kernels && build/bench/gemm_kernels [--repeats 15] [--threads 2]
@@ -65,7 +62,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("OpenBLAS core: %s; engine a float gemm takes here: %s\n", openblas_get_corename(),
-              cpu::sgemm_engine(1024) == cpu::SgemmEngine::avx512 ? "avx512" : "openblas");
+              cpu::sgemm_engine_name(cpu::sgemm_engine(1024)));
   struct Shape {
     const char* what;
     bool ta, tb;
@@ -82,7 +79,7 @@ int main(int argc, char** argv) {
   std::printf(
       "| product | ta tb m n k | OpenBLAS, one call (us) | frugal tiles + OpenBLAS (us) | frugal AVX-512 (us) | "
       "AVX-512 GFLOP/s | OpenBLAS call / AVX-512 | largest error (units) | bf16 kernel (us) | bf16 GFLOP/s | "
-      "AVX2 tile engine (us) | OpenBLAS call / AVX2 tile | same bits |\n"
+      "AVX2 engine (us) | OpenBLAS call / AVX2 engine | same bits as AVX-512 |\n"
       "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   for (const Shape& s : shapes) {
     std::vector<float> A(std::size_t(s.m * s.k)), B(std::size_t(s.k * s.n)), C(std::size_t(s.m * s.n));
@@ -133,20 +130,9 @@ int main(int argc, char** argv) {
     double avx2_us = 0;
     bool avx2_same = false;
     if (cpu::sgemm_avx2::available()) {
-      namespace g5 = cpu::sgemm512;
       auto avx2 = [&] {
-        cpu::tiled_gemm(s.m, s.n, s.k, g5::MR, g5::NR, true, [&](long r0, long r1, long c0, long c1) {
-          g5::PackBuffers& buf = g5::PackBuffers::mine();
-          const long kk = std::max(s.k, 1L), nc_most = g5::columns_packed(kk);
-          float *ap = buf.a.at_least(kk * g5::MR), *bp = buf.b.at_least(kk * nc_most);
-          g5::for_each_register_tile(
-              r0, r1, c0, c1, nc_most, [&](long jc, long nc) { g5::pack_b(s.tb, B.data(), ldb, jc, nc, s.k, bp); },
-              [&](long ir, int mr) { g5::pack_a(s.ta, A.data(), lda, ir, mr, s.k, ap); },
-              [&](long q, long ir, long jc, int mr, int nr) {
-                cpu::sgemm_avx2::micro_kernel(s.k, ap, bp + q * s.k * g5::NR, C.data() + ir * s.n + jc + q * g5::NR,
-                                              s.n, mr, nr, 1.f, 0.f);
-              });
-        });
+        cpu::gemm_with(cpu::SgemmEngine::avx2, s.ta, s.tb, s.m, s.n, s.k, 1.f, A.data(), lda, B.data(), ldb, 0.f,
+                       C.data(), s.n);
       };
       avx2_us = median_us(repeats, avx2);
       own();

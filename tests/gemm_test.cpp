@@ -1,14 +1,16 @@
 // The float GEMM engines (backend/cpu/blas.hpp, sgemm_avx512.hpp): each is
 // checked against a float64 product on every transpose case, on edges that
 // are not multiples of the register tile, with strides wider than the
-// matrices, and with BLAS's alpha/beta rules; frugal's AVX-512 kernel also
-// gives the same bits however C is cut into tiles.
+// matrices, and with BLAS's alpha/beta rules; frugal's AVX-512 and AVX2
+// engines also give the same bits however C is cut into tiles, and each
+// other's.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <frugal/backend/cpu/blas.hpp>
+#include <frugal/backend/cpu/sgemm_avx2_tile.hpp>
 #include <frugal/backend/cpu/small_gemm_avx512.hpp>
 #include <limits>
 #include <random>
@@ -24,10 +26,24 @@ namespace {
 std::vector<cpu::SgemmEngine> gemm_engines() {
   std::vector<cpu::SgemmEngine> e{cpu::SgemmEngine::openblas};
   if (cpu::sgemm512::available()) e.push_back(cpu::SgemmEngine::avx512);
+  if (cpu::sgemm_avx2::available()) e.push_back(cpu::SgemmEngine::avx2);
   return e;
 }
 
-const char* engine_label(cpu::SgemmEngine e) { return e == cpu::SgemmEngine::avx512 ? "avx512" : "openblas"; }
+const char* engine_label(cpu::SgemmEngine e) { return cpu::sgemm_engine_name(e); }
+
+// frugal's own engines where this CPU runs them, each by its gemm_block.
+struct OwnEngine {
+  const char* name;
+  void (*block)(bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                std::int64_t, const float*, std::int64_t, float, float*, std::int64_t);
+};
+std::vector<OwnEngine> own_engines() {
+  std::vector<OwnEngine> e;
+  if (cpu::sgemm512::available()) e.push_back({"avx512", &cpu::sgemm512::gemm_block});
+  if (cpu::sgemm_avx2::available()) e.push_back({"avx2", &cpu::sgemm_avx2::gemm_block});
+  return e;
+}
 
 struct GemmCase {
   bool ta, tb;
@@ -111,27 +127,34 @@ TEST_CASE("gemm: a product of depth 0 is beta * C", "[blas][gemm]") {
   }
 }
 
-TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", "[blas][gemm]") {
-  if (!cpu::sgemm512::available()) {
-    WARN("skipped: this CPU (or build) has no AVX-512F");
+// And the AVX2 engine gives the AVX-512 engine's bits, over several packed
+// chunks of B (k = 203: 640 columns a chunk).
+TEST_CASE("gemm: frugal's engines give the same bits however C is cut, and each other's", "[blas][gemm]") {
+  if (own_engines().empty()) {
+    WARN("skipped: this CPU (or build) has neither AVX-512F nor AVX2 with FMA");
     return;
   }
-  const std::int64_t m = 157, n = 301, k = 203;
+  const std::int64_t m = 157, n = 1301, k = 203;
   const auto A = test_support::uniform_floats(std::size_t(m * k), 4);
   const auto B = test_support::uniform_floats(std::size_t(k * n), 5);
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
-      INFO("ta " << ta << " tb " << tb);
       const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
-      std::vector<float> whole(std::size_t(m * n), 0.f), cut(std::size_t(m * n), 0.f);
-      cpu::sgemm512::gemm_block(ta, tb, 0, m, 0, n, k, 1.f, A.data(), lda, B.data(), ldb, 0.f, whole.data(), n);
-      // Blocks whose edges fall inside the register tile and the packed columns.
-      const std::int64_t rows[] = {0, 5, 17, 18, 100, m}, cols[] = {0, 1, 45, 160, 161, n};
-      for (int i = 0; i + 1 < 6; ++i)
-        for (int j = 0; j + 1 < 6; ++j)
-          cpu::sgemm512::gemm_block(ta, tb, rows[i], rows[i + 1], cols[j], cols[j + 1], k, 1.f, A.data(), lda,
-                                    B.data(), ldb, 0.f, cut.data(), n);
-      CHECK(std::memcmp(whole.data(), cut.data(), whole.size() * 4) == 0);
+      std::vector<float> first;
+      for (const OwnEngine& e : own_engines()) {
+        INFO(e.name << " ta " << ta << " tb " << tb);
+        std::vector<float> whole(std::size_t(m * n), 0.f), cut(std::size_t(m * n), 0.f);
+        e.block(ta, tb, 0, m, 0, n, k, 1.f, A.data(), lda, B.data(), ldb, 0.f, whole.data(), n);
+        // Blocks whose edges fall inside the register tile and the packed columns.
+        const std::int64_t rows[] = {0, 5, 17, 18, 100, m}, cols[] = {0, 1, 45, 160, 161, 700, n};
+        for (int i = 0; i + 1 < 6; ++i)
+          for (int j = 0; j + 1 < 7; ++j)
+            e.block(ta, tb, rows[i], rows[i + 1], cols[j], cols[j + 1], k, 1.f, A.data(), lda, B.data(), ldb, 0.f,
+                    cut.data(), n);
+        CHECK(std::memcmp(whole.data(), cut.data(), whole.size() * 4) == 0);
+        if (first.empty()) first = whole;
+        else CHECK(std::memcmp(whole.data(), first.data(), whole.size() * 4) == 0);
+      }
     }
 }
 
@@ -140,10 +163,10 @@ TEST_CASE("gemm: frugal's AVX-512 kernel gives the same bits however C is cut", 
 // anywhere, and that any blocking of the depth must keep. std::fma, one
 // rounding each, is that chain in scalar code. Depths around 256 and
 // several times it, where a blocked kernel would cut.
-TEST_CASE("gemm: frugal's AVX-512 kernel computes each element as one FMA chain over the depth, however deep",
+TEST_CASE("gemm: frugal's engines compute each element as one FMA chain over the depth, however deep",
           "[blas][gemm]") {
-  if (!cpu::sgemm512::available()) {
-    WARN("skipped: this CPU (or build) has no AVX-512F");
+  if (own_engines().empty()) {
+    WARN("skipped: this CPU (or build) has neither AVX-512F nor AVX2 with FMA");
     return;
   }
   const std::int64_t m = 29, n = 70;
@@ -157,7 +180,7 @@ TEST_CASE("gemm: frugal's AVX-512 kernel computes each element as one FMA chain 
           for (const float beta : {0.f, 0.5f}) {
             INFO("k " << k << " ta " << ta << " tb " << tb << " alpha " << alpha << " beta " << beta);
             const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
-            std::vector<float> want(C0), got(C0);
+            std::vector<float> want(C0);
             for (std::int64_t i = 0; i < m; ++i)
               for (std::int64_t j = 0; j < n; ++j) {
                 float sum = 0.f;
@@ -168,8 +191,12 @@ TEST_CASE("gemm: frugal's AVX-512 kernel computes each element as one FMA chain 
                 const float scaled = alpha * sum, kept = beta * c;
                 c = beta != 0.f ? scaled + kept : scaled;
               }
-            cpu::sgemm512::gemm_block(ta, tb, 0, m, 0, n, k, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), n);
-            CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+            for (const OwnEngine& e : own_engines()) {
+              INFO(e.name);
+              std::vector<float> got(C0);
+              e.block(ta, tb, 0, m, 0, n, k, alpha, A.data(), lda, B.data(), ldb, beta, got.data(), n);
+              CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+            }
           }
   }
 }
@@ -236,7 +263,14 @@ TEST_CASE("gemm: the AVX-512 transpose attention uses moves every element, edges
 TEST_CASE("gemm: the engine a float product takes follows the CPU, the forced instruction set and the depth",
           "[blas][gemm]") {
   test_support::KeepCpuIsa keep;
+  // Below AVX-512, frugal's AVX2 engine where the CPU has AVX2 and FMA (and
+  // OpenBLAS is not asked for); OpenBLAS below that, and past the depth.
   cpu::forced_cpu_isa = int(cpu::CpuIsa::avx2);
+  CHECK(cpu::sgemm_engine(256) == (cpu::sgemm_avx2::available() && !cpu::gemm_detail::openblas_forced()
+                                       ? cpu::SgemmEngine::avx2
+                                       : cpu::SgemmEngine::openblas));
+  CHECK(cpu::sgemm_engine(cpu::sgemm512::kMaxDepth + 1) == cpu::SgemmEngine::openblas);
+  cpu::forced_cpu_isa = int(cpu::CpuIsa::base);
   CHECK(cpu::sgemm_engine(256) == cpu::SgemmEngine::openblas);
   cpu::forced_cpu_isa = -1;
   CHECK(cpu::sgemm_engine(cpu::sgemm512::kMaxDepth + 1) == cpu::SgemmEngine::openblas);

@@ -24,7 +24,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   std::string kernel_variant() const override {
     return cat("isa ", isa_name(cpu_isa()), ", sgemm ",
-               sgemm_engine(1024) == SgemmEngine::avx512 ? "avx512" : "openblas",
+               sgemm_engine_name(sgemm_engine(1024)),
                bf16_gemm_direct(1024) ? ", bf16 avx512bf16" : "");
   }
   const KernelTable& kernels() const override { return table_; }

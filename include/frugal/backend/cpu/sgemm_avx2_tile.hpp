@@ -4,11 +4,15 @@
 // ([p][MR]) times an NR-column panel of B ([p][NR]). Kernels that write
 // their operands packed themselves (Winograd's transforms) call it where the
 // CPU has no AVX-512 (or OpenBLAS is not trusted with it), instead of
-// OpenBLAS's own packing for each small product.
+// OpenBLAS's own packing for each small product. With the AVX2 packers
+// below and the AVX-512 engine's loops, it is also frugal's float GEMM
+// engine on AVX2 CPUs (blas.hpp, SgemmEngine::avx2).
 //
 // Each element of C is the same chain as the AVX-512 tile computes (fused
 // multiply-adds over p = 0..k-1 in order from zero, then alpha * sum
-// (+ beta * C)), so both give the same bits.
+// (+ beta * C)), so both give the same bits, and a product has the same
+// bits on an AVX2 and an AVX-512 machine.
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -74,12 +78,121 @@ __attribute__((target("avx2,fma"))) inline void micro_kernel(std::int64_t k, con
       }
     }
 }
+
+// r[c] becomes column c of the 8 x 8 block whose rows were r[0..7].
+__attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+    r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+  }
+}
+
+// The packings of sgemm512::pack_a and pack_b (the same layouts, so the
+// same packed values) in AVX2 registers: the transposing ones 8 deep at a
+// time through transpose8, the depth left over (k % 8) by scalar loops.
+__attribute__((target("avx2,fma"))) inline void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t r0,
+                                                       int mr, std::int64_t k, float* ap) {
+  if (ta) {  // op(A)(r, p) = A[p * lda + r]: mr contiguous floats a step
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(mr), lane);
+    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(mr - 8), lane);
+    for (std::int64_t p = 0; p < k; ++p) {
+      const float* src = A + p * lda + r0;
+      float* dst = ap + p * MR;
+      _mm256_storeu_ps(dst, _mm256_maskload_ps(src, m0));
+      _mm_storeu_ps(dst + 8, _mm256_castps256_ps128(_mm256_maskload_ps(src + 8, m1)));
+    }
+    return;
+  }
+  // Rows contiguous along p: rows 0-7, then 8-11 (with 12-15 as zeros), 8 x 8 at a time.
+  std::int64_t p0 = 0;
+  for (; p0 + 8 <= k; p0 += 8)
+    for (int i0 = 0; i0 < MR; i0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = i0 + i < mr ? _mm256_loadu_ps(A + (r0 + i0 + i) * lda + p0) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int q = 0; q < 8; ++q) {
+        float* dst = ap + (p0 + q) * MR + i0;
+        if (i0 + 8 <= MR) _mm256_storeu_ps(dst, r[q]);
+        else _mm_storeu_ps(dst, _mm256_castps256_ps128(r[q]));
+      }
+    }
+  for (int i = 0; i < MR; ++i)
+    for (std::int64_t p = p0; p < k; ++p) ap[p * MR + i] = i < mr ? A[(r0 + i) * lda + p] : 0.f;
+}
+
+__attribute__((target("avx2,fma"))) inline void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t c0,
+                                                       std::int64_t nc, std::int64_t k, float* bp) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (std::int64_t q = 0; q * NR < nc; ++q) {
+    const int nr = int(std::min<std::int64_t>(NR, nc - q * NR));
+    float* panel = bp + q * k * NR;
+    const std::int64_t c = c0 + q * NR;
+    if (!tb) {  // rows of B: nr contiguous floats a step, the columns past nr zero
+      __m256i m[NR / 8];
+      for (int j = 0; j < NR / 8; ++j) m[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8 * j), lane);
+      for (std::int64_t p = 0; p < k; ++p)
+        for (int j = 0; j < NR / 8; ++j)
+          _mm256_store_ps(panel + p * NR + 8 * j, _mm256_maskload_ps(B + p * ldb + c + 8 * j, m[j]));
+      continue;
+    }
+    // Columns of op(B) contiguous along p: 8 x 8 at a time.
+    std::int64_t p0 = 0;
+    for (; p0 + 8 <= k; p0 += 8)
+      for (int j0 = 0; j0 < NR; j0 += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j)
+          r[j] = j0 + j < nr ? _mm256_loadu_ps(B + (c + j0 + j) * ldb + p0) : _mm256_setzero_ps();
+        transpose8(r);
+        for (int t = 0; t < 8; ++t) _mm256_store_ps(panel + (p0 + t) * NR + j0, r[t]);
+      }
+    for (int j = 0; j < NR; ++j)
+      for (std::int64_t p = p0; p < k; ++p) panel[p * NR + j] = j < nr ? B[(c + j) * ldb + p] : 0.f;
+  }
+}
 #else
 inline bool available() { return false; }
 // Never called: available() is false where this is compiled.
 inline void micro_kernel(std::int64_t, const float*, const float*, float*, std::int64_t, int, int, float, float) {
   fail("internal error: the AVX2 GEMM tile was called but is not compiled in");
 }
+inline void pack_a(bool, const float*, std::int64_t, std::int64_t, int, std::int64_t, float*) {
+  fail("internal error: the AVX2 GEMM packing was called but is not compiled in");
+}
+inline void pack_b(bool, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*) {
+  fail("internal error: the AVX2 GEMM packing was called but is not compiled in");
+}
 #endif
+
+// C[r0:r1, c0:c1] of C = alpha * op(A) op(B) + beta * C, row-major, on the
+// calling thread: sgemm512::gemm_block's walk with this file's packers and
+// tile, so its bits are that engine's, however C is cut.
+inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
+                       std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                       float beta, float* C, std::int64_t ldc) {
+  sgemm512::PackBuffers& buf = sgemm512::PackBuffers::mine();
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+  float* ap = buf.a.at_least(kk * MR);
+  const std::int64_t nc_most = sgemm512::columns_packed(kk);
+  float* bp = buf.b.at_least(kk * nc_most);
+  sgemm512::for_each_register_tile(
+      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
+      [&](std::int64_t ir, int mr) { pack_a(ta, A, lda, ir, mr, k, ap); },
+      [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
+        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
+      });
+}
 
 }  // namespace frugal::cpu::sgemm_avx2
