@@ -207,10 +207,11 @@ inline SgemmEngine configured() {
 // how that path is measured on an AVX-512 machine) frugal's AVX2 engine
 // runs: the AVX-512 engine's packing and walk with its AVX2 twin tile
 // (sgemm_avx2_tile.hpp), so a product has the same bits as on an AVX-512
-// machine, and its tiles follow the team's size. bench/gemm_kernels'
-// probe of it ran at 0.88-1.20x the time of OpenBLAS's one threaded
-// Haswell call (mostly 1.0-1.1) and 5-10% ahead of OpenBLAS per tile, on
-// the mlp's and gpt's products (2 threads, Zen 5 capped at AVX2).
+// machine, and its tiles follow the team's size. On the mlp's and gpt's
+// products (bench/gemm_kernels, 2 threads, a Zen 5 capped at AVX2) it ran
+// at 0.90-1.08x the time of OpenBLAS's one threaded Haswell call, and 4-16%
+// ahead of OpenBLAS per tile (the path before it) but for a transposed-A
+// product of depth 1024, 2-4% behind; the mlp's step 3-7% faster.
 // FRUGAL_SGEMM=openblas keeps OpenBLAS everywhere.
 inline SgemmEngine sgemm_engine(std::int64_t k) {
   if (k > sgemm512::kMaxDepth) return SgemmEngine::openblas;
@@ -239,7 +240,8 @@ inline void gemm_serial(SgemmEngine e, bool ta, bool tb, std::int64_t m, std::in
     return;
   }
   if (e == SgemmEngine::avx2) {
-    if (!sgemm_avx2::available()) fail("gemm: the AVX2 engine was asked for, but this CPU or build has no AVX2 and FMA");
+    if (!sgemm_avx2::available())
+      fail("gemm: the AVX2 engine was asked for, but this CPU or build has no AVX2 and FMA");
     sgemm_avx2::gemm_block(ta, tb, 0, m, 0, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
