@@ -208,10 +208,10 @@ inline SgemmEngine configured() {
 // runs: the AVX-512 engine's packing and walk with its AVX2 twin tile
 // (sgemm_avx2_tile.hpp), so a product has the same bits as on an AVX-512
 // machine, and its tiles follow the team's size. On the mlp's and gpt's
-// products (bench/gemm_kernels, 2 threads, a Zen 5 capped at AVX2) it ran
-// at 0.90-1.08x the time of OpenBLAS's one threaded Haswell call, and 4-16%
-// ahead of OpenBLAS per tile (the path before it) but for a transposed-A
-// product of depth 1024, 2-4% behind; the mlp's step 3-7% faster.
+// products (bench/gemm_kernels, 2 threads, a Zen 5 capped at AVX2),
+// OpenBLAS's one threaded Haswell call took 0.90-1.08x its time, and it was
+// 4-16% ahead of OpenBLAS per tile (the path before it) but for a
+// transposed-A product of depth 1024, 2-4% behind; the mlp's step 3-7% faster.
 // FRUGAL_SGEMM=openblas keeps OpenBLAS everywhere.
 inline SgemmEngine sgemm_engine(std::int64_t k) {
   if (k > sgemm512::kMaxDepth) return SgemmEngine::openblas;
