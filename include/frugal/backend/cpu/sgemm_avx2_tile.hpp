@@ -182,17 +182,8 @@ inline void pack_b(bool, const float*, std::int64_t, std::int64_t, std::int64_t,
 inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
                        std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
                        float beta, float* C, std::int64_t ldc) {
-  sgemm512::PackBuffers& buf = sgemm512::PackBuffers::mine();
-  const std::int64_t kk = std::max<std::int64_t>(k, 1);
-  float* ap = buf.a.at_least(kk * MR);
-  const std::int64_t nc_most = sgemm512::columns_packed(kk);
-  float* bp = buf.b.at_least(kk * nc_most);
-  sgemm512::for_each_register_tile(
-      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
-      [&](std::int64_t ir, int mr) { pack_a(ta, A, lda, ir, mr, k, ap); },
-      [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
-        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
-      });
+  sgemm512::gemm_block_with(pack_a, pack_b, micro_kernel, ta, tb, r0, r1, c0, c1, k, alpha, A, lda, B, ldb, beta, C,
+                            ldc);
 }
 
 }  // namespace frugal::cpu::sgemm_avx2

@@ -328,21 +328,31 @@ void for_each_register_tile(std::int64_t r0, std::int64_t r1, std::int64_t c0, s
 }
 
 // C[r0:r1, c0:c1] of C = alpha * op(A) op(B) + beta * C, row-major, on the
-// calling thread (the caller splits C into such blocks over its team).
-inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
-                       std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
-                       float beta, float* C, std::int64_t ldc) {
+// calling thread, with the given packers (pack_a, pack_b's signatures) and
+// register tile (micro_kernel's): this engine's, or their AVX2 twins
+// (sgemm_avx2_tile.hpp), which share this walk and these buffers.
+template <class PackA, class PackB, class Tile>
+void gemm_block_with(PackA&& pack_a_fn, PackB&& pack_b_fn, Tile&& tile_fn, bool ta, bool tb, std::int64_t r0,
+                     std::int64_t r1, std::int64_t c0, std::int64_t c1, std::int64_t k, float alpha, const float* A,
+                     std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   PackBuffers& buf = PackBuffers::mine();
   const std::int64_t kk = std::max<std::int64_t>(k, 1);
   float* ap = buf.a.at_least(kk * MR);
   const std::int64_t nc_most = columns_packed(kk);
   float* bp = buf.b.at_least(kk * nc_most);
   for_each_register_tile(
-      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b(tb, B, ldb, jc, nc, k, bp); },
-      [&](std::int64_t ir, int mr) { pack_a(ta, A, lda, ir, mr, k, ap); },
+      r0, r1, c0, c1, nc_most, [&](std::int64_t jc, std::int64_t nc) { pack_b_fn(tb, B, ldb, jc, nc, k, bp); },
+      [&](std::int64_t ir, int mr) { pack_a_fn(ta, A, lda, ir, mr, k, ap); },
       [&](std::int64_t q, std::int64_t ir, std::int64_t jc, int mr, int nr) {
-        micro_kernel(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
+        tile_fn(k, ap, bp + q * k * NR, C + ir * ldc + jc + q * NR, ldc, mr, nr, alpha, beta);
       });
+}
+
+// The same on this engine (the caller splits C into such blocks over its team).
+inline void gemm_block(bool ta, bool tb, std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1,
+                       std::int64_t k, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                       float beta, float* C, std::int64_t ldc) {
+  gemm_block_with(pack_a, pack_b, micro_kernel, ta, tb, r0, r1, c0, c1, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace frugal::cpu::sgemm512
