@@ -38,6 +38,12 @@ inline bool available() {
   return has;
 }
 
+// Lanes j < n of an 8-float vector (none for n <= 0, all from n = 8), as
+// the mask of _mm256_maskload_ps and _mm256_maskstore_ps.
+__attribute__((target("avx2,fma"))) inline __m256i lanes_below(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // C[i, j] = alpha * sum_p ap[p*MR + i] * bp[p*NR + j] (+ beta * C[i, j]) for
 // i < mr, j < nr, in sub-tiles of 6 rows by 16 columns (12 accumulators,
 // what 16 ymm registers hold beside two of B and a broadcast of A); rows
@@ -46,7 +52,6 @@ __attribute__((target("avx2,fma"))) inline void micro_kernel(std::int64_t k, con
                                                              const float* __restrict bp, float* C, std::int64_t ldc,
                                                              int mr, int nr, float alpha, float beta) {
   constexpr int kRows = 6, kCols = 16;
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
   for (int r0 = 0; r0 < mr; r0 += kRows)
     for (int c0 = 0; c0 < nr; c0 += kCols) {
@@ -64,8 +69,7 @@ __attribute__((target("avx2,fma"))) inline void micro_kernel(std::int64_t k, con
         }
       }
       const int cols = nr - c0;  // this sub-tile's columns: lanes j with j < cols (then j - 8 < cols - 8)
-      const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
-      const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
+      const __m256i m0 = lanes_below(cols), m1 = lanes_below(cols - 8);
       for (int i = 0; i < kRows && r0 + i < mr; ++i) {
         float* row = C + (r0 + i) * ldc + c0;
         __m256 s0 = _mm256_mul_ps(va, acc[i][0]), s1 = _mm256_mul_ps(va, acc[i][1]);
@@ -104,9 +108,7 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
 __attribute__((target("avx2,fma"))) inline void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t r0,
                                                        int mr, std::int64_t k, float* ap) {
   if (ta) {  // op(A)(r, p) = A[p * lda + r]: mr contiguous floats a step
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(mr), lane);
-    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(mr - 8), lane);
+    const __m256i m0 = lanes_below(mr), m1 = lanes_below(mr - 8);
     for (std::int64_t p = 0; p < k; ++p) {
       const float* src = A + p * lda + r0;
       float* dst = ap + p * MR;
@@ -135,14 +137,13 @@ __attribute__((target("avx2,fma"))) inline void pack_a(bool ta, const float* A, 
 
 __attribute__((target("avx2,fma"))) inline void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t c0,
                                                        std::int64_t nc, std::int64_t k, float* bp) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (std::int64_t q = 0; q * NR < nc; ++q) {
     const int nr = int(std::min<std::int64_t>(NR, nc - q * NR));
     float* panel = bp + q * k * NR;
     const std::int64_t c = c0 + q * NR;
     if (!tb) {  // rows of B: nr contiguous floats a step, the columns past nr zero
       __m256i m[NR / 8];
-      for (int j = 0; j < NR / 8; ++j) m[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8 * j), lane);
+      for (int j = 0; j < NR / 8; ++j) m[j] = lanes_below(nr - 8 * j);
       for (std::int64_t p = 0; p < k; ++p)
         for (int j = 0; j < NR / 8; ++j)
           _mm256_store_ps(panel + p * NR + 8 * j, _mm256_maskload_ps(B + p * ldb + c + 8 * j, m[j]));
