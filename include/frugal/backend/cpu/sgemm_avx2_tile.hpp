@@ -105,6 +105,29 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
 // The packings of sgemm512::pack_a and pack_b (the same layouts, so the
 // same packed values) in AVX2 registers: the transposing ones 8 deep at a
 // time through transpose8, the depth left over (k % 8) by scalar loops.
+//
+// dst[p * W + i] = src[i * ld + p] for the n lines i < n (each contiguous
+// along p), zero for n <= i < W: rows of A into a sliver (W = MR), or
+// columns of op(B) into a panel (W = NR).
+template <int W>
+__attribute__((target("avx2,fma"))) inline void pack_lines(const float* src, std::int64_t ld, int n, std::int64_t k,
+                                                           float* dst) {
+  std::int64_t p0 = 0;
+  for (; p0 + 8 <= k; p0 += 8)
+    for (int i0 = 0; i0 < W; i0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = i0 + i < n ? _mm256_loadu_ps(src + (i0 + i) * ld + p0) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int q = 0; q < 8; ++q) {
+        float* d = dst + (p0 + q) * W + i0;
+        if (i0 + 8 <= W) _mm256_storeu_ps(d, r[q]);
+        else _mm_storeu_ps(d, _mm256_castps256_ps128(r[q]));  // W = MR: lines 8-11
+      }
+    }
+  for (int i = 0; i < W; ++i)
+    for (std::int64_t p = p0; p < k; ++p) dst[p * W + i] = i < n ? src[i * ld + p] : 0.f;
+}
+
 __attribute__((target("avx2,fma"))) inline void pack_a(bool ta, const float* A, std::int64_t lda, std::int64_t r0,
                                                        int mr, std::int64_t k, float* ap) {
   if (ta) {  // op(A)(r, p) = A[p * lda + r]: mr contiguous floats a step
@@ -117,22 +140,7 @@ __attribute__((target("avx2,fma"))) inline void pack_a(bool ta, const float* A, 
     }
     return;
   }
-  // Rows contiguous along p: rows 0-7, then 8-11 (with 12-15 as zeros), 8 x 8 at a time.
-  std::int64_t p0 = 0;
-  for (; p0 + 8 <= k; p0 += 8)
-    for (int i0 = 0; i0 < MR; i0 += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i)
-        r[i] = i0 + i < mr ? _mm256_loadu_ps(A + (r0 + i0 + i) * lda + p0) : _mm256_setzero_ps();
-      transpose8(r);
-      for (int q = 0; q < 8; ++q) {
-        float* dst = ap + (p0 + q) * MR + i0;
-        if (i0 + 8 <= MR) _mm256_storeu_ps(dst, r[q]);
-        else _mm_storeu_ps(dst, _mm256_castps256_ps128(r[q]));
-      }
-    }
-  for (int i = 0; i < MR; ++i)
-    for (std::int64_t p = p0; p < k; ++p) ap[p * MR + i] = i < mr ? A[(r0 + i) * lda + p] : 0.f;
+  pack_lines<MR>(A + r0 * lda, lda, mr, k, ap);  // rows contiguous along p
 }
 
 __attribute__((target("avx2,fma"))) inline void pack_b(bool tb, const float* B, std::int64_t ldb, std::int64_t c0,
@@ -149,18 +157,7 @@ __attribute__((target("avx2,fma"))) inline void pack_b(bool tb, const float* B, 
           _mm256_store_ps(panel + p * NR + 8 * j, _mm256_maskload_ps(B + p * ldb + c + 8 * j, m[j]));
       continue;
     }
-    // Columns of op(B) contiguous along p: 8 x 8 at a time.
-    std::int64_t p0 = 0;
-    for (; p0 + 8 <= k; p0 += 8)
-      for (int j0 = 0; j0 < NR; j0 += 8) {
-        __m256 r[8];
-        for (int j = 0; j < 8; ++j)
-          r[j] = j0 + j < nr ? _mm256_loadu_ps(B + (c + j0 + j) * ldb + p0) : _mm256_setzero_ps();
-        transpose8(r);
-        for (int t = 0; t < 8; ++t) _mm256_store_ps(panel + (p0 + t) * NR + j0, r[t]);
-      }
-    for (int j = 0; j < NR; ++j)
-      for (std::int64_t p = p0; p < k; ++p) panel[p * NR + j] = j < nr ? B[(c + j) * ldb + p] : 0.f;
+    pack_lines<NR>(B + c * ldb, ldb, nr, k, panel);  // columns of op(B) contiguous along p
   }
 }
 #else
